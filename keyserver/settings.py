@@ -1,0 +1,116 @@
+"""One settings object for the whole keyserver, read from STRONGROOM_* variables.
+
+Nothing is parsed at import time: `Settings()` is built by the entry point and passed
+down. The embedded default (SQLite + SoftHSM2 under `data_dir`) needs no settings at
+all; anything that is not local requires real secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from hsm.config import HsmConfig
+
+SOFTHSM_MODULE = "/usr/lib/softhsm/libsofthsm2.so"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STRONGROOM_", env_file=None, extra="ignore")
+
+    environment: Literal["local", "production"] = "local"
+    data_dir: Path = Path("data")
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default: SQLite file in data_dir"
+    )
+    database_pool_size: int = Field(default=20, ge=1, le=500)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8800, ge=1, le=65535)
+    public_url: str | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    workers: int = Field(default=1, ge=1, le=64)
+    threads: int = Field(default=64, ge=4, le=1024, description="request worker threads")
+
+    hsm_module: str = SOFTHSM_MODULE
+    hsm_token_label: str = "strongroom"  # noqa: S105 - a label, not a secret
+    hsm_user_pin: str | None = None
+    hsm_so_pin: str | None = None
+    hsm_pool_size: int = Field(default=8, ge=1, le=256)
+    hsm_softhsm_token_dir: Path | None = None
+
+    session_ttl_minutes: int = Field(default=8 * 60, ge=1)
+    session_idle_minutes: int = Field(default=30, ge=1)
+    login_max_failures: int = Field(default=5, ge=1)
+    login_lockout_seconds: int = Field(default=60, ge=1)
+    cookie_secure: bool | None = None
+
+    audit_hmac_key_id: str = "audit-chain-v1"
+    scheduler_interval_seconds: float = Field(default=30.0, gt=0)
+    kek_rewrap_batch: int = Field(default=200, ge=1)
+
+    log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _production_needs_real_secrets(self) -> Settings:
+        if self.environment != "local":
+            if not self.hsm_user_pin or not self.hsm_so_pin:
+                raise ValueError(
+                    "STRONGROOM_HSM_USER_PIN and STRONGROOM_HSM_SO_PIN must be set "
+                    "outside the local environment"
+                )
+            if self.database_url is None:
+                raise ValueError("STRONGROOM_DATABASE_URL must be set outside the local environment")
+        return self
+
+    @property
+    def effective_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'strongroom.db').resolve()}"
+
+    @property
+    def secure_cookies(self) -> bool:
+        if self.cookie_secure is not None:
+            return self.cookie_secure
+        return self.tls_cert_file is not None
+
+    def hsm_config(self) -> HsmConfig:
+        """HSM settings; in the local environment, PINs are generated once and kept
+        (mode 0600) in the data directory so the embedded default needs no set-up."""
+        user_pin, so_pin = self.hsm_user_pin, self.hsm_so_pin
+        token_dir = self.hsm_softhsm_token_dir
+        if self.environment == "local":
+            if user_pin is None or so_pin is None:
+                local = self._local_pins()
+                user_pin = user_pin or local["user_pin"]
+                so_pin = so_pin or local["so_pin"]
+            if token_dir is None and self.hsm_module == SOFTHSM_MODULE and "SOFTHSM2_CONF" not in os.environ:
+                token_dir = self.data_dir / "tokens"
+        assert user_pin is not None and so_pin is not None
+        return HsmConfig(
+            module_path=self.hsm_module,
+            token_label=self.hsm_token_label,
+            user_pin=user_pin,
+            so_pin=so_pin,
+            softhsm_token_dir=token_dir.resolve() if token_dir else None,
+            pool_size=self.hsm_pool_size,
+        )
+
+    def _local_pins(self) -> dict[str, str]:
+        path = self.data_dir / "hsm-pins.json"
+        if path.exists():
+            return dict(json.loads(path.read_text()))
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        pins = {"user_pin": secrets.token_urlsafe(18), "so_pin": secrets.token_urlsafe(18)}
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(pins, f)
+        return pins

@@ -1,0 +1,201 @@
+"""The relational schema. Alembic revisions in `migrations/` are the only way it is
+created; this module is what the code maps onto it.
+
+Key material appears only as `wrapped_key` (ciphertext under a KEK) together with the
+wrapping key id and mechanism, so every blob says how to undo it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    Uuid,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from keyserver.store.types import UTCDateTime
+
+BIGINT = BigInteger().with_variant(Integer, "sqlite")  # SQLite autoincrements INTEGER only
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime, dict[str, Any]: JSON, list[str]: JSON}
+
+
+class ManagedKey(Base):
+    __tablename__ = "managed_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    owner: Mapped[str] = mapped_column(String(128))
+    tags: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    algorithm: Mapped[str] = mapped_column(String(16), default="AES")
+    length_bits: Mapped[int] = mapped_column(Integer, default=256)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    rotation_period_days: Mapped[int | None] = mapped_column(Integer)
+    next_rotation_at: Mapped[datetime | None] = mapped_column(index=True)
+    # Bumped on every change so optimistic readers (and the API's ETag) see it.
+    revision: Mapped[int] = mapped_column(Integer, default=1)
+
+    versions: Mapped[list[KeyVersion]] = relationship(
+        back_populates="key", order_by="KeyVersion.version", lazy="selectin"
+    )
+
+
+class KeyVersion(Base):
+    __tablename__ = "key_versions"
+    __table_args__ = (UniqueConstraint("key_id", "version"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    key_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("managed_keys.id", ondelete="RESTRICT"))
+    version: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    # Null once destroyed: the material is erased, the metadata stays.
+    wrapped_key: Mapped[bytes | None] = mapped_column(LargeBinary)
+    wrapping_key_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    wrapping_mechanism: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    activation_date: Mapped[datetime | None]
+    deactivation_date: Mapped[datetime | None]
+    compromise_date: Mapped[datetime | None]
+    destroy_date: Mapped[datetime | None]
+    revocation_reason: Mapped[str | None] = mapped_column(String(64))
+    revocation_message: Mapped[str | None] = mapped_column(Text)
+
+    key: Mapped[ManagedKey] = relationship(back_populates="versions")
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    username: Mapped[str] = mapped_column(String(64), unique=True)
+    full_name: Mapped[str] = mapped_column(String(200), default="")
+    role: Mapped[str] = mapped_column(String(32))
+    password_hash: Mapped[str] = mapped_column(String(255))
+    must_change_password: Mapped[bool] = mapped_column(Boolean, default=False)
+    disabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime]
+    password_changed_at: Mapped[datetime]
+    last_login_at: Mapped[datetime | None]
+    failed_logins: Mapped[int] = mapped_column(Integer, default=0)
+    locked_until: Mapped[datetime | None]
+
+
+class BrowserSession(Base):
+    __tablename__ = "browser_sessions"
+
+    # SHA-256 of the cookie value: a database reader cannot replay sessions.
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    csrf_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    last_seen_at: Mapped[datetime]
+    source_ip: Mapped[str | None] = mapped_column(String(64))
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    # Public, non-secret part of the token, used to find the row; the secret is hashed.
+    lookup_id: Mapped[str] = mapped_column(String(32), unique=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(100))
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    scopes: Mapped[list[str]] = mapped_column(default=list)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+    user: Mapped[User] = relationship(lazy="joined")
+
+
+class AuditInbox(Base):
+    """Records written in the same transaction as the action they describe; the chainer
+    moves them into `audit_events` in batches, so no action commits without its record
+    and no request waits on the chain head."""
+
+    __tablename__ = "audit_inbox"
+
+    id: Mapped[int] = mapped_column(BIGINT, primary_key=True, autoincrement=True)
+    payload: Mapped[dict[str, Any]] = mapped_column()
+
+
+class AuditEvent(Base):
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        Index("ix_audit_events_time", "time"),
+        Index("ix_audit_events_object", "object_type", "object_id"),
+        Index("ix_audit_events_actor", "actor"),
+    )
+
+    seq: Mapped[int] = mapped_column(BIGINT, primary_key=True, autoincrement=False)
+    time: Mapped[datetime]
+    actor: Mapped[str] = mapped_column(String(200))
+    actor_type: Mapped[str] = mapped_column(String(16))
+    action: Mapped[str] = mapped_column(String(64), index=True)
+    object_type: Mapped[str | None] = mapped_column(String(32))
+    object_id: Mapped[str | None] = mapped_column(String(200))
+    outcome: Mapped[str] = mapped_column(String(16), index=True)
+    source_ip: Mapped[str | None] = mapped_column(String(64))
+    request_id: Mapped[str | None] = mapped_column(String(64))
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+
+
+class AuditHead(Base):
+    """One row: the chain's last sequence number and hash. Locking it serialises only
+    the chainer, never the requests."""
+
+    __tablename__ = "audit_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    hash: Mapped[str] = mapped_column(String(64))
+    hmac_key_id: Mapped[str] = mapped_column(String(128))
+
+
+class Kek(Base):
+    """Which HSM key-encryption key is current. The key itself never leaves the HSM."""
+
+    __tablename__ = "keks"
+
+    kek_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))  # active | retired
+    created_at: Mapped[datetime]
+    retired_at: Mapped[datetime | None]
+
+
+class KekRotation(Base):
+    __tablename__ = "kek_rotations"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    from_kek_id: Mapped[str] = mapped_column(String(128))
+    to_kek_id: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16))  # running | completed | failed
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    done: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    requested_by: Mapped[str] = mapped_column(String(200))
