@@ -1,0 +1,360 @@
+"""The tamper-evident audit log.
+
+Two stages, so that no action can commit without its record and no request waits on
+the chain:
+
+1. `add()` writes the record into `audit_inbox` inside the caller's own transaction
+   (or `record_now()` in a transaction of its own, for refusals and failures).
+2. The chainer (a thread in every replica) takes the chain head's row lock, moves the
+   inbox into `audit_events` in batches, and links each record to the previous one
+   with HMAC-SHA-256 under a key that never leaves the HSM.
+
+A database writer without the HSM can delete or edit rows, but cannot forge the
+hashes; `verify()` names the first record where the chain breaks.
+"""
+
+from __future__ import annotations
+
+import csv
+import hmac
+import io
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from hsm import HsmBackend, HsmError
+from keyserver.core.errors import InvalidInput, ServiceUnavailable, hsm_failure
+from keyserver.core.principal import RequestContext
+from keyserver.store.models import AuditEvent, AuditHead, AuditInbox
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["allowed", "denied", "error"]
+GENESIS_HASH = "0" * 64
+CHAIN_BATCH = 1000
+EXPORT_COLUMNS = (
+    "seq", "time", "actor", "actor_type", "action", "object_type", "object_id",
+    "outcome", "source_ip", "request_id", "details", "prev_hash", "hash",
+)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def canonical_record(
+    *, seq: int, time: datetime, actor: str, actor_type: str, action: str,
+    object_type: str | None, object_id: str | None, outcome: str, source_ip: str | None,
+    request_id: str | None, details: dict[str, Any], prev_hash: str,
+) -> bytes:
+    """The exact bytes that are MACed: stable across databases and Python versions."""
+    doc = {
+        "seq": seq, "time": _iso(time), "actor": actor, "actor_type": actor_type,
+        "action": action, "object_type": object_type, "object_id": object_id,
+        "outcome": outcome, "source_ip": source_ip, "request_id": request_id,
+        "details": details, "prev_hash": prev_hash,
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class AuditFilter:
+    actor: str | None = None
+    action: str | None = None
+    object_type: str | None = None
+    object_id: str | None = None
+    outcome: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyResult:
+    ok: bool
+    checked: int
+    head_seq: int
+    first_broken_seq: int | None
+    reason: str | None
+
+
+class AuditService:
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        hsm: HsmBackend,
+        *,
+        hmac_key_id: str,
+        now: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self._db = session_factory
+        self._hsm = hsm
+        self._key_id = hmac_key_id
+        self._now = now
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._flush_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._engine = session_factory.kw["bind"]
+
+    # --- writing ---------------------------------------------------------------
+    def add(
+        self,
+        session: Session | Connection,
+        ctx: RequestContext,
+        *,
+        action: str,
+        outcome: Outcome = "allowed",
+        object_type: str | None = None,
+        object_id: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        """Queue a record in the caller's transaction: it commits or rolls back with it."""
+        # A Core insert: no unit-of-work bookkeeping on the hot path.
+        session.execute(insert(AuditInbox).values(
+            payload=self._payload(ctx, action, outcome, object_type, object_id, details)))
+        # The chainer lingers before it looks, by which time this has usually committed;
+        # if not, the next poll takes it.
+        self._wake.set()
+
+    def record_now(
+        self,
+        ctx: RequestContext,
+        *,
+        action: str,
+        outcome: Outcome,
+        object_type: str | None = None,
+        object_id: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        """A record in a transaction of its own, for refusals and failures whose
+        action transaction rolled back."""
+        with self._db.begin() as s:
+            self.add(s, ctx, action=action, outcome=outcome, object_type=object_type,
+                     object_id=object_id, details=details)
+
+    def _payload(
+        self, ctx: RequestContext, action: str, outcome: str, object_type: str | None,
+        object_id: str | None, details: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        p = ctx.principal
+        return {
+            "time": _iso(self._now()),
+            "actor": p.audit_name,
+            "actor_type": p.actor_type,
+            "action": action,
+            "object_type": object_type,
+            "object_id": object_id,
+            "outcome": outcome,
+            "source_ip": ctx.source_ip,
+            "request_id": ctx.request_id,
+            "details": details or {},
+        }
+
+    # --- chaining --------------------------------------------------------------
+    def start(self, *, poll_seconds: float = 0.5, linger_seconds: float = 0.02) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(poll_seconds, linger_seconds), name="audit-chainer", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        try:
+            self.flush()
+        except ServiceUnavailable:
+            log.warning("audit records left in the inbox at shutdown; they are chained at next start")
+
+    def _run(self, poll_seconds: float, linger_seconds: float) -> None:
+        backoff = poll_seconds
+        while not self._stop.is_set():
+            # Polling as well as waking: other replicas fill the same inbox.
+            if self._wake.wait(timeout=backoff):
+                # Linger a moment so that under load one transaction chains many records.
+                self._stop.wait(linger_seconds)
+            self._wake.clear()
+            try:
+                self.flush()
+                backoff = poll_seconds
+            except ServiceUnavailable as exc:
+                backoff = min(backoff * 2, 10.0)
+                log.warning("audit chaining postponed: %s", exc.message)
+            except Exception:
+                backoff = min(backoff * 2, 10.0)
+                log.exception("audit chaining failed; records stay in the inbox and are retried")
+
+    def flush(self) -> int:
+        """Chain every record waiting in the inbox now; returns how many were chained."""
+        total = 0
+        with self._flush_lock:
+            while True:
+                n = self._chain_batch()
+                total += n
+                if n < CHAIN_BATCH:
+                    return total
+
+    def _chain_batch(self) -> int:
+        # Core, not the ORM: this runs for every batch of every replica.
+        with self._engine.begin() as conn:
+            head = conn.execute(select(AuditHead.seq, AuditHead.hash).where(AuditHead.id == 1)
+                                .with_for_update()).first()
+            if head is None:
+                conn.execute(insert(AuditHead).values(id=1, seq=0, hash=GENESIS_HASH, hmac_key_id=self._key_id))
+                seq, prev = 0, GENESIS_HASH
+            else:
+                seq, prev = head
+            rows = conn.execute(select(AuditInbox.id, AuditInbox.payload).order_by(AuditInbox.id)
+                                .limit(CHAIN_BATCH)).all()
+            if not rows:
+                return 0
+            events = []
+            for _, p in rows:
+                seq += 1
+                t = datetime.strptime(p["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+                fields: dict[str, Any] = {
+                    "seq": seq, "time": t, "actor": p["actor"], "actor_type": p["actor_type"],
+                    "action": p["action"], "object_type": p["object_type"],
+                    "object_id": p["object_id"], "outcome": p["outcome"],
+                    "source_ip": p["source_ip"], "request_id": p["request_id"],
+                    "details": p["details"], "prev_hash": prev,
+                }
+                prev = self._mac(canonical_record(**fields))
+                events.append({**fields, "hash": prev})
+            conn.execute(insert(AuditEvent), events)
+            conn.execute(delete(AuditInbox).where(AuditInbox.id.in_([r[0] for r in rows])))
+            conn.execute(update(AuditHead).where(AuditHead.id == 1).values(seq=seq, hash=prev))
+            return len(rows)
+
+    def _mac(self, data: bytes) -> str:
+        try:
+            return self._hsm.hmac_sha256(data, key_id=self._key_id).hex()
+        except HsmError as exc:
+            raise hsm_failure("compute the audit chain MAC", exc) from exc
+
+    # --- reading ---------------------------------------------------------------
+    def pending(self) -> int:
+        with self._db() as s:
+            return int(s.execute(select(func.count()).select_from(AuditInbox)).scalar_one())
+
+    def query(
+        self, flt: AuditFilter, *, limit: int = 50, before_seq: int | None = None
+    ) -> tuple[list[AuditEvent], int]:
+        """Newest first; returns the page and the total number of matching records."""
+        if not 1 <= limit <= 1000:
+            raise InvalidInput("limit must be between 1 and 1000")
+        stmt = self._filtered(select(AuditEvent), flt)
+        count_stmt = self._filtered(select(func.count()).select_from(AuditEvent), flt)
+        if before_seq is not None:
+            stmt = stmt.where(AuditEvent.seq < before_seq)
+        with self._db() as s:
+            total = int(s.execute(count_stmt).scalar_one())
+            rows = list(s.execute(stmt.order_by(AuditEvent.seq.desc()).limit(limit)).scalars())
+        return rows, total
+
+    def get(self, seq: int) -> AuditEvent | None:
+        with self._db() as s:
+            return s.get(AuditEvent, seq)
+
+    @staticmethod
+    def _filtered(stmt: Any, flt: AuditFilter) -> Any:
+        if flt.actor:
+            stmt = stmt.where(AuditEvent.actor == flt.actor)
+        if flt.action:
+            # "keys." matches every key action; an exact name matches itself.
+            if flt.action.endswith("."):
+                stmt = stmt.where(AuditEvent.action.startswith(flt.action))
+            else:
+                stmt = stmt.where(AuditEvent.action == flt.action)
+        if flt.object_type:
+            stmt = stmt.where(AuditEvent.object_type == flt.object_type)
+        if flt.object_id:
+            stmt = stmt.where(AuditEvent.object_id == flt.object_id)
+        if flt.outcome:
+            stmt = stmt.where(AuditEvent.outcome == flt.outcome)
+        if flt.since:
+            stmt = stmt.where(AuditEvent.time >= flt.since)
+        if flt.until:
+            stmt = stmt.where(AuditEvent.time < flt.until)
+        return stmt
+
+    def export(self, flt: AuditFilter, *, fmt: Literal["csv", "jsonl"]) -> Iterator[str]:
+        """Oldest first, streamed in pages so an export never holds the log in memory."""
+        last = 0
+        if fmt == "csv":
+            buf = io.StringIO()
+            writer = csv.writer(buf)
+            writer.writerow(EXPORT_COLUMNS)
+            yield buf.getvalue()
+        while True:
+            with self._db() as s:
+                stmt = self._filtered(select(AuditEvent), flt).where(AuditEvent.seq > last)
+                rows = list(s.execute(stmt.order_by(AuditEvent.seq).limit(1000)).scalars())
+            if not rows:
+                return
+            buf = io.StringIO()
+            writer = csv.writer(buf)
+            for r in rows:
+                doc = event_dict(r)
+                if fmt == "jsonl":
+                    buf.write(json.dumps(doc, separators=(",", ":")) + "\n")
+                else:
+                    writer.writerow([
+                        json.dumps(doc[c], separators=(",", ":")) if c == "details" else doc[c]
+                        for c in EXPORT_COLUMNS
+                    ])
+            last = rows[-1].seq
+            yield buf.getvalue()
+
+    def verify(self) -> VerifyResult:
+        """Walk the whole chain; name the first record that does not fit."""
+        self.flush()
+        expected_seq, prev, checked = 1, GENESIS_HASH, 0
+        with self._db() as s:
+            head = s.get(AuditHead, 1)
+            head_seq = head.seq if head else 0
+            stmt = select(AuditEvent).order_by(AuditEvent.seq).execution_options(yield_per=1000)
+            for r in s.execute(stmt).scalars():
+                if r.seq != expected_seq:
+                    return VerifyResult(False, checked, head_seq, expected_seq,
+                                        f"record {expected_seq} is missing (next present: {r.seq})")
+                if r.prev_hash != prev:
+                    return VerifyResult(False, checked, head_seq, r.seq,
+                                        f"record {r.seq} does not link to record {r.seq - 1}")
+                fields = {c: getattr(r, c) for c in (
+                    "seq", "time", "actor", "actor_type", "action", "object_type", "object_id",
+                    "outcome", "source_ip", "request_id", "details", "prev_hash")}
+                if not hmac.compare_digest(self._mac(canonical_record(**fields)), r.hash):
+                    return VerifyResult(False, checked, head_seq, r.seq,
+                                        f"record {r.seq} was altered (its MAC does not match)")
+                prev, expected_seq, checked = r.hash, expected_seq + 1, checked + 1
+            if head is not None and (head.seq != checked or head.hash != prev):
+                return VerifyResult(False, checked, head_seq, checked + 1,
+                                    f"the chain head says {head.seq} records; "
+                                    f"records after {checked} were removed")
+        return VerifyResult(True, checked, head_seq, None, None)
+
+
+def event_dict(r: AuditEvent) -> dict[str, Any]:
+    return {
+        "seq": r.seq, "time": _iso(r.time), "actor": r.actor, "actor_type": r.actor_type,
+        "action": r.action, "object_type": r.object_type, "object_id": r.object_id,
+        "outcome": r.outcome, "source_ip": r.source_ip, "request_id": r.request_id,
+        "details": r.details, "prev_hash": r.prev_hash, "hash": r.hash,
+    }

@@ -1,0 +1,189 @@
+"""Envelope encryption like a cloud KMS: data keys sealed by a managed key version.
+
+Blob format v1 (all integers big-endian), documented in docs/api.md:
+
+    magic "SRDK" | format 0x01 | key id (16, UUID) | key version (u32) | mechanism (u8)
+    | sealed: IV (12) || ciphertext || tag (16)
+
+mechanism 1 = AES-256-GCM performed inside the HSM. The associated data is the 26
+header bytes followed by SHA-256 of the canonical JSON of the caller's encryption
+context, so a blob cannot be moved to another key, version or context unseen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from hsm import HsmBackend, HsmError, HsmIntegrityError, WrappedKey
+from keyserver.core.audit import AuditService
+from keyserver.core.errors import Conflict, IntegrityFailure, InvalidInput, NotFound, hsm_failure
+from keyserver.core.keys import key_filter, version_wrapped
+from keyserver.core.policy import Permission, Policy
+from keyserver.core.principal import RequestContext
+from keyserver.core.states import DECRYPTABLE, KeyState
+from keyserver.store.models import KeyVersion, ManagedKey
+
+MAGIC = b"SRDK"
+FORMAT_V1 = 1
+MECH_AES_256_GCM_HSM = 1
+HEADER = struct.Struct(">4sB16sIB")
+MIN_SEALED = 12 + 16 + 1
+MAX_CONTEXT_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class DataKey:
+    key_id: uuid.UUID
+    key_name: str
+    key_version: int
+    blob: bytes
+    plaintext: bytes | None
+
+
+def context_digest(context: dict[str, str] | None) -> bytes:
+    doc = json.dumps(context or {}, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(doc) > MAX_CONTEXT_BYTES:
+        raise InvalidInput(f"the encryption context is larger than {MAX_CONTEXT_BYTES} bytes")
+    return hashlib.sha256(doc).digest()
+
+
+def parse_blob(blob: bytes) -> tuple[bytes, uuid.UUID, int, bytes]:
+    if len(blob) < HEADER.size + MIN_SEALED:
+        raise InvalidInput("not a data-key blob: too short", code="invalid_blob")
+    magic, fmt, kid, version, mech = HEADER.unpack_from(blob)
+    if magic != MAGIC:
+        raise InvalidInput("not a data-key blob: bad magic", code="invalid_blob")
+    if fmt != FORMAT_V1:
+        raise InvalidInput(f"unsupported data-key blob format {fmt}", code="invalid_blob")
+    if mech != MECH_AES_256_GCM_HSM:
+        raise InvalidInput(f"unsupported data-key mechanism {mech}", code="invalid_blob")
+    return blob[:HEADER.size], uuid.UUID(bytes=kid), version, blob[HEADER.size:]
+
+
+class DataKeyService:
+    def __init__(
+        self, session_factory: sessionmaker[Session], hsm: HsmBackend, audit: AuditService, policy: Policy,
+    ) -> None:
+        self._db = session_factory
+        self._engine = session_factory.kw["bind"]
+        self._hsm = hsm
+        self._audit = audit
+        self._policy = policy
+
+    def generate(
+        self, ctx: RequestContext, ref: str, *, number_of_bytes: int = 32,
+        context: dict[str, str] | None = None, include_plaintext: bool = True,
+    ) -> DataKey:
+        action = "datakey.generate" if include_plaintext else "datakey.generate_without_plaintext"
+        self._policy.require(ctx, Permission.DATAKEYS_GENERATE, action=action, object_type="key", object_id=ref)
+        if number_of_bytes not in (16, 24, 32, 48, 64):
+            raise InvalidInput("number_of_bytes must be one of 16, 24, 32, 48, 64")
+        digest = context_digest(context)
+        # A Core connection, not an ORM session: this is the busiest path of the server.
+        with self._engine.begin() as s:
+            row = s.execute(
+                select(ManagedKey.id, ManagedKey.name, KeyVersion.version, KeyVersion.wrapping_key_id,
+                       KeyVersion.wrapping_mechanism, KeyVersion.wrapped_key)
+                .join(KeyVersion, KeyVersion.key_id == ManagedKey.id)
+                .where(key_filter(ref), KeyVersion.state == KeyState.ACTIVE.value)
+            ).first()
+            if row is None:
+                with self._db() as session:
+                    raise self._no_active(session, ref)
+            key_id, key_name, version_no, kek_id, mechanism, ciphertext = row
+            assert kek_id and mechanism and ciphertext, "an Active version always has material"
+            header = HEADER.pack(MAGIC, FORMAT_V1, key_id.bytes, version_no, MECH_AES_256_GCM_HSM)
+            try:
+                plaintext = self._hsm.random(number_of_bytes)
+                sealed = self._hsm.encrypt_with(WrappedKey(kek_id, mechanism, ciphertext), plaintext,
+                                                aad=header + digest)
+            except HsmError as exc:
+                raise hsm_failure("seal the data key", exc) from exc
+            self._audit.add(s, ctx, action=action, object_type="key", object_id=str(key_id),
+                            details={"name": key_name, "version": version_no, "bytes": number_of_bytes})
+        return DataKey(key_id, key_name, version_no, header + sealed, plaintext if include_plaintext else None)
+
+    @staticmethod
+    def _no_active(s: Session, ref: str) -> NotFound | Conflict:
+        key = s.execute(select(ManagedKey).where(key_filter(ref))).scalar_one_or_none()
+        if key is None:
+            return NotFound(f"no key named or with id '{ref}'", code="key_not_found")
+        state = key.versions[-1].state
+        return Conflict(f"key '{key.name}' has no active version (it is {state}); "
+                       "activate or rotate it to make new data keys", code="illegal_state")
+
+    def decrypt(self, ctx: RequestContext, blob: bytes, *, context: dict[str, str] | None = None) -> DataKey:
+        header, key_id, version_no, sealed = parse_blob(blob)
+        self._policy.require(ctx, Permission.DATAKEYS_DECRYPT, action="datakey.decrypt",
+                             object_type="key", object_id=str(key_id))
+        with self._db.begin() as s:
+            key_name, version = self._usable_version(s, ctx, key_id, version_no, "datakey.decrypt")
+            plaintext = self._open(s, ctx, version, sealed, header + context_digest(context),
+                                   key_id, "datakey.decrypt")
+            self._audit.add(s, ctx, action="datakey.decrypt", object_type="key", object_id=str(key_id),
+                            details={"name": key_name, "version": version_no})
+        return DataKey(key_id, key_name, version_no, blob, plaintext)
+
+    def reencrypt(self, ctx: RequestContext, blob: bytes, *, context: dict[str, str] | None = None) -> DataKey:
+        """Re-seal a data key under the key's newest Active version, for rotation."""
+        header, key_id, version_no, sealed = parse_blob(blob)
+        self._policy.require(ctx, Permission.DATAKEYS_DECRYPT, action="datakey.reencrypt",
+                             object_type="key", object_id=str(key_id))
+        self._policy.require(ctx, Permission.DATAKEYS_GENERATE, action="datakey.reencrypt",
+                             object_type="key", object_id=str(key_id))
+        digest = context_digest(context)
+        with self._db.begin() as s:
+            key_name, old = self._usable_version(s, ctx, key_id, version_no, "datakey.reencrypt")
+            plaintext = self._open(s, ctx, old, sealed, header + digest, key_id, "datakey.reencrypt")
+            new = s.execute(select(KeyVersion).where(
+                KeyVersion.key_id == key_id, KeyVersion.state == KeyState.ACTIVE.value)).scalar_one_or_none()
+            if new is None:
+                raise Conflict(f"key '{key_name}' has no active version to re-encrypt under",
+                               code="illegal_state")
+            new_header = HEADER.pack(MAGIC, FORMAT_V1, key_id.bytes, new.version, MECH_AES_256_GCM_HSM)
+            try:
+                resealed = self._hsm.encrypt_with(version_wrapped(new), plaintext, aad=new_header + digest)
+            except HsmError as exc:
+                raise hsm_failure("seal the data key", exc) from exc
+            self._audit.add(s, ctx, action="datakey.reencrypt", object_type="key", object_id=str(key_id),
+                            details={"name": key_name, "from_version": version_no, "to_version": new.version})
+        return DataKey(key_id, key_name, new.version, new_header + resealed, None)
+
+    def _usable_version(
+        self, s: Session, ctx: RequestContext, key_id: uuid.UUID, version_no: int, action: str,
+    ) -> tuple[str, KeyVersion]:
+        row = s.execute(
+            select(ManagedKey.name, KeyVersion).join(KeyVersion, KeyVersion.key_id == ManagedKey.id)
+            .where(ManagedKey.id == key_id, KeyVersion.version == version_no)
+        ).first()
+        if row is None:
+            raise NotFound(f"the blob names key {key_id} version {version_no}, which does not exist",
+                           code="key_not_found")
+        name, version = row
+        if KeyState(version.state) not in DECRYPTABLE:
+            self._audit.record_now(ctx, action=action, outcome="denied", object_type="key",
+                                   object_id=str(key_id), details={"version": version_no, "state": version.state})
+            raise Conflict(f"version {version_no} of key '{name}' is {version.state} and cannot decrypt",
+                           code="illegal_state")
+        return name, version
+
+    def _open(
+        self, s: Session, ctx: RequestContext, version: KeyVersion, sealed: bytes, aad: bytes,
+        key_id: uuid.UUID, action: str,
+    ) -> bytes:
+        try:
+            return self._hsm.decrypt_with(version_wrapped(version), sealed, aad=aad)
+        except HsmIntegrityError:
+            self._audit.record_now(ctx, action=action, outcome="error", object_type="key",
+                                   object_id=str(key_id), details={"version": version.version,
+                                                                   "error": "integrity"})
+            raise IntegrityFailure() from None
+        except HsmError as exc:
+            raise hsm_failure("open the data key", exc) from exc

@@ -1,0 +1,470 @@
+"""People and their credentials: users, browser sessions and API tokens.
+
+Secrets (session cookies, CSRF tokens, API token secrets) are stored only as SHA-256
+digests and compared in constant time. Passwords are argon2id.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+import secrets
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from keyserver.core.audit import AuditService, utcnow
+from keyserver.core.errors import Conflict, Forbidden, InvalidInput, NotFound, RateLimited, Unauthenticated
+from keyserver.core.policy import Permission, Policy, Role, permissions_for
+from keyserver.core.principal import Principal, RequestContext, system_context
+from keyserver.store.models import ApiToken, BrowserSession, User
+from keyserver.store.notify import Notifier
+
+USERNAME_RE = re.compile(r"^[a-z0-9][a-z0-9._@-]{1,63}$")
+MIN_PASSWORD = 12
+TOKEN_PREFIX = "srk_"  # noqa: S105 - a public prefix, not a secret
+_hasher = PasswordHasher()  # argon2id, RFC 9106 low-memory profile defaults
+# Verified against when the user does not exist, so timing does not reveal usernames.
+_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+
+
+def sha256_hex(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def generate_password() -> str:
+    return secrets.token_urlsafe(15)
+
+
+@dataclass(frozen=True, slots=True)
+class LoginResult:
+    session_token: str
+    csrf_token: str
+    expires_at: datetime
+    principal: Principal
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedToken:
+    token: ApiToken
+    secret: str  # shown once
+
+
+class _IpThrottle:
+    """Failed logins per source address in a sliding window (per process)."""
+
+    def __init__(self, limit: int = 30, window: float = 300.0) -> None:
+        self._limit, self._window = limit, window
+        self._fails: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def check(self, ip: str | None) -> None:
+        if ip is None:
+            return
+        with self._lock:
+            q = self._fails.get(ip)
+            now = time.monotonic()
+            while q and q[0] < now - self._window:
+                q.popleft()
+            if q and len(q) >= self._limit:
+                raise RateLimited("too many failed sign-ins from this address; try again later",
+                                  retry_after=int(q[0] + self._window - now) + 1)
+
+    def fail(self, ip: str | None) -> None:
+        if ip is None:
+            return
+        with self._lock:
+            self._fails.setdefault(ip, deque()).append(time.monotonic())
+            if len(self._fails) > 100_000:
+                self._fails.clear()
+
+
+class IdentityService:
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        audit: AuditService,
+        policy: Policy,
+        *,
+        session_ttl: timedelta,
+        session_idle: timedelta,
+        max_failures: int,
+        lockout_seconds: int,
+        notifier: Notifier,
+        token_cache_seconds: float = 30.0,
+        now: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self._db = session_factory
+        self._audit = audit
+        self._policy = policy
+        self._ttl = session_ttl
+        self._idle = session_idle
+        self._max_failures = max_failures
+        self._lockout = lockout_seconds
+        self._now = now
+        self._ip_throttle = _IpThrottle()
+        # Validated API tokens by SHA-256 of the whole token. Any revocation anywhere
+        # clears every replica's cache at commit (LISTEN/NOTIFY), so the cache saves a
+        # database round trip per call without delaying a revocation; the TTL only
+        # bounds how stale `last_used_at` gets.
+        self._notifier = notifier
+        self._token_ttl = token_cache_seconds
+        self._token_cache: dict[str, tuple[Principal, datetime | None, float]] = {}
+        notifier.subscribe(self._token_cache.clear)
+
+    # --- bootstrap --------------------------------------------------------------
+    def bootstrap_admin(self, username: str = "admin") -> str | None:
+        """Create the first administrator with a one-time password; None if users exist."""
+        with self._db.begin() as s:
+            if s.execute(select(func.count()).select_from(User)).scalar_one() > 0:
+                return None
+            password = generate_password()
+            now = self._now()
+            s.add(User(id=uuid.uuid4(), username=username, full_name="Administrator", role=Role.ADMIN.value,
+                       password_hash=_hasher.hash(password), must_change_password=True,
+                       created_at=now, password_changed_at=now))
+            self._audit.add(s, system_context("bootstrap"), action="user.create", object_type="user",
+                            object_id=username, details={"role": "admin", "bootstrap": True})
+        return password
+
+    # --- users --------------------------------------------------------------
+    def list_users(self, ctx: RequestContext) -> list[User]:
+        self._policy.require(ctx, Permission.USERS_READ, action="user.list")
+        with self._db() as s:
+            return list(s.execute(select(User).order_by(User.username)).scalars())
+
+    def get_user(self, ctx: RequestContext, user_id: uuid.UUID) -> User:
+        self._policy.require(ctx, Permission.USERS_READ, action="user.read", object_type="user",
+                             object_id=str(user_id))
+        with self._db() as s:
+            return self._user(s, user_id)
+
+    @staticmethod
+    def _user(s: Session, user_id: uuid.UUID) -> User:
+        user = s.get(User, user_id)
+        if user is None:
+            raise NotFound(f"no user {user_id}", code="user_not_found")
+        return user
+
+    def create_user(
+        self, ctx: RequestContext, *, username: str, role: str, full_name: str = "",
+        password: str | None = None,
+    ) -> tuple[User, str | None]:
+        """Returns the user and, when no password was given, a one-time password."""
+        self._policy.require(ctx, Permission.USERS_MANAGE, action="user.create", object_type="user",
+                             object_id=username)
+        username = username.strip().lower()
+        if not USERNAME_RE.match(username):
+            raise InvalidInput("a username is 2-64 characters: lower-case letters, digits and . _ @ -")
+        self._check_role(role)
+        temporary = password is None
+        if password is None:
+            password = generate_password()
+        else:
+            self._check_password(password, username)
+        now = self._now()
+        with self._db.begin() as s:
+            if s.execute(select(User.id).where(User.username == username)).first():
+                raise Conflict(f"user '{username}' exists already", code="user_exists")
+            user = User(id=uuid.uuid4(), username=username, full_name=full_name, role=role,
+                        password_hash=_hasher.hash(password), must_change_password=temporary,
+                        created_at=now, password_changed_at=now)
+            s.add(user)
+            self._audit.add(s, ctx, action="user.create", object_type="user", object_id=username,
+                            details={"role": role})
+        return user, password if temporary else None
+
+    def update_user(
+        self, ctx: RequestContext, user_id: uuid.UUID, *, role: str | None = None,
+        full_name: str | None = None, disabled: bool | None = None,
+    ) -> User:
+        self._policy.require(ctx, Permission.USERS_MANAGE, action="user.update", object_type="user",
+                             object_id=str(user_id))
+        if role is not None:
+            self._check_role(role)
+        with self._db.begin() as s:
+            user = self._user(s, user_id)
+            losing_admin = user.role == Role.ADMIN and not user.disabled and (
+                (role is not None and role != Role.ADMIN) or disabled is True)
+            if losing_admin and self._enabled_admins(s) <= 1:
+                raise Conflict("this is the last enabled administrator; create another one first",
+                               code="last_admin")
+            changes: dict[str, object] = {}
+            self._notifier.publish(s)
+            if role is not None:
+                user.role, changes["role"] = role, role
+            if full_name is not None:
+                user.full_name, changes["full_name"] = full_name, True
+            if disabled is not None:
+                user.disabled, changes["disabled"] = disabled, disabled
+                if disabled:
+                    self._revoke_credentials(s, user.id)
+            self._audit.add(s, ctx, action="user.update", object_type="user", object_id=user.username,
+                            details=changes)
+        return user
+
+    @staticmethod
+    def _enabled_admins(s: Session) -> int:
+        return int(s.execute(select(func.count()).select_from(User).where(
+            User.role == Role.ADMIN.value, User.disabled.is_(False))).scalar_one())
+
+    def _revoke_credentials(self, s: Session, user_id: uuid.UUID) -> None:
+        s.execute(update(BrowserSession).where(BrowserSession.user_id == user_id).values(revoked=True))
+        s.execute(update(ApiToken).where(ApiToken.user_id == user_id, ApiToken.revoked_at.is_(None))
+                  .values(revoked_at=self._now()))
+
+    def reset_password(self, ctx: RequestContext, user_id: uuid.UUID) -> str:
+        self._policy.require(ctx, Permission.USERS_MANAGE, action="user.reset_password",
+                             object_type="user", object_id=str(user_id))
+        password = generate_password()
+        with self._db.begin() as s:
+            user = self._user(s, user_id)
+            user.password_hash = _hasher.hash(password)
+            user.must_change_password, user.password_changed_at = True, self._now()
+            user.failed_logins, user.locked_until = 0, None
+            self._notifier.publish(s)
+            s.execute(update(BrowserSession).where(BrowserSession.user_id == user.id).values(revoked=True))
+            self._audit.add(s, ctx, action="user.reset_password", object_type="user", object_id=user.username)
+        return password
+
+    def change_password(self, ctx: RequestContext, *, current: str, new: str) -> None:
+        if ctx.principal.user_id is None or ctx.principal.actor_type != "user":
+            raise Forbidden("only a signed-in user can change their own password")
+        with self._db.begin() as s:
+            user = self._user(s, ctx.principal.user_id)
+            if not self._verify(user.password_hash, current):
+                self._audit.record_now(ctx, action="user.change_password", outcome="denied",
+                                       object_type="user", object_id=user.username)
+                raise Forbidden("the current password is wrong", code="wrong_password")
+            self._check_password(new, user.username)
+            if self._verify(user.password_hash, new):
+                raise InvalidInput("the new password must differ from the current one")
+            user.password_hash = _hasher.hash(new)
+            user.must_change_password, user.password_changed_at = False, self._now()
+            self._audit.add(s, ctx, action="user.change_password", object_type="user", object_id=user.username)
+
+    @staticmethod
+    def _check_role(role: str) -> None:
+        if role not in {r.value for r in Role}:
+            raise InvalidInput(f"role must be one of: {', '.join(r.value for r in Role)}")
+
+    @staticmethod
+    def _check_password(password: str, username: str) -> None:
+        if len(password) < MIN_PASSWORD or len(password) > 1024:
+            raise InvalidInput(f"a password has at least {MIN_PASSWORD} characters")
+        if username.lower() in password.lower():
+            raise InvalidInput("a password must not contain the username")
+
+    @staticmethod
+    def _verify(password_hash: str, password: str) -> bool:
+        try:
+            return _hasher.verify(password_hash, password)
+        except (VerifyMismatchError, VerificationError, InvalidHashError):
+            return False
+
+    # --- sign-in and sessions --------------------------------------------------
+    def login(self, username: str, password: str, *, source_ip: str | None,
+              request_id: str | None) -> LoginResult:
+        self._ip_throttle.check(source_ip)
+        username = username.strip().lower()
+        now = self._now()
+        anon = RequestContext(principal=Principal(name=username or "anonymous", actor_type="user",
+                                                  role=None, permissions=frozenset()),
+                              source_ip=source_ip, request_id=request_id)
+        with self._db.begin() as s:
+            user = s.execute(select(User).where(User.username == username).with_for_update()).scalar_one_or_none()
+            if user is not None and user.locked_until is not None and user.locked_until > now:
+                self._audit.add(s, anon, action="auth.login", outcome="denied", object_type="user",
+                                object_id=username, details={"reason": "locked"})
+                retry = int((user.locked_until - now).total_seconds()) + 1
+                locked = RateLimited("too many failed sign-ins for this account; try again later",
+                                     retry_after=retry)
+            else:
+                locked = None
+        if locked is not None:
+            raise locked
+        ok = self._verify(user.password_hash if user else _DUMMY_HASH, password)
+        if user is None or not ok or user.disabled:
+            self._ip_throttle.fail(source_ip)
+            with self._db.begin() as s:
+                details: dict[str, object] = {"reason": "disabled" if user and ok else "bad_credentials"}
+                if user is not None and not ok:
+                    u = s.get(User, user.id)
+                    assert u is not None
+                    u.failed_logins += 1
+                    if u.failed_logins >= self._max_failures:
+                        over = u.failed_logins - self._max_failures
+                        u.locked_until = now + timedelta(seconds=min(self._lockout * 2 ** over, 3600))
+                        details["locked_until"] = u.locked_until.isoformat()
+                self._audit.add(s, anon, action="auth.login", outcome="denied", object_type="user",
+                                object_id=username, details=details)
+            raise Unauthenticated("wrong username or password", code="bad_credentials")
+        session_token, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        expires = now + self._ttl
+        with self._db.begin() as s:
+            u = s.get(User, user.id)
+            assert u is not None
+            u.failed_logins, u.locked_until, u.last_login_at = 0, None, now
+            s.add(BrowserSession(id_hash=sha256_hex(session_token), user_id=u.id, csrf_hash=sha256_hex(csrf),
+                                 created_at=now, expires_at=expires, last_seen_at=now, source_ip=source_ip))
+            principal = self._user_principal(u)
+            self._audit.add(s, RequestContext(principal, source_ip, request_id), action="auth.login",
+                            object_type="user", object_id=u.username)
+        return LoginResult(session_token, csrf, expires, principal)
+
+    @staticmethod
+    def _user_principal(user: User, *, token: ApiToken | None = None) -> Principal:
+        if token is None:
+            return Principal(name=user.username, actor_type="user", role=user.role,
+                             permissions=permissions_for(user.role), user_id=user.id,
+                             must_change_password=user.must_change_password)
+        return Principal(name=f"{user.username}/token:{token.name}", actor_type="token", role=user.role,
+                         permissions=permissions_for(user.role, token.scopes), user_id=user.id,
+                         token_id=token.id)
+
+    def authenticate_session(self, session_token: str, *, csrf_token: str | None,
+                             require_csrf: bool) -> Principal:
+        now = self._now()
+        with self._db() as s:
+            row = s.execute(select(BrowserSession, User).join(User, User.id == BrowserSession.user_id)
+                            .where(BrowserSession.id_hash == sha256_hex(session_token))).first()
+            if row is None:
+                raise Unauthenticated("your session is not valid; sign in again", code="session_invalid")
+            sess, user = row
+            if sess.revoked or user.disabled or sess.expires_at <= now or sess.last_seen_at + self._idle <= now:
+                raise Unauthenticated("your session has expired; sign in again", code="session_expired")
+            if require_csrf and (csrf_token is None or
+                                 not hmac.compare_digest(sha256_hex(csrf_token), sess.csrf_hash)):
+                raise Forbidden("missing or wrong X-CSRF-Token header", code="csrf_failed")
+            if (now - sess.last_seen_at).total_seconds() > 60:
+                s.execute(update(BrowserSession).where(BrowserSession.id_hash == sess.id_hash)
+                          .values(last_seen_at=now))
+                s.commit()
+            return self._user_principal(user)
+
+    def logout(self, ctx: RequestContext, session_token: str) -> None:
+        with self._db.begin() as s:
+            s.execute(update(BrowserSession).where(BrowserSession.id_hash == sha256_hex(session_token))
+                      .values(revoked=True))
+            self._audit.add(s, ctx, action="auth.logout", object_type="user", object_id=ctx.principal.name)
+
+    # --- API tokens ------------------------------------------------------------
+    def create_token(
+        self, ctx: RequestContext, *, name: str, scopes: list[str] | None,
+        expires_in_days: int | None, user_id: uuid.UUID | None = None,
+    ) -> IssuedToken:
+        owner_id = user_id or ctx.principal.user_id
+        if owner_id is None:
+            raise Forbidden("API tokens belong to users")
+        perm = Permission.TOKENS_ALL if owner_id != ctx.principal.user_id else Permission.TOKENS_OWN
+        self._policy.require(ctx, perm, action="token.create", object_type="user", object_id=str(owner_id))
+        if ctx.principal.actor_type == "token":
+            raise Forbidden("an API token cannot create API tokens; sign in as the user")
+        if not 1 <= len(name.strip()) <= 100:
+            raise InvalidInput("a token name is 1-100 characters")
+        if expires_in_days is not None and not 1 <= expires_in_days <= 3650:
+            raise InvalidInput("expires_in_days must be between 1 and 3650")
+        now = self._now()
+        with self._db.begin() as s:
+            owner = self._user(s, owner_id)
+            granted = permissions_for(owner.role)
+            if scopes is None:
+                scopes = sorted(p.value for p in granted)
+            unknown = [x for x in scopes if x not in {p.value for p in Permission}]
+            if unknown:
+                raise InvalidInput(f"unknown scopes: {', '.join(unknown)}")
+            beyond = [x for x in scopes if Permission(x) not in granted]
+            if beyond:
+                raise InvalidInput(f"the owner's role '{owner.role}' does not grant: {', '.join(beyond)}")
+            lookup = base64.b32encode(secrets.token_bytes(10)).decode().lower()
+            secret = secrets.token_urlsafe(32)
+            token = ApiToken(id=uuid.uuid4(), lookup_id=lookup, secret_hash=sha256_hex(secret),
+                             name=name.strip(), user_id=owner.id, scopes=sorted(set(scopes)), created_at=now,
+                             expires_at=now + timedelta(days=expires_in_days) if expires_in_days else None)
+            s.add(token)
+            self._audit.add(s, ctx, action="token.create", object_type="token", object_id=str(token.id),
+                            details={"name": token.name, "owner": owner.username, "scopes": token.scopes})
+            s.flush()
+            s.refresh(token)
+        return IssuedToken(token, f"{TOKEN_PREFIX}{lookup}_{secret}")
+
+    def list_tokens(self, ctx: RequestContext, *, all_users: bool = False) -> list[ApiToken]:
+        if all_users:
+            self._policy.require(ctx, Permission.TOKENS_ALL, action="token.list")
+        else:
+            self._policy.require(ctx, Permission.TOKENS_OWN, action="token.list")
+        with self._db() as s:
+            stmt = select(ApiToken).order_by(ApiToken.created_at.desc())
+            if not all_users:
+                stmt = stmt.where(ApiToken.user_id == ctx.principal.user_id)
+            return list(s.execute(stmt).scalars())
+
+    def revoke_token(self, ctx: RequestContext, token_id: uuid.UUID) -> ApiToken:
+        with self._db() as s:
+            token = s.get(ApiToken, token_id)
+        if token is None:
+            raise NotFound(f"no API token {token_id}", code="token_not_found")
+        perm = Permission.TOKENS_OWN if token.user_id == ctx.principal.user_id else Permission.TOKENS_ALL
+        self._policy.require(ctx, perm, action="token.revoke", object_type="token", object_id=str(token_id))
+        with self._db.begin() as s:
+            t = s.get(ApiToken, token_id)
+            assert t is not None
+            if t.revoked_at is None:
+                t.revoked_at = self._now()
+            self._notifier.publish(s)
+            self._audit.add(s, ctx, action="token.revoke", object_type="token", object_id=str(token_id),
+                            details={"name": t.name})
+        return t
+
+    def cached_token(self, raw: str) -> Principal | None:
+        """The principal of a token validated within the cache TTL, without any I/O."""
+        if not self._notifier.healthy:
+            return None
+        hit = self._token_cache.get(sha256_hex(raw))
+        if hit is None:
+            return None
+        principal, expires_at, cached_at = hit
+        if time.monotonic() - cached_at > self._token_ttl or (expires_at is not None and expires_at <= self._now()):
+            return None
+        return principal
+
+    def authenticate_token(self, raw: str) -> Principal:
+        cached = self.cached_token(raw)
+        if cached is not None:
+            return cached
+        if not raw.startswith(TOKEN_PREFIX) or raw.count("_") < 2:
+            raise Unauthenticated("malformed API token", code="token_invalid")
+        lookup, _, secret = raw[len(TOKEN_PREFIX):].partition("_")
+        now = self._now()
+        started = time.monotonic()
+        with self._db() as s:
+            token = s.execute(select(ApiToken).where(ApiToken.lookup_id == lookup)).scalar_one_or_none()
+            # Compare even when the token is unknown, so timing says nothing.
+            expected = token.secret_hash if token else sha256_hex("")
+            if not hmac.compare_digest(sha256_hex(secret), expected) or token is None:
+                raise Unauthenticated("unknown API token", code="token_invalid")
+            if token.revoked_at is not None:
+                raise Unauthenticated("this API token was revoked", code="token_revoked")
+            if token.expires_at is not None and token.expires_at <= now:
+                raise Unauthenticated("this API token has expired; create a new one", code="token_expired")
+            if token.user.disabled:
+                raise Unauthenticated("the owner of this API token is disabled", code="token_invalid")
+            if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+                s.execute(update(ApiToken).where(ApiToken.id == token.id).values(last_used_at=now))
+                s.commit()
+            principal = self._user_principal(token.user, token=token)
+            if len(self._token_cache) > 10_000:
+                self._token_cache.clear()
+            self._token_cache[sha256_hex(raw)] = (principal, token.expires_at, started)
+            return principal

@@ -1,0 +1,405 @@
+"""Managed keys: named AES-256 keys with versions and a KMIP lifecycle.
+
+Material exists outside the HSM only as a blob wrapped under the current KEK. Every
+change is audited inside its own transaction.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Select, func, or_, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from hsm import HsmBackend, HsmError, WrappedKey
+from keyserver.core.audit import AuditService, utcnow
+from keyserver.core.errors import Conflict, InvalidInput, NotFound, hsm_failure
+from keyserver.core.kek import KekService
+from keyserver.core.policy import Permission, Policy
+from keyserver.core.principal import RequestContext
+from keyserver.core.states import DESTROYED_STATES, KeyState, check_transition
+from keyserver.store.models import KeyVersion, ManagedKey
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
+MAX_TAGS = 50
+REVOCATION_REASONS = frozenset({
+    "unspecified", "key-compromise", "ca-compromise", "affiliation-changed", "superseded",
+    "cessation-of-operation", "privilege-withdrawn",
+})
+COMPROMISE_REASONS = frozenset({"key-compromise", "ca-compromise"})
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    name: str
+    description: str = ""
+    tags: dict[str, str] | None = None
+    owner: str | None = None
+    activate: bool = True
+    activation_date: datetime | None = None
+    deactivation_date: datetime | None = None
+    rotation_period_days: int | None = None
+
+
+def key_state(key: ManagedKey) -> KeyState:
+    """A key's state is its newest version's: that is the one new data would use."""
+    return KeyState(key.versions[-1].state)
+
+
+def version_wrapped(v: KeyVersion) -> WrappedKey:
+    if v.wrapped_key is None or v.wrapping_key_id is None or v.wrapping_mechanism is None:
+        raise Conflict(f"version {v.version} has no key material (destroyed)", code="key_destroyed")
+    return WrappedKey(wrapping_key_id=v.wrapping_key_id, mechanism=v.wrapping_mechanism,
+                      ciphertext=v.wrapped_key)
+
+
+def validate_tags(tags: dict[str, str]) -> dict[str, str]:
+    if len(tags) > MAX_TAGS:
+        raise InvalidInput(f"at most {MAX_TAGS} tags per key")
+    for k, v in tags.items():
+        if not isinstance(k, str) or not 1 <= len(k) <= 64 or not isinstance(v, str) or len(v) > 256:
+            raise InvalidInput("tag names are 1-64 characters, values at most 256")
+    return dict(tags)
+
+
+def key_filter(ref: str) -> Any:
+    """A key is named by its UUID or by its name (names can never look like UUIDs)."""
+    if UUID_RE.match(ref):
+        return ManagedKey.id == uuid.UUID(ref)
+    return ManagedKey.name == ref
+
+
+class KeyService:
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        hsm: HsmBackend,
+        audit: AuditService,
+        policy: Policy,
+        keks: KekService,
+        *,
+        now: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self._db = session_factory
+        self._hsm = hsm
+        self._audit = audit
+        self._policy = policy
+        self._keks = keks
+        self._now = now
+
+    # --- reading -------------------------------------------------------------
+    def list(
+        self, ctx: RequestContext, *, q: str | None = None, state: str | None = None,
+        tag: str | None = None, limit: int = 50, offset: int = 0,
+    ) -> tuple[list[ManagedKey], int]:
+        self._policy.require(ctx, Permission.KEYS_READ, action="key.list")
+        if not 1 <= limit <= 500 or offset < 0:
+            raise InvalidInput("limit must be 1-500 and offset >= 0")
+        stmt: Select[Any] = select(ManagedKey)
+        if q:
+            like = f"%{q.lower()}%"
+            stmt = stmt.where(or_(func.lower(ManagedKey.name).like(like),
+                                  func.lower(ManagedKey.description).like(like)))
+        if state:
+            try:
+                wanted = KeyState(state)
+            except ValueError:
+                raise InvalidInput(f"unknown state '{state}'") from None
+            newest = (select(func.max(KeyVersion.version)).where(KeyVersion.key_id == ManagedKey.id)
+                      .correlate(ManagedKey).scalar_subquery())
+            stmt = stmt.join(KeyVersion, (KeyVersion.key_id == ManagedKey.id)
+                             & (KeyVersion.version == newest)).where(KeyVersion.state == wanted.value)
+        rows: list[ManagedKey]
+        with self._db() as s:
+            if tag:
+                # Tags are JSON; filter in Python to stay portable across databases.
+                name, _, value = tag.partition("=")
+                all_rows = list(s.execute(stmt.order_by(ManagedKey.name)).scalars())
+                matching = [k for k in all_rows if name in k.tags and (not value or k.tags[name] == value)]
+                return matching[offset:offset + limit], len(matching)
+            total = int(s.execute(select(func.count()).select_from(stmt.subquery())).scalar_one())
+            rows = list(s.execute(stmt.order_by(ManagedKey.name).limit(limit).offset(offset)).scalars())
+        return rows, total
+
+    def get(self, ctx: RequestContext, ref: str) -> ManagedKey:
+        self._policy.require(ctx, Permission.KEYS_READ, action="key.read", object_type="key", object_id=ref)
+        with self._db() as s:
+            return self._load(s, ref)
+
+    @staticmethod
+    def _load(s: Session, ref: str, *, lock: bool = False) -> ManagedKey:
+        stmt = select(ManagedKey).where(key_filter(ref))
+        if lock:
+            stmt = stmt.with_for_update()
+        key = s.execute(stmt).scalar_one_or_none()
+        if key is None:
+            raise NotFound(f"no key named or with id '{ref}'", code="key_not_found")
+        return key
+
+    # --- creating --------------------------------------------------------------
+    def create(self, ctx: RequestContext, spec: KeySpec) -> ManagedKey:
+        self._policy.require(ctx, Permission.KEYS_CREATE, action="key.create",
+                             object_type="key", object_id=spec.name)
+        if not NAME_RE.match(spec.name) or UUID_RE.match(spec.name):
+            raise InvalidInput("a key name is 1-128 characters of letters, digits and . _ / -, "
+                               "starts with a letter or digit, and is not a UUID")
+        if spec.rotation_period_days is not None and not 1 <= spec.rotation_period_days <= 3650:
+            raise InvalidInput("rotation_period_days must be between 1 and 3650")
+        now = self._now()
+        if spec.activation_date and spec.deactivation_date and spec.deactivation_date <= spec.activation_date:
+            raise InvalidInput("deactivation_date must be after activation_date")
+        active_now = spec.activate and (spec.activation_date is None or spec.activation_date <= now)
+        wrapped = self._generate()
+        with self._db.begin() as s:
+            if s.execute(select(ManagedKey.id).where(ManagedKey.name == spec.name)).first():
+                raise Conflict(f"a key named '{spec.name}' exists already", code="key_exists")
+            key = ManagedKey(
+                id=uuid.uuid4(), name=spec.name, description=spec.description,
+                owner=spec.owner or ctx.principal.name, tags=validate_tags(spec.tags or {}),
+                created_at=now, updated_at=now, rotation_period_days=spec.rotation_period_days,
+                next_rotation_at=(now + timedelta(days=spec.rotation_period_days)
+                                  if spec.rotation_period_days and active_now else None),
+            )
+            s.add(key)
+            s.add(self._new_version(key, 1, wrapped, now,
+                                    state=KeyState.ACTIVE if active_now else KeyState.PRE_ACTIVE,
+                                    activation_date=now if active_now else spec.activation_date,
+                                    deactivation_date=spec.deactivation_date))
+            self._audit.add(s, ctx, action="key.create", object_type="key", object_id=str(key.id),
+                            details={"name": key.name, "version": 1, "state": "active" if active_now else "pre-active"})
+        return self._reload(key.id)
+
+    def _generate(self) -> WrappedKey:
+        try:
+            return self._hsm.generate_wrapped_key(kek_id=self._keks.current())
+        except HsmError as exc:
+            raise hsm_failure("generate a key", exc) from exc
+
+    @staticmethod
+    def _new_version(
+        key: ManagedKey, n: int, wrapped: WrappedKey, now: datetime, *, state: KeyState,
+        activation_date: datetime | None = None, deactivation_date: datetime | None = None,
+    ) -> KeyVersion:
+        return KeyVersion(
+            id=uuid.uuid4(), key_id=key.id, version=n, state=state.value,
+            wrapped_key=wrapped.ciphertext, wrapping_key_id=wrapped.wrapping_key_id,
+            wrapping_mechanism=wrapped.mechanism, created_at=now,
+            activation_date=activation_date, deactivation_date=deactivation_date,
+        )
+
+    def _reload(self, key_id: uuid.UUID) -> ManagedKey:
+        with self._db() as s:
+            return self._load(s, str(key_id))
+
+    # --- changing --------------------------------------------------------------
+    def update(
+        self, ctx: RequestContext, ref: str, *, description: str | None = None,
+        tags: dict[str, str] | None = None, owner: str | None = None,
+        rotation_period_days: int | None = None, clear_rotation: bool = False,
+    ) -> ManagedKey:
+        self._policy.require(ctx, Permission.KEYS_UPDATE, action="key.update", object_type="key", object_id=ref)
+        if rotation_period_days is not None and not 1 <= rotation_period_days <= 3650:
+            raise InvalidInput("rotation_period_days must be between 1 and 3650")
+        now = self._now()
+        with self._db.begin() as s:
+            key = self._load(s, ref, lock=True)
+            changed: dict[str, Any] = {}
+            if description is not None:
+                key.description, changed["description"] = description, True
+            if tags is not None:
+                key.tags, changed["tags"] = validate_tags(tags), True
+            if owner is not None:
+                key.owner, changed["owner"] = owner, owner
+            if clear_rotation:
+                key.rotation_period_days = key.next_rotation_at = None
+                changed["rotation_period_days"] = None
+            elif rotation_period_days is not None:
+                key.rotation_period_days = rotation_period_days
+                key.next_rotation_at = now + timedelta(days=rotation_period_days)
+                changed["rotation_period_days"] = rotation_period_days
+            key.updated_at, key.revision = now, key.revision + 1
+            self._audit.add(s, ctx, action="key.update", object_type="key", object_id=str(key.id),
+                            details={"name": key.name, "changed": changed})
+        return self._reload(key.id)
+
+    def rotate(self, ctx: RequestContext, ref: str, *, reason: str = "manual") -> ManagedKey:
+        """New Active version; the previous Active one becomes Deactivated (decrypt-only)."""
+        self._policy.require(ctx, Permission.KEYS_ROTATE, action="key.rotate", object_type="key", object_id=ref)
+        wrapped = self._generate()
+        now = self._now()
+        with self._db.begin() as s:
+            key = self._load(s, ref, lock=True)
+            s.refresh(key, ["versions"])
+            newest = key.versions[-1]
+            state = KeyState(newest.state)
+            if state in DESTROYED_STATES:
+                raise Conflict(f"key '{key.name}' is {state.value}; a destroyed key cannot be rotated",
+                               code="illegal_state")
+            if state is KeyState.PRE_ACTIVE:
+                raise Conflict(f"key '{key.name}' is pre-active; activate it before rotating",
+                               code="illegal_state")
+            for v in key.versions:
+                if v.state == KeyState.ACTIVE:
+                    v.state, v.deactivation_date = KeyState.DEACTIVATED.value, now
+            version = self._new_version(key, newest.version + 1, wrapped, now,
+                                        state=KeyState.ACTIVE, activation_date=now)
+            s.add(version)
+            key.updated_at, key.revision = now, key.revision + 1
+            if key.rotation_period_days:
+                key.next_rotation_at = now + timedelta(days=key.rotation_period_days)
+            self._audit.add(s, ctx, action="key.rotate", object_type="key", object_id=str(key.id),
+                            details={"name": key.name, "version": version.version,
+                                     "replaces": newest.version, "reason": reason})
+        return self._reload(key.id)
+
+    def activate(self, ctx: RequestContext, ref: str) -> ManagedKey:
+        self._policy.require(ctx, Permission.KEYS_ACTIVATE, action="key.activate", object_type="key", object_id=ref)
+        return self._transition(ctx, ref, None, KeyState.ACTIVE, action="key.activate")
+
+    def deactivate(self, ctx: RequestContext, ref: str) -> ManagedKey:
+        self._policy.require(ctx, Permission.KEYS_REVOKE, action="key.deactivate", object_type="key", object_id=ref)
+        return self._transition(ctx, ref, None, KeyState.DEACTIVATED, action="key.deactivate")
+
+    def revoke(
+        self, ctx: RequestContext, ref: str, *, reason: str, message: str = "",
+        compromise_date: datetime | None = None,
+    ) -> ManagedKey:
+        """Revoke every version still usable. A compromise reason marks them Compromised
+        (destroyed ones Destroyed-Compromised); any other reason deactivates them."""
+        self._policy.require(ctx, Permission.KEYS_REVOKE, action="key.revoke", object_type="key", object_id=ref)
+        if reason not in REVOCATION_REASONS:
+            raise InvalidInput(f"reason must be one of: {', '.join(sorted(REVOCATION_REASONS))}")
+        compromised = reason in COMPROMISE_REASONS
+        now = self._now()
+        with self._db.begin() as s:
+            key = self._load(s, ref, lock=True)
+            s.refresh(key, ["versions"])
+            changed = []
+            for v in key.versions:
+                cur = KeyState(v.state)
+                if compromised:
+                    target = (KeyState.DESTROYED_COMPROMISED if cur in DESTROYED_STATES
+                              else KeyState.COMPROMISED)
+                    if cur is target:
+                        continue
+                else:
+                    if cur not in (KeyState.ACTIVE, KeyState.PRE_ACTIVE):
+                        continue
+                    target = KeyState.DEACTIVATED
+                check_transition(cur, target, what=f"version {v.version}")
+                v.state = target.value
+                v.revocation_reason, v.revocation_message = reason, message or None
+                if compromised:
+                    v.compromise_date = compromise_date or now
+                else:
+                    v.deactivation_date = now
+                changed.append(v.version)
+            if not changed:
+                raise Conflict(f"key '{key.name}' has no version that this revocation would change",
+                               code="illegal_state")
+            key.updated_at, key.revision, key.next_rotation_at = now, key.revision + 1, None
+            self._audit.add(s, ctx, action="key.revoke", object_type="key", object_id=str(key.id),
+                            details={"name": key.name, "reason": reason, "versions": changed})
+        return self._reload(key.id)
+
+    def destroy(self, ctx: RequestContext, ref: str, *, version: int | None = None) -> ManagedKey:
+        """Erase material (metadata stays). An Active version must be revoked first (KMIP)."""
+        self._policy.require(ctx, Permission.KEYS_DESTROY, action="key.destroy", object_type="key", object_id=ref)
+        now = self._now()
+        forgotten: list[WrappedKey] = []
+        with self._db.begin() as s:
+            key = self._load(s, ref, lock=True)
+            s.refresh(key, ["versions"])
+            targets = [v for v in key.versions if version is None or v.version == version]
+            if version is not None and not targets:
+                raise NotFound(f"key '{key.name}' has no version {version}", code="version_not_found")
+            targets = [v for v in targets if KeyState(v.state) not in DESTROYED_STATES]
+            if not targets:
+                raise Conflict(f"key '{key.name}' is already destroyed", code="illegal_state")
+            for v in targets:
+                cur = KeyState(v.state)
+                target = KeyState.DESTROYED_COMPROMISED if cur is KeyState.COMPROMISED else KeyState.DESTROYED
+                check_transition(cur, target, what=f"version {v.version} of '{key.name}'")
+            for v in targets:
+                if v.wrapped_key is not None:
+                    forgotten.append(version_wrapped(v))
+                v.state = (KeyState.DESTROYED_COMPROMISED if v.state == KeyState.COMPROMISED
+                           else KeyState.DESTROYED).value
+                v.wrapped_key = None
+                v.destroy_date = now
+            key.updated_at, key.revision, key.next_rotation_at = now, key.revision + 1, None
+            self._audit.add(s, ctx, action="key.destroy", object_type="key", object_id=str(key.id),
+                            details={"name": key.name, "versions": [v.version for v in targets]})
+        for w in forgotten:
+            self._hsm.forget(w)
+        return self._reload(key.id)
+
+    def _transition(
+        self, ctx: RequestContext, ref: str, version: int | None, target: KeyState, *, action: str,
+    ) -> ManagedKey:
+        now = self._now()
+        with self._db.begin() as s:
+            key = self._load(s, ref, lock=True)
+            s.refresh(key, ["versions"])
+            v = key.versions[-1] if version is None else next(
+                (x for x in key.versions if x.version == version), None)
+            if v is None:
+                raise NotFound(f"key '{key.name}' has no version {version}", code="version_not_found")
+            check_transition(KeyState(v.state), target, what=f"key '{key.name}' (version {v.version})")
+            v.state = target.value
+            if target is KeyState.ACTIVE:
+                v.activation_date = now
+                if key.rotation_period_days:
+                    key.next_rotation_at = now + timedelta(days=key.rotation_period_days)
+            elif target is KeyState.DEACTIVATED:
+                v.deactivation_date = now
+                key.next_rotation_at = None
+            key.updated_at, key.revision = now, key.revision + 1
+            self._audit.add(s, ctx, action=action, object_type="key", object_id=str(key.id),
+                            details={"name": key.name, "version": v.version, "state": target.value})
+        return self._reload(key.id)
+
+    # --- the scheduler's work --------------------------------------------------
+    def run_due(self, ctx: RequestContext) -> dict[str, int]:
+        """Rotate keys whose schedule is due and apply activation/deactivation dates.
+        Safe to run in every replica at once: each key is locked, then re-checked."""
+        now = self._now()
+        counts = {"rotated": 0, "activated": 0, "deactivated": 0}
+        with self._db() as s:
+            due = list(s.execute(select(ManagedKey.id).where(ManagedKey.next_rotation_at <= now)).scalars())
+            to_activate = list(s.execute(select(KeyVersion.key_id).where(
+                KeyVersion.state == KeyState.PRE_ACTIVE.value, KeyVersion.activation_date <= now)).scalars())
+            to_deactivate = list(s.execute(select(KeyVersion.key_id).where(
+                KeyVersion.state == KeyState.ACTIVE.value, KeyVersion.deactivation_date <= now)).scalars())
+        for key_id in due:
+            with self._db() as s:
+                k = s.get(ManagedKey, key_id)
+                if k is None or k.next_rotation_at is None or k.next_rotation_at > now:
+                    continue
+            try:
+                self.rotate(ctx, str(key_id), reason="scheduled")
+                counts["rotated"] += 1
+            except Conflict:
+                with self._db.begin() as s:
+                    k = s.get(ManagedKey, key_id)
+                    if k is not None:
+                        k.next_rotation_at = None
+        for key_id in to_activate:
+            try:
+                self._transition(ctx, str(key_id), None, KeyState.ACTIVE, action="key.activate")
+                counts["activated"] += 1
+            except (Conflict, NotFound):
+                pass
+        for key_id in to_deactivate:
+            try:
+                self._transition(ctx, str(key_id), None, KeyState.DEACTIVATED, action="key.deactivate")
+                counts["deactivated"] += 1
+            except (Conflict, NotFound):
+                pass
+        return counts

@@ -1,0 +1,100 @@
+"""Authorisation, decided here and only here.
+
+Roles grant permissions; API tokens narrow them to their scopes. Every core service
+asks `Policy.require` before acting, and a refusal is audited there, so REST, KMIP and
+the scheduler cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from keyserver.core.errors import Forbidden
+
+if TYPE_CHECKING:
+    from keyserver.core.audit import AuditService
+    from keyserver.core.principal import RequestContext
+
+
+class Permission(StrEnum):
+    KEYS_READ = "keys:read"
+    KEYS_CREATE = "keys:create"
+    KEYS_UPDATE = "keys:update"
+    KEYS_ROTATE = "keys:rotate"
+    KEYS_ACTIVATE = "keys:activate"
+    KEYS_REVOKE = "keys:revoke"
+    KEYS_DESTROY = "keys:destroy"
+    DATAKEYS_GENERATE = "datakeys:generate"
+    DATAKEYS_DECRYPT = "datakeys:decrypt"
+    AUDIT_READ = "audit:read"
+    AUDIT_VERIFY = "audit:verify"
+    USERS_READ = "users:read"
+    USERS_MANAGE = "users:manage"
+    TOKENS_OWN = "tokens:own"
+    TOKENS_ALL = "tokens:all"
+    SYSTEM_READ = "system:read"
+    SYSTEM_KEK = "system:kek"
+
+
+class Role(StrEnum):
+    ADMIN = "admin"
+    KEY_OFFICER = "key-officer"
+    OPERATOR = "operator"
+    AUDITOR = "auditor"
+
+
+P = Permission
+ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
+    Role.ADMIN: frozenset(Permission),
+    Role.KEY_OFFICER: frozenset({
+        P.KEYS_READ, P.KEYS_CREATE, P.KEYS_UPDATE, P.KEYS_ROTATE, P.KEYS_ACTIVATE,
+        P.KEYS_REVOKE, P.KEYS_DESTROY, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
+        P.AUDIT_READ, P.AUDIT_VERIFY, P.TOKENS_OWN, P.SYSTEM_READ,
+    }),
+    Role.OPERATOR: frozenset({
+        P.KEYS_READ, P.KEYS_ROTATE, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
+        P.TOKENS_OWN, P.SYSTEM_READ,
+    }),
+    # Sees everything, changes nothing (its own API tokens aside, for exports).
+    Role.AUDITOR: frozenset({
+        P.KEYS_READ, P.AUDIT_READ, P.AUDIT_VERIFY, P.USERS_READ, P.TOKENS_OWN, P.SYSTEM_READ,
+    }),
+}
+
+
+def permissions_for(role: str, scopes: list[str] | None = None) -> frozenset[Permission]:
+    """A role's permissions, narrowed to `scopes` for an API token."""
+    granted = ROLE_PERMISSIONS[Role(role)]
+    if scopes is None:
+        return granted
+    return granted & frozenset(Permission(s) for s in scopes)
+
+
+class Policy:
+    def __init__(self, audit: AuditService) -> None:
+        self._audit = audit
+
+    def require(
+        self,
+        ctx: RequestContext,
+        permission: Permission,
+        *,
+        action: str,
+        object_type: str | None = None,
+        object_id: str | None = None,
+    ) -> None:
+        if permission in ctx.principal.permissions:
+            return
+        self._audit.record_now(
+            ctx,
+            action=action,
+            outcome="denied",
+            object_type=object_type,
+            object_id=object_id,
+            details={"missing_permission": permission.value},
+        )
+        raise Forbidden(
+            f"'{ctx.principal.name}' lacks the permission '{permission.value}' for {action}; "
+            "ask an administrator for a role or token scope that grants it"
+        )

@@ -1,0 +1,151 @@
+"""Builds the object graph of the keyserver from its settings: one place, so the API,
+the CLI and the tests all run the same real objects."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from hsm import HsmBackend, HsmUnavailable
+from hsm.config import HsmConfig
+from keyserver.core.audit import AuditService
+from keyserver.core.datakeys import DataKeyService
+from keyserver.core.identity import IdentityService
+from keyserver.core.kek import KekService
+from keyserver.core.keys import KeyService
+from keyserver.core.policy import Policy
+from keyserver.core.scheduler import Scheduler
+from keyserver.settings import Settings
+from keyserver.store import db
+from keyserver.store.notify import Notifier
+
+log = logging.getLogger(__name__)
+
+
+class LazyHsm:
+    """Opens the token on first use and again after a failure, at most every few
+    seconds, so a missing or locked token makes requests fail with 503 and advice
+    (and heals by itself once fixed) instead of stopping the server."""
+
+    RETRY_SECONDS = 5.0
+
+    def __init__(self, config: HsmConfig) -> None:
+        self._config = config
+        self._backend: HsmBackend | None = None
+        self._error: HsmUnavailable | None = None
+        self._failed_at = 0.0
+        self._lock = threading.Lock()
+
+    def _get(self) -> HsmBackend:
+        backend = self._backend
+        if backend is not None:
+            return backend
+        with self._lock:
+            if self._backend is not None:
+                return self._backend
+            if self._error is not None and time.monotonic() - self._failed_at < self.RETRY_SECONDS:
+                raise self._error
+            from hsm.pkcs11 import open_backend
+
+            try:
+                self._backend = open_backend(self._config)
+            except HsmUnavailable as exc:
+                self._error, self._failed_at = exc, time.monotonic()
+                raise
+            self._error = None
+            return self._backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+
+@dataclass
+class Services:
+    settings: Settings
+    engine: Engine
+    db: sessionmaker[Session]
+    hsm: HsmBackend
+    audit: AuditService
+    policy: Policy
+    keks: KekService
+    keys: KeyService
+    datakeys: DataKeyService
+    identity: IdentityService
+    scheduler: Scheduler
+    notifier: Notifier
+
+    def initialize(self) -> str | None:
+        """First-run set-up: the HSM keys and the first administrator. Returns the
+        administrator's one-time password when one was created."""
+        self.hsm.ensure_hmac_key(self.settings.audit_hmac_key_id)
+        self.keks.ensure_initialized()
+        password = self.identity.bootstrap_admin()
+        self.audit.flush()
+        return password
+
+    def start_background(self) -> None:
+        self.notifier.start()
+        self.audit.start()
+        self.scheduler.start()
+
+    def close(self) -> None:
+        self.notifier.stop()
+        self.scheduler.stop()
+        self.audit.stop()
+        self.hsm.close()
+        self.engine.dispose()
+
+
+def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate: bool = True) -> Services:
+    url = settings.effective_database_url
+    if url.startswith("sqlite"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if migrate:
+        db.upgrade(url)
+    engine = db.make_engine(url, pool_size=settings.database_pool_size)
+    session_factory = db.make_session_factory(engine)
+    notifier = Notifier(engine)
+
+    @event.listens_for(session_factory, "after_commit")
+    def _local_notify(session: Session) -> None:
+        if session.info.pop("notify_local", False):
+            notifier.fire_local()
+    backend: HsmBackend = hsm if hsm is not None else LazyHsm(settings.hsm_config())
+    audit = AuditService(session_factory, backend, hmac_key_id=settings.audit_hmac_key_id)
+    policy = Policy(audit)
+    keks = KekService(session_factory, backend, audit, policy, batch=settings.kek_rewrap_batch)
+    keys = KeyService(session_factory, backend, audit, policy, keks)
+    return Services(
+        settings=settings,
+        engine=engine,
+        db=session_factory,
+        hsm=backend,
+        audit=audit,
+        policy=policy,
+        keks=keks,
+        keys=keys,
+        datakeys=DataKeyService(session_factory, backend, audit, policy),
+        identity=IdentityService(
+            session_factory, audit, policy,
+            session_ttl=timedelta(minutes=settings.session_ttl_minutes),
+            session_idle=timedelta(minutes=settings.session_idle_minutes),
+            max_failures=settings.login_max_failures,
+            lockout_seconds=settings.login_lockout_seconds,
+            notifier=notifier,
+        ),
+        scheduler=Scheduler(keys, keks, interval_seconds=settings.scheduler_interval_seconds),
+        notifier=notifier,
+    )
