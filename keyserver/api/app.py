@@ -1,0 +1,190 @@
+"""The FastAPI application: wiring only. Behaviour lives in keyserver/core."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from sqlalchemy import text
+
+from hsm import HsmError
+from keyserver.api import problems
+from keyserver.api.deps import Ctx, ServicesDep
+from keyserver.api.routes import audit, auth, datakeys, keys, system, tokens, users
+from keyserver.core.policy import Permission
+from keyserver.logs import request_id_var
+from keyserver.services import Services
+
+log = logging.getLogger("keyserver.access")
+WEBUI_DIST = Path(__file__).resolve().parents[2] / "webui" / "dist"
+MAX_BODY = 1 << 20
+REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("strongroom_http_requests_total", "HTTP requests",
+                                ["method", "route", "status"], registry=self.registry)
+        self.latency = Histogram("strongroom_http_request_seconds", "HTTP request latency",
+                                 ["method", "route"], registry=self.registry,
+                                 buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
+
+
+class RequestMiddleware:
+    """Request id, access log, metrics, body limit and security headers, as plain ASGI
+    (BaseHTTPMiddleware costs a task per request on the hot path)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    @staticmethod
+    def _route(scope: Scope) -> str:
+        # Label metrics by the route template, never the raw path (unbounded values):
+        # put the matched path parameters back as {name}.
+        if scope.get("route") is None:
+            return "other"
+        path: str = scope["path"]
+        for name, value in (scope.get("path_params") or {}).items():
+            path = path.replace(f"/{value}", f"/{{{name}}}")
+        return path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        given = headers.get(b"x-request-id", b"").decode("latin-1")
+        rid = given if REQUEST_ID_RE.match(given) else uuid.uuid4().hex
+        token = request_id_var.set(rid)
+        start = time.perf_counter()
+        status_holder = [500]
+        path: str = scope["path"]
+        is_api = path.startswith("/api/")
+
+        async def send_wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_holder[0] = message["status"]
+                h = list(message.get("headers") or [])
+                h.append((b"x-request-id", rid.encode()))
+                h.append((b"x-content-type-options", b"nosniff"))
+                h.append((b"referrer-policy", b"no-referrer"))
+                if is_api:
+                    h.append((b"cache-control", b"no-store"))
+                else:
+                    h.append((b"x-frame-options", b"DENY"))
+                message["headers"] = h
+            await send(message)
+
+        try:
+            length = headers.get(b"content-length")
+            if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+                resp = problems.problem(413, "payload_too_large", f"request bodies are limited to {MAX_BODY} bytes")
+                await resp(scope, receive, send_wrapped)
+                return
+            await self.app(scope, receive, send_wrapped)
+        finally:
+            elapsed = time.perf_counter() - start
+            route = self._route(scope)
+            method = scope["method"]
+            self.metrics.requests.labels(method, route, str(status_holder[0])).inc()
+            self.metrics.latency.labels(method, route).observe(elapsed)
+            if route not in ("/healthz", "/readyz"):
+                client = scope.get("client")
+                log.info("%s %s %s", method, path, status_holder[0], extra={
+                    "method": method, "path": path, "status": status_holder[0],
+                    "duration_ms": round(elapsed * 1000, 2), "client": client[0] if client else None})
+            request_id_var.reset(token)
+
+
+def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Sync routes run in this pool; HSM and database calls block, so it is larger
+        # than anyio's default of 40.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = services.settings.threads
+        if run_background:
+            services.start_background()
+        try:
+            yield
+        finally:
+            if run_background:
+                services.close()
+
+    app = FastAPI(
+        title="Strongroom Key Server",
+        version="0.1.0",
+        summary="HSM-rooted key management: managed keys, data keys, audit.",
+        lifespan=lifespan,
+        docs_url="/api/docs",
+        redoc_url=None,
+        openapi_url="/api/v1/openapi.json",
+    )
+    app.state.services = services
+    problems.install(app)
+
+    api = APIRouter(prefix="/api/v1")
+    for r in (auth.router, keys.router, datakeys.router, audit.router, users.router, tokens.router,
+              system.router):
+        api.include_router(r)
+    app.include_router(api)
+
+    @app.get("/healthz", operation_id="healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", operation_id="readyz", tags=["health"])
+    def readyz(services: ServicesDep) -> JSONResponse:
+        """Readiness: the database and the HSM both answer."""
+        checks: dict[str, str] = {}
+        try:
+            with services.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            checks["database"] = "ok"
+        except Exception as exc:
+            checks["database"] = f"unreachable: {type(exc).__name__}; check STRONGROOM_DATABASE_URL"
+        try:
+            services.hsm.check()
+            checks["hsm"] = "ok"
+        except HsmError as exc:
+            checks["hsm"] = str(exc)
+        ok = all(v == "ok" for v in checks.values())
+        return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks},
+                            status_code=200 if ok else 503)
+
+    @app.get("/metrics", operation_id="metrics", tags=["health"], response_class=Response)
+    def metrics(ctx: Ctx, services: ServicesDep) -> Response:
+        """Prometheus metrics; needs a token with `system:read`."""
+        services.policy.require(ctx, Permission.SYSTEM_READ, action="system.metrics")
+        return Response(generate_latest(app_metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    if (WEBUI_DIST / "index.html").exists():
+        app.mount("/", StaticFiles(directory=WEBUI_DIST, html=True), name="webui")
+    else:
+        @app.get("/", include_in_schema=False)
+        def landing() -> HTMLResponse:
+            return HTMLResponse("<!doctype html><title>Strongroom</title><h1>Strongroom key server</h1>"
+                                "<p>The web console is not built. API reference: "
+                                "<a href='/api/docs'>/api/docs</a>.</p>")
+
+    app_metrics = Metrics()
+    app.add_middleware(RequestMiddleware, metrics=app_metrics)
+    return app

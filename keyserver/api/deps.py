@@ -1,0 +1,87 @@
+"""Authentication of REST callers, turned into a core `RequestContext`.
+
+Authorisation is not decided here: the core's policy layer does that for every
+service call. This module only establishes who is calling:
+* `Authorization: Bearer srk_...` — an API token (no CSRF: it is not ambient);
+* the session cookie — a browser; unsafe methods must echo the CSRF token in
+  `X-CSRF-Token` (synchronizer token, stored hashed with the session).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from keyserver.core.errors import Forbidden, Unauthenticated
+from keyserver.core.principal import ANONYMOUS, RequestContext
+from keyserver.logs import request_id_var
+from keyserver.services import Services
+
+SESSION_COOKIE = "strongroom_session"
+CSRF_COOKIE = "strongroom_csrf"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Reachable while a password change is pending.
+PASSWORD_CHANGE_PATHS = frozenset({"/api/v1/auth/me", "/api/v1/auth/password", "/api/v1/auth/logout"})
+
+
+async def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def client_ip(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+def anonymous_context(request: Request) -> RequestContext:
+    return RequestContext(principal=ANONYMOUS, source_ip=client_ip(request), request_id=request_id_var.get())
+
+
+async def authenticate(request: Request, services: ServicesDep) -> RequestContext:
+    # A recently validated API token is answered here, without a thread hop or I/O:
+    # that is most of the automation traffic.
+    auth = request.headers.get("authorization")
+    if auth and auth[:7].lower() == "bearer ":
+        principal = services.identity.cached_token(auth[7:].strip())
+        if principal is not None:
+            return RequestContext(principal=principal, source_ip=client_ip(request), request_id=request_id_var.get())
+    return await run_in_threadpool(_authenticate, request, services)
+
+
+def _authenticate(request: Request, services: Services) -> RequestContext:
+    auth = request.headers.get("authorization")
+    ip, rid = client_ip(request), request_id_var.get()
+    try:
+        if auth:
+            scheme, _, credential = auth.partition(" ")
+            if scheme.lower() != "bearer" or not credential:
+                raise Unauthenticated("use 'Authorization: Bearer <API token>'", code="token_invalid")
+            principal = services.identity.authenticate_token(credential.strip())
+        else:
+            cookie = request.cookies.get(SESSION_COOKIE)
+            if not cookie:
+                # No credentials at all is not an attack worth a record; bad ones are.
+                raise Unauthenticated("sign in or send an API token", code="unauthenticated")
+            principal = services.identity.authenticate_session(
+                cookie, csrf_token=request.headers.get("x-csrf-token"),
+                require_csrf=request.method not in SAFE_METHODS,
+            )
+    except (Unauthenticated, Forbidden) as exc:
+        if exc.code != "unauthenticated":
+            services.audit.record_now(
+                RequestContext(ANONYMOUS, ip, rid), action="auth.reject", outcome="denied",
+                details={"code": exc.code, "method": request.method, "path": request.url.path},
+            )
+        raise
+    if principal.must_change_password and request.url.path not in PASSWORD_CHANGE_PATHS:
+        raise Forbidden("change your one-time password first (POST /api/v1/auth/password)",
+                        code="password_change_required")
+    return RequestContext(principal=principal, source_ip=ip, request_id=rid)
+
+
+Ctx = Annotated[RequestContext, Depends(authenticate)]

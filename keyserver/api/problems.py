@@ -1,0 +1,96 @@
+"""RFC 9457 problem+json for every error: a status, a stable `code`, and a detail that
+tells the caller what to do. Tracebacks never reach the client."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hsm import HsmError
+from keyserver.core import errors as e
+from keyserver.logs import request_id_var
+
+log = logging.getLogger(__name__)
+
+STATUS = {
+    e.InvalidInput: 400,
+    e.Unauthenticated: 401,
+    e.Forbidden: 403,
+    e.NotFound: 404,
+    e.Conflict: 409,
+    e.IntegrityFailure: 422,
+    e.RateLimited: 429,
+    e.ServiceUnavailable: 503,
+}
+TITLES = {
+    400: "Bad request", 401: "Authentication required", 403: "Forbidden", 404: "Not found",
+    405: "Method not allowed", 409: "Conflict", 413: "Payload too large",
+    422: "Unprocessable content", 429: "Too many requests", 500: "Internal error",
+    503: "Service unavailable",
+}
+
+
+def problem(status: int, code: str, detail: str, *, headers: dict[str, str] | None = None,
+            errors: list[dict[str, Any]] | None = None) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": f"https://strongroom.dev/problems/{code}",
+        "title": TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+        "code": code,
+        "request_id": request_id_var.get(),
+    }
+    if errors is not None:
+        body["errors"] = errors
+    return JSONResponse(body, status_code=status, media_type="application/problem+json", headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(e.CoreError)
+    async def _core(_: Request, exc: e.CoreError) -> JSONResponse:
+        status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 500)
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, e.RateLimited) else None
+        if status == 503:
+            headers = {"Retry-After": "5"}
+        if status == 401:
+            headers = {"WWW-Authenticate": 'Bearer realm="strongroom"'}
+        return problem(status, exc.code, exc.message, headers=headers)
+
+    @app.exception_handler(HsmError)
+    async def _hsm(_: Request, exc: HsmError) -> JSONResponse:
+        log.warning("HSM error: %s", exc)
+        return problem(503, "hsm_unavailable", f"the HSM is not usable: {exc}",
+                       headers={"Retry-After": "5"})
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(DBAPIError)
+    async def _db(_: Request, exc: DBAPIError) -> JSONResponse:
+        log.error("database error: %s", type(exc.orig).__name__ if exc.orig else exc)
+        return problem(503, "database_unavailable",
+                       "the database is not reachable; nothing was changed, retry shortly",
+                       headers={"Retry-After": "5"})
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
+                  for err in exc.errors()]
+        first = errors[0] if errors else {"loc": [], "msg": "invalid"}
+        where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+        return problem(422, "validation_error", f"{where}: {first['msg']}", errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return problem(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return problem(500, "internal_error",
+                       "an unexpected error occurred; the request id is in the server log")

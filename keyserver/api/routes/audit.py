@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+
+from keyserver.api.deps import Ctx, ServicesDep
+from keyserver.api.schemas import AuditEventPublic, AuditPage, VerifyResultPublic
+from keyserver.core.audit import AuditFilter, event_dict
+from keyserver.core.errors import NotFound
+from keyserver.core.policy import Permission
+
+router = APIRouter(prefix="/audit", tags=["audit"])
+
+
+def _filter(actor: str | None, action: str | None, object_type: str | None, object_id: str | None,
+            outcome: str | None, since: datetime | None, until: datetime | None) -> AuditFilter:
+    return AuditFilter(actor=actor, action=action, object_type=object_type, object_id=object_id,
+                       outcome=outcome, since=since, until=until)
+
+
+Actor = Annotated[str | None, Query(max_length=200)]
+Action = Annotated[str | None, Query(max_length=64, description="exact, or a prefix ending in '.'")]
+ObjType = Annotated[str | None, Query(max_length=32)]
+ObjId = Annotated[str | None, Query(max_length=200)]
+OutcomeQ = Annotated[Literal["allowed", "denied", "error"] | None, Query()]
+When = Annotated[datetime | None, Query()]
+
+
+@router.get("/events", operation_id="listAuditEvents", response_model=AuditPage)
+def list_events(
+    ctx: Ctx, services: ServicesDep, actor: Actor = None, action: Action = None,
+    object_type: ObjType = None, object_id: ObjId = None, outcome: OutcomeQ = None,
+    since: When = None, until: When = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    before_seq: Annotated[int | None, Query(ge=1, description="cursor: records older than this")] = None,
+) -> AuditPage:
+    services.policy.require(ctx, Permission.AUDIT_READ, action="audit.read")
+    rows, total = services.audit.query(_filter(actor, action, object_type, object_id, outcome, since, until),
+                                       limit=limit, before_seq=before_seq)
+    return AuditPage(items=[AuditEventPublic(**event_dict(r)) for r in rows], total=total,
+                     next_before_seq=rows[-1].seq if len(rows) == limit else None)
+
+
+@router.get("/events/{seq}", operation_id="getAuditEvent", response_model=AuditEventPublic)
+def get_event(seq: int, ctx: Ctx, services: ServicesDep) -> AuditEventPublic:
+    services.policy.require(ctx, Permission.AUDIT_READ, action="audit.read")
+    row = services.audit.get(seq)
+    if row is None:
+        raise NotFound(f"no audit record {seq}", code="audit_record_not_found")
+    return AuditEventPublic(**event_dict(row))
+
+
+@router.get("/export", operation_id="exportAudit", response_class=StreamingResponse,
+            responses={200: {"content": {"text/csv": {}, "application/x-ndjson": {}}}})
+def export(
+    ctx: Ctx, services: ServicesDep, format: Annotated[Literal["csv", "jsonl"], Query()] = "jsonl",
+    actor: Actor = None, action: Action = None, object_type: ObjType = None, object_id: ObjId = None,
+    outcome: OutcomeQ = None, since: When = None, until: When = None,
+) -> StreamingResponse:
+    services.policy.require(ctx, Permission.AUDIT_READ, action="audit.export")
+    flt = _filter(actor, action, object_type, object_id, outcome, since, until)
+    services.audit.record_now(ctx, action="audit.export", outcome="allowed", details={"format": format})
+    media = "text/csv" if format == "csv" else "application/x-ndjson"
+    return StreamingResponse(
+        services.audit.export(flt, fmt=format), media_type=media,
+        headers={"Content-Disposition": f'attachment; filename="strongroom-audit.{format}"'},
+    )
+
+
+@router.post("/verify", operation_id="verifyAudit", response_model=VerifyResultPublic)
+def verify(ctx: Ctx, services: ServicesDep) -> VerifyResultPublic:
+    services.policy.require(ctx, Permission.AUDIT_VERIFY, action="audit.verify")
+    result = services.audit.verify()
+    services.audit.record_now(ctx, action="audit.verify", outcome="allowed",
+                              details={"ok": result.ok, "checked": result.checked,
+                                       "first_broken_seq": result.first_broken_seq})
+    return VerifyResultPublic(ok=result.ok, checked=result.checked, head_seq=result.head_seq,
+                              first_broken_seq=result.first_broken_seq, reason=result.reason)

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from keyserver.api.deps import CSRF_COOKIE, SESSION_COOKIE, Ctx, ServicesDep, client_ip
+from keyserver.api.schemas import LoginRequest, LoginResponse, Me, PasswordChange
+from keyserver.core.principal import Principal
+from keyserver.logs import request_id_var
+
+router = APIRouter(prefix="/auth", tags=["auth"])
+
+
+def me_of(p: Principal) -> Me:
+    return Me(username=p.name, actor_type=p.actor_type, role=p.role,
+              permissions=sorted(x.value for x in p.permissions),
+              must_change_password=p.must_change_password)
+
+
+@router.post("/login", operation_id="login", response_model=LoginResponse)
+def login(body: LoginRequest, request: Request, response: Response, services: ServicesDep) -> LoginResponse:
+    result = services.identity.login(body.username, body.password, source_ip=client_ip(request),
+                                     request_id=request_id_var.get())
+    secure = services.settings.secure_cookies
+    max_age = services.settings.session_ttl_minutes * 60
+    response.set_cookie(SESSION_COOKIE, result.session_token, max_age=max_age, httponly=True,
+                        secure=secure, samesite="strict", path="/")
+    # Readable by the console's script, which echoes it in X-CSRF-Token.
+    response.set_cookie(CSRF_COOKIE, result.csrf_token, max_age=max_age, httponly=False,
+                        secure=secure, samesite="strict", path="/")
+    return LoginResponse(user=me_of(result.principal), csrf_token=result.csrf_token,
+                         expires_at=result.expires_at)
+
+
+@router.post("/logout", operation_id="logout", status_code=204)
+def logout(ctx: Ctx, request: Request, response: Response, services: ServicesDep) -> Response:
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie:
+        services.identity.logout(ctx, cookie)
+    response = Response(status_code=204)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    response.delete_cookie(CSRF_COOKIE, path="/")
+    return response
+
+
+@router.get("/me", operation_id="getMe", response_model=Me)
+def me(ctx: Ctx) -> Me:
+    return me_of(ctx.principal)
+
+
+@router.post("/password", operation_id="changePassword", status_code=204)
+def change_password(body: PasswordChange, ctx: Ctx, services: ServicesDep) -> Response:
+    services.identity.change_password(ctx, current=body.current_password, new=body.new_password)
+    return Response(status_code=204)

@@ -1,0 +1,290 @@
+"""Request and response bodies of the REST API. Key material appears only in
+`DataKeyPublic.plaintext` / `DecryptResult.plaintext` (base64), by design."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from datetime import datetime
+from typing import Annotated, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+T = TypeVar("T")
+
+
+def _b64(value: object) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("expected a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("not valid base64") from None
+
+
+Base64Bytes = Annotated[bytes, BeforeValidator(_b64)]
+Context = Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=32)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    total: int
+    limit: int
+    offset: int
+
+
+# --- auth -------------------------------------------------------------------
+class LoginRequest(Strict):
+    username: str = Field(min_length=1, max_length=64)
+    password: str = Field(min_length=1, max_length=1024)
+
+
+class Me(BaseModel):
+    username: str
+    actor_type: str
+    role: str | None
+    permissions: list[str]
+    must_change_password: bool
+
+
+class LoginResponse(BaseModel):
+    user: Me
+    csrf_token: str
+    expires_at: datetime
+
+
+class PasswordChange(Strict):
+    current_password: str = Field(min_length=1, max_length=1024)
+    new_password: str = Field(min_length=1, max_length=1024)
+
+
+# --- keys -------------------------------------------------------------------
+KeyStateName = Literal["pre-active", "active", "deactivated", "compromised", "destroyed",
+                       "destroyed-compromised"]
+
+
+class KeyCreate(Strict):
+    name: str = Field(min_length=1, max_length=128, examples=["payments-db"])
+    description: str = Field(default="", max_length=2000)
+    tags: dict[str, str] = Field(default_factory=dict)
+    owner: str | None = Field(default=None, max_length=128)
+    activate: bool = True
+    activation_date: datetime | None = None
+    deactivation_date: datetime | None = None
+    rotation_period_days: int | None = Field(default=None, ge=1, le=3650)
+
+
+class KeyUpdate(Strict):
+    description: str | None = Field(default=None, max_length=2000)
+    tags: dict[str, str] | None = None
+    owner: str | None = Field(default=None, max_length=128)
+    rotation_period_days: int | None = Field(default=None, ge=1, le=3650,
+                                             description="null together with clear_rotation to stop")
+    clear_rotation: bool = False
+
+
+class KeyVersionPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    version: int
+    state: KeyStateName
+    created_at: datetime
+    activation_date: datetime | None
+    deactivation_date: datetime | None
+    compromise_date: datetime | None
+    destroy_date: datetime | None
+    revocation_reason: str | None
+    revocation_message: str | None
+    wrapping_key_id: str | None
+    wrapping_mechanism: str | None
+    replaces: int | None = None
+    replaced_by: int | None = None
+
+
+class KeyPublic(BaseModel):
+    id: uuid.UUID
+    name: str
+    description: str
+    owner: str
+    tags: dict[str, str]
+    algorithm: str
+    length_bits: int
+    state: KeyStateName
+    current_version: int
+    created_at: datetime
+    updated_at: datetime
+    rotation_period_days: int | None
+    next_rotation_at: datetime | None
+    versions: list[KeyVersionPublic]
+
+
+class RevokeRequest(Strict):
+    reason: Literal["unspecified", "key-compromise", "ca-compromise", "affiliation-changed",
+                    "superseded", "cessation-of-operation", "privilege-withdrawn"]
+    message: str = Field(default="", max_length=1000)
+    compromise_date: datetime | None = None
+
+
+class DestroyRequest(Strict):
+    version: int | None = Field(default=None, ge=1, description="omit to destroy every version")
+
+
+# --- data keys ----------------------------------------------------------------
+class GenerateDataKeyRequest(Strict):
+    number_of_bytes: Literal[16, 24, 32, 48, 64] = 32
+    context: Context = Field(default_factory=dict,
+                             description="encryption context; the same map must be given to decrypt")
+    include_plaintext: bool = True
+
+
+class DataKeyPublic(BaseModel):
+    key_id: uuid.UUID
+    key_name: str
+    key_version: int
+    ciphertext_blob: str = Field(description="base64 self-describing blob")
+    plaintext: str | None = Field(description="base64 data key; present only when asked for")
+
+
+class BlobRequest(Strict):
+    ciphertext_blob: Base64Bytes = Field(description="base64 blob from generate-data-key")
+    context: Context = Field(default_factory=dict)
+
+
+# --- audit --------------------------------------------------------------------
+class AuditEventPublic(BaseModel):
+    seq: int
+    time: datetime
+    actor: str
+    actor_type: str
+    action: str
+    object_type: str | None
+    object_id: str | None
+    outcome: str
+    source_ip: str | None
+    request_id: str | None
+    details: dict[str, object]
+    prev_hash: str
+    hash: str
+
+
+class AuditPage(BaseModel):
+    items: list[AuditEventPublic]
+    total: int
+    next_before_seq: int | None
+
+
+class VerifyResultPublic(BaseModel):
+    ok: bool
+    checked: int
+    head_seq: int
+    first_broken_seq: int | None
+    reason: str | None
+
+
+# --- users and tokens -------------------------------------------------------
+RoleName = Literal["admin", "key-officer", "operator", "auditor"]
+
+
+class UserCreate(Strict):
+    username: str = Field(min_length=2, max_length=64)
+    full_name: str = Field(default="", max_length=200)
+    role: RoleName
+    password: str | None = Field(default=None, max_length=1024,
+                                 description="omit to get a one-time password")
+
+
+class UserUpdate(Strict):
+    full_name: str | None = Field(default=None, max_length=200)
+    role: RoleName | None = None
+    disabled: bool | None = None
+
+
+class UserPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: uuid.UUID
+    username: str
+    full_name: str
+    role: RoleName
+    disabled: bool
+    must_change_password: bool
+    created_at: datetime
+    last_login_at: datetime | None
+    locked_until: datetime | None
+
+
+class UserCreated(BaseModel):
+    user: UserPublic
+    one_time_password: str | None
+
+
+class PasswordReset(BaseModel):
+    one_time_password: str
+
+
+class TokenCreate(Strict):
+    name: str = Field(min_length=1, max_length=100)
+    scopes: list[str] | None = Field(default=None, description="omit for all of the owner's permissions")
+    expires_in_days: int | None = Field(default=90, ge=1, le=3650)
+    user_id: uuid.UUID | None = Field(default=None, description="admins: issue for another user")
+
+
+class TokenPublic(BaseModel):
+    id: uuid.UUID
+    name: str
+    owner: str
+    scopes: list[str]
+    created_at: datetime
+    expires_at: datetime | None
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+    prefix: str
+
+
+class TokenCreated(BaseModel):
+    token: TokenPublic
+    secret: str = Field(description="the token; shown only once")
+
+
+# --- system -------------------------------------------------------------------
+class KekPublic(BaseModel):
+    kek_id: str
+    state: str
+    created_at: datetime
+    retired_at: datetime | None
+    wrapped_versions: int
+
+
+class KekRotationPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: uuid.UUID
+    from_kek_id: str
+    to_kek_id: str
+    state: str
+    started_at: datetime
+    finished_at: datetime | None
+    total: int
+    done: int
+    error: str | None
+    requested_by: str
+
+
+class KekStatus(BaseModel):
+    keks: list[KekPublic]
+    last_rotation: KekRotationPublic | None
+    hsm: dict[str, object]
+
+
+class Problem(BaseModel):
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    request_id: str | None = None
+    errors: list[dict[str, object]] | None = None

@@ -1,0 +1,17 @@
+"""ASGI entry for multi-worker serving: each worker process builds its own services
+(its own HSM sessions and database pool) from the environment."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from keyserver.api.app import create_app
+from keyserver.logs import configure
+from keyserver.services import build_services
+from keyserver.settings import Settings
+
+
+def app_factory() -> FastAPI:
+    settings = Settings()
+    configure(settings.log_level)
+    return create_app(build_services(settings, migrate=False))

@@ -1,0 +1,213 @@
+"""Sign-in, sessions with CSRF, first-run password change, throttling, API tokens."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import httpx
+from sqlalchemy import update
+
+from keyserver.core.principal import system_context
+from keyserver.services import Services
+from keyserver.store.models import BrowserSession
+from tests.conftest import Actor, unique
+
+
+def login(base_url: str, username: str, password: str) -> tuple[httpx.Client, httpx.Response]:
+    c = httpx.Client(base_url=base_url, timeout=30)
+    r = c.post("/api/v1/auth/login", json={"username": username, "password": password})
+    if r.status_code == 200:
+        c.headers["X-CSRF-Token"] = r.json()["csrf_token"]
+    return c, r
+
+
+def test_first_run_admin_must_change_password(base_url: str, admin_password: str) -> None:
+    c, r = login(base_url, "admin", admin_password)
+    assert r.status_code == 200 and r.json()["user"]["must_change_password"] is True
+    cookie = r.headers.get_list("set-cookie")
+    assert any("strongroom_session=" in h and "HttpOnly" in h and "SameSite=strict" in h for h in cookie)
+    blocked = c.get("/api/v1/keys")
+    assert blocked.status_code == 403 and blocked.json()["code"] == "password_change_required"
+    assert c.get("/api/v1/auth/me").status_code == 200
+    weak = c.post("/api/v1/auth/password", json={"current_password": admin_password, "new_password": "short"})
+    assert weak.status_code == 400
+    r = c.post("/api/v1/auth/password", json={"current_password": admin_password,
+                                              "new_password": "a much better passphrase"})
+    assert r.status_code == 204
+    assert c.get("/api/v1/keys").status_code == 200
+    c.close()
+
+
+def test_unsafe_methods_need_csrf(base_url: str, actors: dict[str, Actor]) -> None:
+    a = actors["key-officer"]
+    c, _ = login(base_url, a.username, a.password)
+    token = c.headers.pop("X-CSRF-Token")
+    r = c.post("/api/v1/keys", json={"name": unique("csrf")})
+    assert r.status_code == 403 and r.json()["code"] == "csrf_failed"
+    r = c.post("/api/v1/keys", json={"name": unique("csrf")}, headers={"X-CSRF-Token": "wrong"})
+    assert r.status_code == 403
+    r = c.post("/api/v1/keys", json={"name": unique("csrf")}, headers={"X-CSRF-Token": token})
+    assert r.status_code == 201
+    assert c.get("/api/v1/keys").status_code == 200  # safe methods need no token
+    c.close()
+
+
+def test_logout_ends_the_session(base_url: str, actors: dict[str, Actor]) -> None:
+    a = actors["operator"]
+    c, _ = login(base_url, a.username, a.password)
+    cookie = c.cookies.get("strongroom_session")
+    assert c.post("/api/v1/auth/logout").status_code == 204
+    with httpx.Client(base_url=base_url, cookies={"strongroom_session": cookie or ""}) as replay:
+        r = replay.get("/api/v1/auth/me")
+    assert r.status_code == 401 and r.json()["code"] == "session_expired"
+    c.close()
+
+
+def test_idle_and_expired_sessions(base_url: str, actors: dict[str, Actor], services: Services) -> None:
+    a = actors["auditor"]
+    c, _ = login(base_url, a.username, a.password)
+    from keyserver.core.identity import sha256_hex
+
+    h = sha256_hex(c.cookies["strongroom_session"])
+    with services.db.begin() as s:
+        s.execute(update(BrowserSession).where(BrowserSession.id_hash == h)
+                  .values(last_seen_at=datetime.now(UTC) - timedelta(hours=2)))
+    r = c.get("/api/v1/auth/me")
+    assert r.status_code == 401 and "expired" in r.json()["detail"]
+    assert r.headers["www-authenticate"].startswith("Bearer")
+    c.close()
+
+
+def test_bad_credentials_and_lockout(base_url: str, services: Services) -> None:
+    name = unique("lock")
+    services.identity.create_user(system_context("tests"), username=name, role="operator",
+                                  password="the right password 1")
+    for _ in range(services.settings.login_max_failures):
+        _, r = login(base_url, name, "wrong password!!")
+        assert r.status_code == 401 and r.json()["code"] == "bad_credentials"
+    _, r = login(base_url, name, "the right password 1")
+    assert r.status_code == 429 and int(r.headers["retry-after"]) > 0
+    _, r = login(base_url, "nobody-" + name, "whatever password")
+    assert r.status_code == 401 and r.json()["detail"] == "wrong username or password"
+    services.audit.flush()
+    rows, _ = services.audit.query(__import__("keyserver.core.audit", fromlist=["AuditFilter"])
+                                   .AuditFilter(action="auth.login", object_id=name, outcome="denied"), limit=20)
+    assert len(rows) == services.settings.login_max_failures + 1
+    assert rows[0].details["reason"] == "locked"
+
+
+def test_disabled_user_cannot_sign_in(base_url: str, services: Services, admin: httpx.Client) -> None:
+    name = unique("gone")
+    user, _ = services.identity.create_user(system_context("tests"), username=name, role="operator",
+                                            password="a fine password 2")
+    c, r = login(base_url, name, "a fine password 2")
+    assert r.status_code == 200
+    assert admin.patch(f"/api/v1/users/{user.id}", json={"disabled": True}).status_code == 200
+    assert c.get("/api/v1/auth/me").status_code == 401  # live session revoked at once
+    _, r = login(base_url, name, "a fine password 2")
+    assert r.status_code == 401
+    c.close()
+
+
+def test_api_token_revocation_and_expiry(base_url: str, actors: dict[str, Actor], services: Services) -> None:
+    a = actors["operator"]
+    r = a.session.post("/api/v1/tokens", json={"name": "ci", "expires_in_days": 1})
+    created = r.json()
+    assert created["secret"].startswith("srk_") and created["token"]["prefix"] in created["secret"]
+    listed = a.session.get("/api/v1/tokens").json()
+    assert any(t["id"] == created["token"]["id"] for t in listed)
+    assert all("secret" not in t for t in listed)
+    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {created['secret']}"}) as c:
+        assert c.get("/api/v1/keys").status_code == 200
+        # Two days later (the service's clock is injectable) the token has expired,
+        # cached or not.
+        later = datetime.now(UTC) + timedelta(days=2)
+        services.identity._now = lambda: later
+        try:
+            r = c.get("/api/v1/keys")
+        finally:
+            from keyserver.core.audit import utcnow
+
+            services.identity._now = utcnow
+        assert r.status_code == 401 and r.json()["code"] == "token_expired"
+        assert a.session.delete(f"/api/v1/tokens/{created['token']['id']}").status_code == 200
+        r = c.get("/api/v1/keys")
+        assert r.status_code == 401 and r.json()["code"] == "token_revoked"
+        assert c.post("/api/v1/tokens", json={"name": "x"}).status_code == 401
+
+
+def test_tokens_cannot_mint_tokens(actors: dict[str, Actor]) -> None:
+    r = actors["admin"].client.post("/api/v1/tokens", json={"name": "child"})
+    assert r.status_code == 403 and "cannot create API tokens" in r.json()["detail"]
+
+
+def test_malformed_authorization(base_url: str) -> None:
+    with httpx.Client(base_url=base_url) as c:
+        for header in ("Basic abc", "Bearer", "Bearer srk_nope", "Bearer srk_abc_def", "Bearer " + "x" * 5000):
+            r = c.get("/api/v1/keys", headers={"Authorization": header})
+            assert r.status_code == 401, header
+        r = c.get("/api/v1/keys")
+        assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
+
+
+def test_last_admin_is_protected(admin: httpx.Client, services: Services, actors: dict[str, Actor]) -> None:
+    users = admin.get("/api/v1/users").json()
+    admins = [u for u in users if u["role"] == "admin" and not u["disabled"]]
+    # Disable all but one admin, then the last one must refuse.
+    keep = next(u for u in admins if u["username"] == actors["admin"].username)
+    others = [u for u in admins if u["id"] != keep["id"]]
+    for u in others:
+        assert admin.patch(f"/api/v1/users/{u['id']}", json={"disabled": True}).status_code == 200
+    try:
+        r = admin.patch(f"/api/v1/users/{keep['id']}", json={"role": "auditor"})
+        assert r.status_code == 409 and r.json()["code"] == "last_admin"
+    finally:
+        for u in others:
+            admin.patch(f"/api/v1/users/{u['id']}", json={"disabled": False})
+
+
+def test_user_admin_flow(admin: httpx.Client, base_url: str) -> None:
+    r = admin.post("/api/v1/users", json={"username": unique("alice"), "role": "key-officer",
+                                          "full_name": "Alice"})
+    assert r.status_code == 201
+    otp, user = r.json()["one_time_password"], r.json()["user"]
+    assert user["must_change_password"] is True
+    c, r = login(base_url, user["username"], otp)
+    assert r.status_code == 200 and r.json()["user"]["role"] == "key-officer"
+    new = admin.post(f"/api/v1/users/{user['id']}/reset-password").json()["one_time_password"]
+    assert c.get("/api/v1/auth/me").status_code == 401  # reset ends sessions
+    _, r = login(base_url, user["username"], new)
+    assert r.status_code == 200
+    assert admin.post("/api/v1/users", json={"username": user["username"], "role": "auditor"}).status_code == 409
+    assert admin.post("/api/v1/users", json={"username": "Bad Name", "role": "auditor"}).status_code == 400
+    assert admin.post("/api/v1/users", json={"username": "okname", "role": "root"}).status_code == 422
+    assert admin.get("/api/v1/users/00000000-0000-0000-0000-000000000000").status_code == 404
+    c.close()
+
+
+def test_revocation_in_another_replica_is_honoured(base_url: str, actors: dict[str, Actor],
+                                                   services: Services, settings: object) -> None:
+    """Tokens are cached per replica; a revocation committed by *another* replica
+    reaches this one through LISTEN/NOTIFY before the next request."""
+    import time
+
+    from keyserver.services import build_services
+
+    a = actors["key-officer"]
+    created = a.session.post("/api/v1/tokens", json={"name": "replicated"}).json()
+    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {created['secret']}"}) as c:
+        assert c.get("/api/v1/keys").status_code == 200
+        assert services.identity.cached_token(created["secret"]) is not None
+        other = build_services(settings, hsm=services.hsm, migrate=False)  # type: ignore[arg-type]
+        try:
+            principal = other.identity.authenticate_token(a.client.headers["authorization"].split()[1])
+            from keyserver.core.principal import RequestContext
+
+            other.identity.revoke_token(RequestContext(principal), __import__("uuid").UUID(created["token"]["id"]))
+        finally:
+            other.engine.dispose()
+        deadline = time.monotonic() + 5
+        while services.identity.cached_token(created["secret"]) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r = c.get("/api/v1/keys")
+        assert r.status_code == 401 and r.json()["code"] == "token_revoked"

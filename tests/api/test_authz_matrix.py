@@ -1,0 +1,192 @@
+"""Who may and who may not: every route, every role, through a real HTTP server.
+
+The matrix must name every operation of the OpenAPI document, so a new route cannot
+land without saying who may call it."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from keyserver.core.policy import ROLE_PERMISSIONS, Permission, Role
+from keyserver.services import Services
+from tests.conftest import Actor, unique
+
+P = Permission
+ROLES = ("admin", "key-officer", "operator", "auditor")
+
+
+@dataclass
+class Case:
+    method: str
+    path: str
+    needs: tuple[Permission, ...]
+    body: dict[str, Any] | None = None
+    ok: tuple[int, ...] = (200,)
+    # Builds the path parameters (fresh objects per call, so allowed calls succeed).
+    setup: Callable[[Services, httpx.Client, Actor], dict[str, str]] | None = None
+
+
+def fresh_key(_: Services, admin: httpx.Client, __: Actor, **extra: Any) -> dict[str, str]:
+    r = admin.post("/api/v1/keys", json={"name": unique("authz"), **extra})
+    assert r.status_code == 201, r.text
+    return {"key": r.json()["name"]}
+
+
+def pre_active_key(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    return fresh_key(s, admin, a, activate=False)
+
+
+def revoked_key(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    k = fresh_key(s, admin, a)
+    assert admin.post(f"/api/v1/keys/{k['key']}/revoke", json={"reason": "superseded"}).status_code == 200
+    return k
+
+
+def blob(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    k = fresh_key(s, admin, a)
+    r = admin.post(f"/api/v1/keys/{k['key']}/generate-data-key", json={})
+    return {**k, "blob": r.json()["ciphertext_blob"]}
+
+
+def some_user(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    r = admin.post("/api/v1/users", json={"username": unique("u"), "role": "operator"})
+    assert r.status_code == 201, r.text
+    return {"user": r.json()["user"]["id"]}
+
+
+def own_token(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    r = a.session.post("/api/v1/tokens", json={"name": unique("t")})
+    assert r.status_code == 201, r.text
+    return {"token": r.json()["token"]["id"]}
+
+
+def audit_seq(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    s.audit.flush()
+    r = admin.get("/api/v1/audit/events", params={"limit": 1})
+    return {"seq": str(r.json()["items"][0]["seq"])}
+
+
+def rotation(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    st = admin.get("/api/v1/system/kek").json()
+    if st["last_rotation"] is None:
+        r = admin.post("/api/v1/system/kek/rotate")
+        assert r.status_code == 202, r.text
+        s.keks.resume_rotations()
+        return {"rotation": r.json()["id"]}
+    return {"rotation": st["last_rotation"]["id"]}
+
+
+CASES: dict[str, Case] = {
+    "getMe": Case("GET", "/api/v1/auth/me", ()),
+    "listKeys": Case("GET", "/api/v1/keys", (P.KEYS_READ,)),
+    "createKey": Case("POST", "/api/v1/keys", (P.KEYS_CREATE,), body={"name": "{new}"}, ok=(201,)),
+    "getKey": Case("GET", "/api/v1/keys/{key}", (P.KEYS_READ,), setup=fresh_key),
+    "updateKey": Case("PATCH", "/api/v1/keys/{key}", (P.KEYS_UPDATE,), body={"description": "x"},
+                      setup=fresh_key),
+    "rotateKey": Case("POST", "/api/v1/keys/{key}/rotate", (P.KEYS_ROTATE,), setup=fresh_key),
+    "activateKey": Case("POST", "/api/v1/keys/{key}/activate", (P.KEYS_ACTIVATE,), setup=pre_active_key),
+    "deactivateKey": Case("POST", "/api/v1/keys/{key}/deactivate", (P.KEYS_REVOKE,), setup=fresh_key),
+    "revokeKey": Case("POST", "/api/v1/keys/{key}/revoke", (P.KEYS_REVOKE,),
+                      body={"reason": "superseded"}, setup=fresh_key),
+    "destroyKey": Case("POST", "/api/v1/keys/{key}/destroy", (P.KEYS_DESTROY,), body={},
+                       setup=revoked_key),
+    "generateDataKey": Case("POST", "/api/v1/keys/{key}/generate-data-key", (P.DATAKEYS_GENERATE,),
+                            body={}, setup=fresh_key),
+    "decryptDataKey": Case("POST", "/api/v1/datakeys/decrypt", (P.DATAKEYS_DECRYPT,),
+                           body={"ciphertext_blob": "{blob}"}, setup=blob),
+    "reencryptDataKey": Case("POST", "/api/v1/datakeys/reencrypt",
+                             (P.DATAKEYS_DECRYPT, P.DATAKEYS_GENERATE),
+                             body={"ciphertext_blob": "{blob}"}, setup=blob),
+    "listAuditEvents": Case("GET", "/api/v1/audit/events", (P.AUDIT_READ,)),
+    "getAuditEvent": Case("GET", "/api/v1/audit/events/{seq}", (P.AUDIT_READ,), setup=audit_seq),
+    "exportAudit": Case("GET", "/api/v1/audit/export?since=2999-01-01T00:00:00Z", (P.AUDIT_READ,)),
+    "verifyAudit": Case("POST", "/api/v1/audit/verify", (P.AUDIT_VERIFY,)),
+    "listUsers": Case("GET", "/api/v1/users", (P.USERS_READ,)),
+    "createUser": Case("POST", "/api/v1/users", (P.USERS_MANAGE,),
+                       body={"username": "{new}", "role": "auditor"}, ok=(201,)),
+    "getUser": Case("GET", "/api/v1/users/{user}", (P.USERS_READ,), setup=some_user),
+    "updateUser": Case("PATCH", "/api/v1/users/{user}", (P.USERS_MANAGE,), body={"full_name": "X"},
+                       setup=some_user),
+    "resetPassword": Case("POST", "/api/v1/users/{user}/reset-password", (P.USERS_MANAGE,),
+                          setup=some_user),
+    "listTokens": Case("GET", "/api/v1/tokens", (P.TOKENS_OWN,)),
+    "createToken": Case("POST", "/api/v1/tokens", (P.TOKENS_OWN,), body={"name": "x"}, ok=(201,)),
+    "revokeToken": Case("DELETE", "/api/v1/tokens/{token}", (P.TOKENS_OWN,), setup=own_token),
+    "getKekStatus": Case("GET", "/api/v1/system/kek", (P.SYSTEM_READ,)),
+    "rotateKek": Case("POST", "/api/v1/system/kek/rotate", (P.SYSTEM_KEK,), ok=(202, 409)),
+    "getKekRotation": Case("GET", "/api/v1/system/kek/rotations/{rotation}", (P.SYSTEM_READ,),
+                           setup=rotation),
+    "metrics": Case("GET", "/metrics", (P.SYSTEM_READ,)),
+}
+# Reachable without a session (or acting only on the caller's own session).
+PUBLIC = {"login", "logout", "changePassword", "healthz", "readyz"}
+
+
+def test_matrix_names_every_operation(admin: httpx.Client) -> None:
+    spec = admin.get("/api/v1/openapi.json").json()
+    ops = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
+    assert ops - set(CASES) - PUBLIC == set(), "routes without an authorisation case"
+    assert set(CASES) - ops == set(), "cases for routes that no longer exist"
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("op", sorted(CASES))
+def test_route_authorisation(op: str, role: str, actors: dict[str, Actor], services: Services) -> None:
+    case = CASES[op]
+    actor = actors[role]
+    params = case.setup(services, actors["admin"].client, actor) if case.setup else {}
+    params["new"] = unique("n")
+    path = case.path.format(**params)
+    body = ({k: (v.format(**params) if isinstance(v, str) else v) for k, v in case.body.items()}
+            if case.body is not None else None)
+    r = actor.session.request(case.method, path, json=body)
+    allowed = all(p in ROLE_PERMISSIONS[Role(role)] for p in case.needs)
+    if allowed:
+        assert r.status_code in case.ok, f"{role} {op}: {r.status_code} {r.text}"
+    else:
+        assert r.status_code == 403, f"{role} {op} should be refused: {r.status_code} {r.text}"
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert r.json()["code"] == "forbidden"
+
+
+def test_refusals_are_audited(actors: dict[str, Actor], services: Services) -> None:
+    auditor = actors["auditor"]
+    r = auditor.client.post("/api/v1/keys", json={"name": unique("nope")})
+    assert r.status_code == 403
+    rid = r.headers["x-request-id"]
+    services.audit.flush()
+    events = actors["admin"].client.get("/api/v1/audit/events",
+                                        params={"actor": f"{auditor.username}/token:tests"}).json()["items"]
+    denied = [e for e in events if e["request_id"] == rid]
+    assert len(denied) == 1
+    assert denied[0]["outcome"] == "denied" and denied[0]["action"] == "key.create"
+    assert denied[0]["details"] == {"missing_permission": "keys:create"}
+
+
+def test_token_scopes_narrow_the_role(actors: dict[str, Actor], new_key: dict[str, Any]) -> None:
+    admin = actors["admin"]
+    r = admin.session.post("/api/v1/tokens", json={"name": "read-only", "scopes": ["keys:read"]})
+    assert r.status_code == 201
+    with httpx.Client(base_url=str(admin.client.base_url),
+                      headers={"Authorization": f"Bearer {r.json()['secret']}"}) as c:
+        assert c.get(f"/api/v1/keys/{new_key['name']}").status_code == 200
+        assert c.post(f"/api/v1/keys/{new_key['name']}/rotate").status_code == 403
+
+
+def test_scopes_cannot_exceed_the_role(actors: dict[str, Actor]) -> None:
+    r = actors["operator"].session.post("/api/v1/tokens", json={"name": "x", "scopes": ["keys:destroy"]})
+    assert r.status_code == 400
+    assert "does not grant" in r.json()["detail"]
+
+
+def test_blob_route_with_decoded_body(actors: dict[str, Actor]) -> None:
+    # The data-key routes take base64; a non-base64 body is a 422 before any policy check.
+    r = actors["operator"].client.post("/api/v1/datakeys/decrypt",
+                                       json={"ciphertext_blob": base64.b64encode(b"x").decode() + "!"})
+    assert r.status_code == 422

@@ -1,0 +1,127 @@
+"""Health endpoints, metrics, and the server's behaviour when its dependencies fail."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import psycopg
+import uvicorn
+from sqlalchemy.engine import make_url
+
+from hsm.config import HsmConfig
+from keyserver.api.app import create_app
+from keyserver.services import LazyHsm, Services, build_services
+from keyserver.settings import Settings
+from tests.conftest import unique
+
+
+@contextmanager
+def serve(services: Services) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(services, run_background=False), host="127.0.0.1",
+                                           port=port, log_config=None, lifespan="on"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        t.join(10)
+
+
+def test_health_ready_and_metrics(base_url: str, admin: httpx.Client) -> None:
+    with httpx.Client(base_url=base_url) as anon:
+        assert anon.get("/healthz").json() == {"status": "ok"}
+        r = anon.get("/readyz")
+        assert r.status_code == 200 and r.json()["checks"] == {"database": "ok", "hsm": "ok"}
+        assert anon.get("/metrics").status_code == 401
+    admin.get("/api/v1/keys")
+    text = admin.get("/metrics").text
+    assert 'strongroom_http_requests_total{method="GET",route="/api/v1/keys",status="200"}' in text
+    assert "strongroom_http_request_seconds_bucket" in text
+
+
+def test_security_headers_and_unknown_routes(base_url: str) -> None:
+    with httpx.Client(base_url=base_url) as c:
+        r = c.get("/api/v1/nothing-here")
+        assert r.status_code == 404 and r.json()["code"] == "not_found"
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert r.headers["cache-control"] == "no-store"
+        r = c.put("/api/v1/keys")
+        assert r.status_code == 405
+
+
+def test_oversized_and_malformed_bodies(admin: httpx.Client) -> None:
+    r = admin.post("/api/v1/keys", content=b"{" + b" " * (1 << 20 + 1) + b"}",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+    r = admin.post("/api/v1/keys", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["code"] == "validation_error"
+
+
+def test_missing_hsm_gives_503_with_advice(settings: Settings) -> None:
+    broken = LazyHsm(HsmConfig(user_pin="a-long-user-pin", so_pin="a-long-so-pin",
+                               module_path="/nonexistent/libpkcs11.so"))
+    services = build_services(settings, hsm=broken, migrate=False)  # type: ignore[arg-type]
+    try:
+        with serve(services) as url, httpx.Client(base_url=url) as c:
+            r = c.get("/readyz")
+            assert r.status_code == 503
+            assert "/nonexistent/libpkcs11.so" in r.json()["checks"]["hsm"]
+            r = c.post("/api/v1/auth/login", json={"username": "x", "password": "y"})
+            # Login needs no HSM: a wrong password is still a plain 401.
+            assert r.status_code == 401
+    finally:
+        services.engine.dispose()
+
+
+def test_key_operation_without_hsm_is_503(settings: Settings, actors: dict[str, object]) -> None:
+    broken = LazyHsm(HsmConfig(user_pin="a-long-user-pin", so_pin="a-long-so-pin",
+                               module_path="/nonexistent/libpkcs11.so"))
+    services = build_services(settings, hsm=broken, migrate=False)  # type: ignore[arg-type]
+    token = actors["key-officer"].client.headers["authorization"]  # type: ignore[attr-defined]
+    try:
+        with serve(services) as url, httpx.Client(base_url=url, headers={"Authorization": token}) as c:
+            r = c.post("/api/v1/keys", json={"name": unique("nohsm")})
+            assert r.status_code == 503
+            body = r.json()
+            assert body["code"] in ("hsm_unavailable", "unavailable")
+            assert "Traceback" not in r.text and r.headers["retry-after"]
+    finally:
+        services.engine.dispose()
+
+
+def test_database_down_is_503_and_recovers(settings: Settings, hsm_backend: object,
+                                           actors: dict[str, object], database_url: str) -> None:
+    # A server whose database is unreachable answers 503, never a traceback.
+    dead = Settings(database_url="postgresql+psycopg://postgres@127.0.0.1:1/none",
+                    data_dir=Path(settings.data_dir))
+    services = build_services(dead, hsm=hsm_backend, migrate=False)  # type: ignore[arg-type]
+    token = actors["admin"].client.headers["authorization"]  # type: ignore[attr-defined]
+    try:
+        with serve(services) as url, httpx.Client(base_url=url, headers={"Authorization": token}) as c:
+            r = c.get("/api/v1/keys")
+            assert r.status_code == 503 and r.json()["code"] == "database_unavailable"
+            assert c.get("/readyz").json()["checks"]["database"].startswith("unreachable")
+    finally:
+        services.engine.dispose()
+    # Connections killed under a live server: the pool notices and the next call works.
+    admin = actors["admin"].client  # type: ignore[attr-defined]
+    assert admin.get("/api/v1/keys").status_code == 200
+    u = make_url(database_url)
+    with psycopg.connect(host=u.host, port=u.port or 5432, user=u.username, dbname="postgres", autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE datname = %s AND pid <> pg_backend_pid()", (u.database,))
+    assert admin.get("/api/v1/keys").status_code == 200
+    r = admin.post("/api/v1/keys", json={"name": unique("after-kill")})
+    assert r.status_code == 201

@@ -1,0 +1,117 @@
+"""The two-command start on the embedded default, the CLI, and the compose file."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO
+
+KEYSERVER = str(Path(sys.executable).with_name("keyserver"))
+
+
+def _env(data_dir: Path, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STRONGROOM_", "SOFTHSM2_CONF"))}
+    env.update(STRONGROOM_DATA_DIR=str(data_dir), STRONGROOM_PORT=str(port),
+               STRONGROOM_LOG_LEVEL="WARNING")
+    return env
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_embedded_default_first_run(tmp_path: Path) -> None:
+    """`keyserver serve` on an empty data directory: SQLite + SoftHSM2 token created,
+    URL and one-time password printed, sign-in works; a restart keeps everything."""
+    data, port = tmp_path / "data", _port()
+    proc = subprocess.Popen([KEYSERVER, "serve"], env=_env(data, port), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    out = ""
+    try:
+        deadline = time.monotonic() + 60
+        password = None
+        assert proc.stdout is not None
+        while time.monotonic() < deadline and password is None:
+            line = proc.stdout.readline()
+            out += line
+            m = re.search(r"password:\s+(\S+)", line)
+            if m:
+                password = m.group(1)
+        assert password, out
+        assert f"http://127.0.0.1:{port}" in out
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                if httpx.get(f"{base}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        with httpx.Client(base_url=base) as c:
+            r = c.post("/api/v1/auth/login", json={"username": "admin", "password": password})
+            assert r.status_code == 200 and r.json()["user"]["must_change_password"]
+        assert (data / "strongroom.db").exists()
+        assert (data / "tokens").is_dir()
+        assert oct((data / "hsm-pins.json").stat().st_mode & 0o777) == "0o600"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    # Second start: no new password, same data.
+    r = subprocess.run([KEYSERVER, "init"], env=_env(data, port), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "password:" not in r.stderr and "initialized" in r.stderr
+    r = subprocess.run([KEYSERVER, "verify-audit"], env=_env(data, port), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "intact" in r.stderr, r.stderr
+
+
+def test_cli_create_admin_rotate_kek_and_broken_chain(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    env = _env(data, _port())
+    r = subprocess.run([KEYSERVER, "create-admin", "second"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "second" in r.stderr, r.stderr
+    r = subprocess.run([KEYSERVER, "create-admin", "second"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "exists already" in r.stderr
+    r = subprocess.run([KEYSERVER, "rotate-kek"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "KEK rotated" in r.stderr, r.stderr
+    import sqlite3
+
+    with sqlite3.connect(data / "strongroom.db") as conn:
+        conn.execute("UPDATE audit_events SET actor = 'mallory' WHERE seq = 2")
+    r = subprocess.run([KEYSERVER, "verify-audit"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3 and "BROKEN at record 2" in r.stderr, r.stderr
+
+
+def test_production_refuses_missing_secrets(tmp_path: Path) -> None:
+    env = _env(tmp_path, _port())
+    env["STRONGROOM_ENVIRONMENT"] = "production"
+    r = subprocess.run([KEYSERVER, "init"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "STRONGROOM_HSM_USER_PIN" in r.stderr + r.stdout
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None,
+                    reason="docker-compose (Debian package) is not installed; scripts/test installs it")
+def test_compose_file_is_valid() -> None:
+    env = {**os.environ, "POSTGRES_PASSWORD": "x" * 20, "STRONGROOM_HSM_USER_PIN": "u" * 20,
+           "STRONGROOM_HSM_SO_PIN": "s" * 20}
+    r = subprocess.run(["docker-compose", "-f", str(REPO / "docker-compose.yml"), "config"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "keyserver" in r.stdout and "postgres" in r.stdout
+    missing = {k: v for k, v in env.items() if k != "STRONGROOM_HSM_USER_PIN"}
+    r = subprocess.run(["docker-compose", "-f", str(REPO / "docker-compose.yml"), "config"],
+                       env=missing, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "STRONGROOM_HSM_USER_PIN" in r.stderr
