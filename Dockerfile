@@ -1,0 +1,20 @@
+# Production image of the keyserver. The HSM is a PKCS#11 module by path: SoftHSM2
+# is included for evaluation; mount your vendor's module and set STRONGROOM_HSM_MODULE.
+FROM python:3.11-slim-bookworm
+RUN apt-get update && apt-get install -y --no-install-recommends softhsm2 \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --home /var/lib/strongroom --create-home strongroom
+WORKDIR /opt/strongroom
+COPY pyproject.toml README.md ./
+COPY keyserver ./keyserver
+COPY hsm ./hsm
+COPY agents ./agents
+COPY migrations ./migrations
+COPY webui/dist ./webui/dist
+RUN pip install --no-cache-dir .
+USER strongroom
+ENV STRONGROOM_DATA_DIR=/var/lib/strongroom \
+    STRONGROOM_HOST=0.0.0.0
+EXPOSE 8800 5696
+HEALTHCHECK CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:8800/readyz')" || exit 1
+CMD ["keyserver", "serve"]

@@ -1,0 +1,49 @@
+# Shared set-up for scripts/start and scripts/test: sourced, not run.
+# Installs what is missing (Debian packages, the Python venv) and nothing twice.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="${PYTHON:-python3}"
+
+log() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[1;31merror:\033[0m %s\n' "$*" >&2; exit 1; }
+
+# apt_need PKG:PROBE ... — install each package whose probe path/command is missing.
+apt_need() {
+  local missing=() spec pkg probe
+  for spec in "$@"; do
+    pkg="${spec%%:*}"; probe="${spec#*:}"
+    if [[ "$probe" == /* ]]; then [[ -e "$probe" ]] && continue
+    else command -v "$probe" >/dev/null 2>&1 && continue; fi
+    missing+=("$pkg")
+  done
+  ((${#missing[@]})) || return 0
+  local sudo=""
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || die "need root to install: ${missing[*]} (apt-get install ${missing[*]})"
+    sudo="sudo"
+  fi
+  log "installing Debian packages: ${missing[*]}"
+  local stamp=/var/lib/apt/periodic/strongroom-update
+  if [[ ! -e $stamp ]] || [[ -n $(find "$stamp" -mmin +720 2>/dev/null) ]]; then
+    $sudo apt-get update -qq && $sudo mkdir -p "$(dirname $stamp)" && $sudo touch $stamp
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# venv_need EXTRAS — create .venv and install the project when pyproject changed.
+venv_need() {
+  local extras="$1" stamp="$VENV/.strongroom-installed"
+  local want; want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)-$extras"
+  if [[ ! -x "$VENV/bin/python" ]]; then
+    log "creating the Python environment in .venv"
+    "$PY" -m venv "$VENV"
+  fi
+  if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+    log "installing Python packages (${extras:-runtime})"
+    "$VENV/bin/pip" install -q --upgrade pip >/dev/null
+    "$VENV/bin/pip" install -q -e "$ROOT${extras:+[$extras]}"
+    echo "$want" >"$stamp"
+  fi
+}
