@@ -86,6 +86,7 @@ class Services:
     identity: IdentityService
     scheduler: Scheduler
     notifier: Notifier
+    engines: tuple[Engine, ...] = ()
 
     def initialize(self) -> str | None:
         """First-run set-up: the HSM keys and the first administrator. Returns the
@@ -106,7 +107,8 @@ class Services:
         self.scheduler.stop()
         self.audit.stop()
         self.hsm.close()
-        self.engine.dispose()
+        for engine in {self.engine, *self.engines}:
+            engine.dispose()
 
 
 def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate: bool = True) -> Services:
@@ -117,6 +119,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         db.upgrade(url)
     engine = db.make_engine(url, pool_size=settings.database_pool_size)
     session_factory = db.make_session_factory(engine)
+    autocommit = db.make_autocommit_engine(engine, pool_size=settings.database_pool_size)
     notifier = Notifier(engine)
 
     @event.listens_for(session_factory, "after_commit")
@@ -126,8 +129,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
     backend: HsmBackend = hsm if hsm is not None else LazyHsm(settings.hsm_config())
     audit = AuditService(session_factory, backend, hmac_key_id=settings.audit_hmac_key_id)
     policy = Policy(audit)
-    keks = KekService(session_factory, backend, audit, policy, batch=settings.kek_rewrap_batch)
-    keys = KeyService(session_factory, backend, audit, policy, keks)
+    keks = KekService(session_factory, backend, audit, policy, notifier, batch=settings.kek_rewrap_batch)
+    keys = KeyService(session_factory, backend, audit, policy, keks, notifier)
     return Services(
         settings=settings,
         engine=engine,
@@ -137,7 +140,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         policy=policy,
         keks=keks,
         keys=keys,
-        datakeys=DataKeyService(session_factory, backend, audit, policy),
+        datakeys=DataKeyService(session_factory, backend, audit, policy, notifier,
+                                autocommit_engine=autocommit),
         identity=IdentityService(
             session_factory, audit, policy,
             session_ttl=timedelta(minutes=settings.session_ttl_minutes),
@@ -148,4 +152,5 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         ),
         scheduler=Scheduler(keys, keks, interval_seconds=settings.scheduler_interval_seconds),
         notifier=notifier,
+        engines=(autocommit,),
     )

@@ -162,7 +162,7 @@ class AuditService:
         }
 
     # --- chaining --------------------------------------------------------------
-    def start(self, *, poll_seconds: float = 0.5, linger_seconds: float = 0.02) -> None:
+    def start(self, *, poll_seconds: float = 0.5, linger_seconds: float = 0.05) -> None:
         if self._thread is not None:
             return
         self._stop.clear()
@@ -227,7 +227,7 @@ class AuditService:
             events = []
             for _, p in rows:
                 seq += 1
-                t = datetime.strptime(p["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+                t = datetime.fromisoformat(p["time"])
                 fields: dict[str, Any] = {
                     "seq": seq, "time": t, "actor": p["actor"], "actor_type": p["actor_type"],
                     "action": p["action"], "object_type": p["object_type"],

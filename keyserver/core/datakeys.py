@@ -15,10 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import time
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmError, HsmIntegrityError, WrappedKey
@@ -28,7 +29,9 @@ from keyserver.core.keys import key_filter, version_wrapped
 from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import DECRYPTABLE, KeyState
+from keyserver.store.db import retry_on_disconnect
 from keyserver.store.models import KeyVersion, ManagedKey
+from keyserver.store.notify import Notifier
 
 MAGIC = b"SRDK"
 FORMAT_V1 = 1
@@ -67,15 +70,55 @@ def parse_blob(blob: bytes) -> tuple[bytes, uuid.UUID, int, bytes]:
     return blob[:HEADER.size], uuid.UUID(bytes=kid), version, blob[HEADER.size:]
 
 
+@dataclass(frozen=True, slots=True)
+class _Active:
+    key_id: uuid.UUID
+    name: str
+    version: int
+    wrapped: WrappedKey
+    cached_at: float
+
+
 class DataKeyService:
     def __init__(
         self, session_factory: sessionmaker[Session], hsm: HsmBackend, audit: AuditService, policy: Policy,
+        notifier: Notifier, *, autocommit_engine: Engine, cache_seconds: float = 30.0,
     ) -> None:
         self._db = session_factory
-        self._engine = session_factory.kw["bind"]
+        # Data-key records are single statements: autocommit saves BEGIN and COMMIT.
+        self._autocommit = autocommit_engine
         self._hsm = hsm
         self._audit = audit
         self._policy = policy
+        # Each key's Active version, per replica. Every state change publishes a
+        # notification in its own transaction and all replicas drop the cache, so a
+        # cached entry is never staler than a read that raced the change's commit.
+        self._notifier = notifier
+        self._cache_seconds = cache_seconds
+        self._active: dict[str, _Active] = {}
+        notifier.subscribe(self._active.clear)
+
+    def _active_version(self, conn: Connection, ref: str) -> _Active:
+        hit = self._active.get(ref)
+        if hit is not None and self._notifier.healthy and time.monotonic() - hit.cached_at < self._cache_seconds:
+            return hit
+        started = time.monotonic()
+        row = conn.execute(
+            select(ManagedKey.id, ManagedKey.name, KeyVersion.version, KeyVersion.wrapping_key_id,
+                   KeyVersion.wrapping_mechanism, KeyVersion.wrapped_key)
+            .join(KeyVersion, KeyVersion.key_id == ManagedKey.id)
+            .where(key_filter(ref), KeyVersion.state == KeyState.ACTIVE.value)
+        ).first()
+        if row is None:
+            with self._db() as session:
+                raise self._no_active(session, ref)
+        key_id, name, version_no, kek_id, mechanism, ciphertext = row
+        assert kek_id and mechanism and ciphertext, "an Active version always has material"
+        active = _Active(key_id, name, version_no, WrappedKey(kek_id, mechanism, ciphertext), started)
+        if len(self._active) > 10_000:
+            self._active.clear()
+        self._active[ref] = active
+        return active
 
     def generate(
         self, ctx: RequestContext, ref: str, *, number_of_bytes: int = 32,
@@ -86,29 +129,24 @@ class DataKeyService:
         if number_of_bytes not in (16, 24, 32, 48, 64):
             raise InvalidInput("number_of_bytes must be one of 16, 24, 32, 48, 64")
         digest = context_digest(context)
-        # A Core connection, not an ORM session: this is the busiest path of the server.
-        with self._engine.begin() as s:
-            row = s.execute(
-                select(ManagedKey.id, ManagedKey.name, KeyVersion.version, KeyVersion.wrapping_key_id,
-                       KeyVersion.wrapping_mechanism, KeyVersion.wrapped_key)
-                .join(KeyVersion, KeyVersion.key_id == ManagedKey.id)
-                .where(key_filter(ref), KeyVersion.state == KeyState.ACTIVE.value)
-            ).first()
-            if row is None:
-                with self._db() as session:
-                    raise self._no_active(session, ref)
-            key_id, key_name, version_no, kek_id, mechanism, ciphertext = row
-            assert kek_id and mechanism and ciphertext, "an Active version always has material"
-            header = HEADER.pack(MAGIC, FORMAT_V1, key_id.bytes, version_no, MECH_AES_256_GCM_HSM)
+        return retry_on_disconnect(lambda: self._generate(ctx, ref, action, number_of_bytes, digest,
+                                                          include_plaintext))
+
+    def _generate(self, ctx: RequestContext, ref: str, action: str, number_of_bytes: int, digest: bytes,
+                  include_plaintext: bool) -> DataKey:
+        with self._autocommit.connect() as conn:
+            active = self._active_version(conn, ref)
+            header = HEADER.pack(MAGIC, FORMAT_V1, active.key_id.bytes, active.version, MECH_AES_256_GCM_HSM)
             try:
                 plaintext = self._hsm.random(number_of_bytes)
-                sealed = self._hsm.encrypt_with(WrappedKey(kek_id, mechanism, ciphertext), plaintext,
-                                                aad=header + digest)
+                sealed = self._hsm.encrypt_with(active.wrapped, plaintext, aad=header + digest)
             except HsmError as exc:
                 raise hsm_failure("seal the data key", exc) from exc
-            self._audit.add(s, ctx, action=action, object_type="key", object_id=str(key_id),
-                            details={"name": key_name, "version": version_no, "bytes": number_of_bytes})
-        return DataKey(key_id, key_name, version_no, header + sealed, plaintext if include_plaintext else None)
+            # Committed before the key is returned: no data key leaves without its record.
+            self._audit.add(conn, ctx, action=action, object_type="key", object_id=str(active.key_id),
+                            details={"name": active.name, "version": active.version, "bytes": number_of_bytes})
+        return DataKey(active.key_id, active.name, active.version, header + sealed,
+                       plaintext if include_plaintext else None)
 
     @staticmethod
     def _no_active(s: Session, ref: str) -> NotFound | Conflict:

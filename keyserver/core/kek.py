@@ -24,6 +24,7 @@ from keyserver.core.errors import Conflict, NotFound, ServiceUnavailable, hsm_fa
 from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import RequestContext, system_context
 from keyserver.store.models import Kek, KekRotation, KeyVersion
+from keyserver.store.notify import Notifier
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class KekService:
         hsm: HsmBackend,
         audit: AuditService,
         policy: Policy,
+        notifier: Notifier,
         *,
         batch: int = 200,
         now: Callable[[], datetime] = utcnow,
@@ -43,6 +45,7 @@ class KekService:
         self._hsm = hsm
         self._audit = audit
         self._policy = policy
+        self._notifier = notifier
         self._batch = batch
         self._now = now
         self._worker_lock = threading.Lock()
@@ -172,5 +175,6 @@ class KekService:
                     raise hsm_failure("re-wrap for the KEK rotation (paused; it resumes by itself)", exc) from exc
                 rot.done += len(batch)
                 done += len(batch)
+                self._notifier.publish(s)
             for w in old:
                 self._hsm.forget(w)

@@ -24,6 +24,7 @@ from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import DESTROYED_STATES, KeyState, check_transition
 from keyserver.store.models import KeyVersion, ManagedKey
+from keyserver.store.notify import Notifier
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
@@ -83,6 +84,7 @@ class KeyService:
         audit: AuditService,
         policy: Policy,
         keks: KekService,
+        notifier: Notifier,
         *,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -91,6 +93,7 @@ class KeyService:
         self._audit = audit
         self._policy = policy
         self._keks = keks
+        self._notifier = notifier
         self._now = now
 
     # --- reading -------------------------------------------------------------
@@ -253,6 +256,7 @@ class KeyService:
             key.updated_at, key.revision = now, key.revision + 1
             if key.rotation_period_days:
                 key.next_rotation_at = now + timedelta(days=key.rotation_period_days)
+            self._notifier.publish(s)  # replicas drop their cached active versions
             self._audit.add(s, ctx, action="key.rotate", object_type="key", object_id=str(key.id),
                             details={"name": key.name, "version": version.version,
                                      "replaces": newest.version, "reason": reason})
@@ -304,6 +308,7 @@ class KeyService:
                 raise Conflict(f"key '{key.name}' has no version that this revocation would change",
                                code="illegal_state")
             key.updated_at, key.revision, key.next_rotation_at = now, key.revision + 1, None
+            self._notifier.publish(s)  # replicas drop their cached active versions
             self._audit.add(s, ctx, action="key.revoke", object_type="key", object_id=str(key.id),
                             details={"name": key.name, "reason": reason, "versions": changed})
         return self._reload(key.id)
@@ -334,6 +339,7 @@ class KeyService:
                 v.wrapped_key = None
                 v.destroy_date = now
             key.updated_at, key.revision, key.next_rotation_at = now, key.revision + 1, None
+            self._notifier.publish(s)  # replicas drop their cached active versions
             self._audit.add(s, ctx, action="key.destroy", object_type="key", object_id=str(key.id),
                             details={"name": key.name, "versions": [v.version for v in targets]})
         for w in forgotten:
@@ -361,6 +367,7 @@ class KeyService:
                 v.deactivation_date = now
                 key.next_rotation_at = None
             key.updated_at, key.revision = now, key.revision + 1
+            self._notifier.publish(s)  # replicas drop their cached active versions
             self._audit.add(s, ctx, action=action, object_type="key", object_id=str(key.id),
                             details={"name": key.name, "version": v.version, "state": target.value})
         return self._reload(key.id)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MIGRATIONS_DIR = REPO_ROOT / "migrations"
 
@@ -42,6 +45,27 @@ def make_engine(url: str, *, pool_size: int = 20) -> Engine:
         pool_pre_ping=True,
         pool_recycle=1800,
     )
+
+
+def make_autocommit_engine(engine: Engine, *, pool_size: int) -> Engine:
+    """A second pool whose connections stay in autocommit and are not pinged on checkout:
+    for single-statement writes on the hot path (a ping is a round trip; callers retry
+    once on a dead connection instead, see `retry_on_disconnect`)."""
+    if engine.dialect.name == "sqlite":
+        return engine
+    return create_engine(engine.url, isolation_level="AUTOCOMMIT", pool_size=pool_size,
+                         max_overflow=pool_size // 2, pool_recycle=1800)
+
+
+def retry_on_disconnect(fn: Callable[[], T]) -> T:
+    """Run `fn`; if it failed because a pooled connection was dead (the pool is then
+    invalidated), run it once more on a fresh connection."""
+    try:
+        return fn()
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        return fn()
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -118,6 +118,8 @@ def test_database_down_is_503_and_recovers(settings: Settings, hsm_backend: obje
     # Connections killed under a live server: the pool notices and the next call works.
     admin = actors["admin"].client  # type: ignore[attr-defined]
     assert admin.get("/api/v1/keys").status_code == 200
+    name = admin.post("/api/v1/keys", json={"name": unique("kill")}).json()["name"]
+    assert admin.post(f"/api/v1/keys/{name}/generate-data-key", json={}).status_code == 200
     u = make_url(database_url)
     with psycopg.connect(host=u.host, port=u.port or 5432, user=u.username, dbname="postgres", autocommit=True) as conn:
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -125,3 +127,5 @@ def test_database_down_is_503_and_recovers(settings: Settings, hsm_backend: obje
     assert admin.get("/api/v1/keys").status_code == 200
     r = admin.post("/api/v1/keys", json={"name": unique("after-kill")})
     assert r.status_code == 201
+    # The hot path's pool does not ping; it retries once on a dead connection.
+    assert admin.post(f"/api/v1/keys/{name}/generate-data-key", json={}).status_code == 200
