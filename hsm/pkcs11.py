@@ -121,6 +121,13 @@ class Pkcs11Backend:
             ttl_seconds=config.handle_cache_ttl_seconds,
             destroy=_destroy_quietly,
         )
+        # Hosts' public keys as session objects: a host fetches many keys, and creating
+        # and destroying the object on every delivery serialises in the token.
+        self._recipients = HandleCache(
+            max_entries=min(config.handle_cache_size, 1024),
+            ttl_seconds=config.handle_cache_ttl_seconds,
+            destroy=_destroy_quietly,
+        )
         self._handles_lock = threading.Lock()
         self._keks: dict[str, _Kek] = {}
         self._hmac_keys: dict[str, int] = {}
@@ -177,6 +184,7 @@ class Pkcs11Backend:
             self._closed = True
         # Destroy cached objects while their sessions are still open.
         self._cache.clear()
+        self._recipients.clear()
         self._pool.close()
         try:
             self._module.logout(self._token_serial)
@@ -364,17 +372,12 @@ class Pkcs11Backend:
         def rewrap(lease: _Lease) -> WrappedKey:
             session = lease.session
             kek = self._kek(session, wrapped.wrapping_key_id)
-            public = session.create_object(
-                mechanisms.recipient_public_template(numbers.n, numbers.e)
-            )
-            try:
+            with self._recipient_key(lease, recipient_id, numbers.n, numbers.e) as public_handle:
                 key = self._unwrap(session, kek, wrapped, source, mechanisms.TRANSIT_KEY_TEMPLATE)
                 try:
-                    blob = self._wrap(session, public.handle, key, target)
+                    blob = self._wrap(session, public_handle, key, target)
                 finally:
                     _destroy_quietly(key)
-            finally:
-                _destroy_quietly(public)
             return WrappedKey(wrapping_key_id=recipient_id, mechanism=target.name, ciphertext=blob)
 
         return self._run("rewrap_for_public_key", rewrap, on_crypto=_invalid)
@@ -539,6 +542,7 @@ class Pkcs11Backend:
             self._token = token
             generation = self._pool.reset(self._opener(token))
             self._cache.reset(generation)
+            self._recipients.reset(generation)
             with self._handles_lock:
                 # Token object handles are renumbered after a re-login (SoftHSM2 does).
                 self._keks.clear()
@@ -685,6 +689,19 @@ class Pkcs11Backend:
             yield entry.handle
         finally:
             self._cache.release(entry)
+
+    @contextlib.contextmanager
+    def _recipient_key(self, lease: _Lease, recipient_id: str, n: int, e: int) -> Iterator[int]:
+        """A leased handle of a host's public key (session object), cached by its DER hash."""
+        key = ("recipient", "RSA", bytes.fromhex(recipient_id))
+        entry = self._recipients.lease(key)
+        if entry is None:
+            obj = lease.session.create_object(mechanisms.recipient_public_template(n, e))
+            entry = self._recipients.adopt(key, handle=obj.handle, owner=obj, generation=lease.generation)
+        try:
+            yield entry.handle
+        finally:
+            self._recipients.release(entry)
 
     # --- capabilities -----------------------------------------------------------------
     def _detect_capabilities(self) -> TokenCapabilities:

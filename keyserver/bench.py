@@ -52,11 +52,15 @@ wrk.body = "{}"
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer %s"
 """
+# Virtual users (the seeds' "200 virtual users"): each waits this long between its
+# requests, so 200 of them offer about 1,000 requests per second.
+THINK_MS = 190
 
 
 @dataclass
 class LoadResult:
     clients: int
+    think_ms: int = 0
     rps: list[float] = field(default_factory=list)
     p50_ms: list[float] = field(default_factory=list)
     p99_ms: list[float] = field(default_factory=list)
@@ -140,7 +144,7 @@ def hsm_figures(backend: HsmBackend, wrapped: WrappedKey, *, seconds: float, rep
     return {"unwrap_ceiling": ceiling, "host_rewrap": rewrap}
 
 
-def run(*, postgres: str, clients: list[int], duration: int, repeats: int, workers: int,
+def run(*, postgres: str, clients: list[int], virtual_users: int, duration: int, repeats: int, workers: int,
         output: Path | None, json_out: Path | None) -> dict[str, Any]:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install wrk")
@@ -164,7 +168,8 @@ def run(*, postgres: str, clients: list[int], duration: int, repeats: int, worke
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("STRONGROOM_")},
            "STRONGROOM_DATA_DIR": str(data), "STRONGROOM_DATABASE_URL": db_url,
            "STRONGROOM_PORT": str(port), "STRONGROOM_WORKERS": str(workers),
-           "STRONGROOM_LOG_LEVEL": "WARNING", "STRONGROOM_DATABASE_POOL_SIZE": "60"}
+           "STRONGROOM_LOG_LEVEL": "WARNING", "STRONGROOM_DATABASE_POOL_SIZE": "16",
+           "STRONGROOM_THREADS": "16"}
     results: dict[str, Any] = {"machine": machine(), "when": datetime.now(UTC).isoformat(timespec="seconds"),
                                "workers": workers, "duration_s": duration, "repeats": repeats}
     server = None
@@ -176,7 +181,7 @@ def run(*, postgres: str, clients: list[int], duration: int, repeats: int, worke
         ctx = system_context("bench")
         services.keys.create(ctx, KeySpec(name="bench"))
         _, _ = services.identity.create_user(ctx, username="bench", role="operator",
-                                             password=uuid.uuid4().hex + "-bench")
+                                             password=uuid.uuid4().hex + "-load")
         user = next(u for u in services.identity.list_users(ctx) if u.username == "bench")
         token = services.identity.create_token(system_context("bench"), name="bench", scopes=None,
                                                expires_in_days=1, user_id=user.id).secret
@@ -196,16 +201,21 @@ def run(*, postgres: str, clients: list[int], duration: int, repeats: int, worke
             time.sleep(0.2)
         lua = data / "post.lua"
         lua.write_text(LUA % token)
+        vu_lua = data / "vu.lua"
+        vu_lua.write_text(LUA % token + f"function delay()\n  return {THINK_MS}\nend\n")
         url = f"{base}/api/v1/keys/bench/generate-data-key"
         loads = [LoadResult(c) for c in clients]
+        if virtual_users:
+            loads.append(LoadResult(virtual_users, THINK_MS))
         with Progress(console=console) as progress:
             task = progress.add_task("data keys over HTTP", total=len(clients) * repeats)
             # Warm the workers (HSM handle caches, connection pools) before measuring.
             subprocess.run(["wrk", "-t1", "-c8", "-d2s", "-s", str(lua), url], capture_output=True, check=True)
             for _ in range(repeats):
                 for lr in loads:
+                    script = vu_lua if lr.think_ms else lua
                     out = subprocess.run(["wrk", f"-t{min(2, lr.clients)}", f"-c{lr.clients}", f"-d{duration}s",
-                                          "--timeout", "10s", "--latency", "-s", str(lua), url],
+                                          "--timeout", "10s", "--latency", "-s", str(script), url],
                                          capture_output=True, text=True, check=True).stdout
                     rps, p50, p99, total, errors = parse_wrk(out)
                     lr.rps.append(rps)
@@ -260,11 +270,13 @@ def render(r: dict[str, Any]) -> str:
         f"Server: {r['workers']} uvicorn workers on PostgreSQL + SoftHSM2, load from wrk on the same "
         f"machine; {r['repeats']} runs of {r['duration_s']} s each, median (min-max).",
         "",
-        "| concurrent clients | data keys/s | p50 ms | p99 ms | errors / requests |",
-        "|---:|---:|---:|---:|---:|",
+        "| load | data keys/s | p50 ms | p99 ms | errors / requests |",
+        "|---|---:|---:|---:|---:|",
     ]
     for lr in r["http"]:
-        lines.append(f"| {lr['clients']} | {_med(lr['rps']):.0f} ({_spread(lr['rps'])}) | "
+        shape = (f"{lr['clients']} virtual users, {lr['think_ms']} ms think time" if lr.get("think_ms")
+                 else f"{lr['clients']} clients, back to back")
+        lines.append(f"| {shape} | {_med(lr['rps']):.0f} ({_spread(lr['rps'])}) | "
                      f"{_med(lr['p50_ms']):.1f} ({_spread(lr['p50_ms'], '{:.1f}')}) | "
                      f"{_med(lr['p99_ms']):.1f} ({_spread(lr['p99_ms'], '{:.1f}')}) | "
                      f"{sum(lr['errors'])} / {sum(lr['requests'])} |")

@@ -91,14 +91,20 @@ def serve() -> None:
         _print_password("admin", password)
     ssl = {"ssl_certfile": str(settings.tls_cert_file), "ssl_keyfile": str(settings.tls_key_file)} \
         if settings.tls_cert_file else {}
-    common = {"host": settings.host, "port": settings.port, "log_config": None, "access_log": False,
-              "proxy_headers": False, "server_header": False, **ssl}
+    common = {"log_config": None, "access_log": False, "proxy_headers": False, "server_header": False,
+              "timeout_keep_alive": 30, **ssl}
     if settings.workers > 1:
+        if settings.effective_database_url.startswith("sqlite"):
+            console.print("[red]several workers need PostgreSQL[/red]: set STRONGROOM_DATABASE_URL, "
+                          "or STRONGROOM_WORKERS=1 for the embedded SQLite database")
+            raise typer.Exit(EXIT_FAILED)
         services.close()
         os.environ.setdefault("STRONGROOM_DATA_DIR", str(settings.data_dir))
-        uvicorn.run("keyserver.asgi:app_factory", factory=True, workers=settings.workers, **common)  # type: ignore[arg-type]
+        from keyserver.server import serve_workers
+
+        serve_workers(host=settings.host, port=settings.port, workers=settings.workers, uvicorn_kwargs=common)
     else:
-        uvicorn.run(create_app(services), **common)  # type: ignore[arg-type]
+        uvicorn.run(create_app(services), host=settings.host, port=settings.port, **common)  # type: ignore[arg-type]
 
 
 @app.command("create-admin")
@@ -177,6 +183,7 @@ def bench(
     postgres: Annotated[str, typer.Option(help="PostgreSQL server URL (a scratch database is created)")] =
         "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
     clients: Annotated[str, typer.Option(help="comma-separated concurrent client counts")] = "1,50,200",
+    virtual_users: Annotated[int, typer.Option(help="virtual users with think time (0 to skip)")] = 200,
     duration: Annotated[int, typer.Option(min=1, help="seconds per measurement")] = 10,
     repeats: Annotated[int, typer.Option(min=1, help="runs per figure (median and spread are reported)")] = 3,
     workers: Annotated[int, typer.Option(min=1, help="server worker processes")] = 2,
@@ -186,5 +193,6 @@ def bench(
     """Measure data keys/s and latency over HTTP, and the HSM's own ceiling, in one run."""
     from keyserver.bench import run
 
-    run(postgres=postgres, clients=[int(c) for c in clients.split(",")], duration=duration, repeats=repeats,
+    run(postgres=postgres, clients=[int(c) for c in clients.split(",")], virtual_users=virtual_users,
+        duration=duration, repeats=repeats,
         workers=workers, output=output, json_out=json_out)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
@@ -87,6 +89,8 @@ def test_operations_leave_no_session_objects_behind(backend: Pkcs11Backend, kek:
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     wrapped = backend.generate_wrapped_key(kek_id=kek)
+    # A host's public key object is cached (bounded, TTL) by design: create it first.
+    backend.rewrap_for_public_key(wrapped, public_key_der=der)
     before = _session_objects(backend)
     for _ in range(5):
         again = backend.generate_wrapped_key(kek_id=kek)
@@ -100,6 +104,25 @@ def test_operations_leave_no_session_objects_behind(backend: Pkcs11Backend, kek:
                 WrappedKey(kek, wrapped.mechanism, bad), public_key_der=der
             )
     assert _session_objects(backend) == before
+
+
+def test_recipient_keys_are_cached_once_per_host(hsm_token_base: Path) -> None:
+    from hsm import testing
+    from hsm.pkcs11 import open_backend
+
+    backend = open_backend(testing.make_test_config(hsm_token_base, token_label="recipients"))
+    try:
+        backend.create_kek("k")
+        wrapped = backend.generate_wrapped_key(kek_id="k")
+        ders = [rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) for _ in range(2)]
+        base = _session_objects(backend)
+        for der in ders * 3:
+            backend.rewrap_for_public_key(wrapped, public_key_der=der)
+        assert _session_objects(backend) == base + 2  # one object per host, reused
+        assert len(backend._recipients) == 2
+    finally:
+        backend.close()
 
 
 def test_data_keys_are_never_token_objects(backend: Pkcs11Backend, kek: str) -> None:

@@ -1,0 +1,79 @@
+"""Serving with several worker processes.
+
+uvicorn's own multi-worker mode shares one listening socket, and the kernel then hands
+most keep-alive connections to whichever worker wakes first: under load one worker
+saturates while the others idle. Here every worker binds its own SO_REUSEPORT socket,
+so the kernel spreads connections evenly. The supervisor restarts a worker that dies
+and stops them all on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _worker(host: str, port: int, uvicorn_kwargs: dict[str, Any]) -> None:
+    import uvicorn
+
+    from keyserver.asgi import app_factory
+
+    sock = _bind(host, port)
+    config = uvicorn.Config(app_factory, factory=True, **uvicorn_kwargs)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def serve_workers(*, host: str, port: int, workers: int, uvicorn_kwargs: dict[str, Any]) -> None:
+    # Bind once in the parent to fail fast (port in use) before any worker starts.
+    probe = _bind(host, port)
+    ctx = multiprocessing.get_context("spawn")
+    procs: list[multiprocessing.process.BaseProcess] = []
+    stopping = False
+
+    def start() -> multiprocessing.process.BaseProcess:
+        p = ctx.Process(target=_worker, args=(host, port, uvicorn_kwargs), daemon=False)
+        p.start()
+        return p
+
+    def stop(*_: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    procs = [start() for _ in range(workers)]
+    probe.close()
+    try:
+        while not stopping:
+            time.sleep(0.5)
+            for i, p in enumerate(procs):
+                if not p.is_alive() and not stopping:
+                    log.error("worker %s exited with %s; restarting it", p.pid, p.exitcode)
+                    procs[i] = start()
+    finally:
+        for p in procs:
+            if p.is_alive() and p.pid is not None:
+                os.kill(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for p in procs:
+            p.join(timeout=max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
