@@ -115,3 +115,41 @@ def test_compose_file_is_valid() -> None:
     r = subprocess.run(["docker-compose", "-f", str(REPO / "docker-compose.yml"), "config"],
                        env=missing, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "STRONGROOM_HSM_USER_PIN" in r.stderr
+
+
+def test_several_workers_on_postgresql(tmp_path: Path) -> None:
+    """`STRONGROOM_WORKERS=2`: one SO_REUSEPORT socket per worker, both serving the
+    same database; SIGTERM stops every process."""
+    from tests.pg import test_database
+
+    port = _port()
+    with test_database() as url:
+        env = {**_env(tmp_path / "data", port), "STRONGROOM_WORKERS": "2", "STRONGROOM_DATABASE_URL": url}
+        proc = subprocess.Popen([KEYSERVER, "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.2)
+            # Many fresh connections: the kernel spreads them over both workers' sockets.
+            codes = {httpx.get(f"{base}/healthz", timeout=5).status_code for _ in range(40)}
+            assert codes == {200}
+            children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            assert len(children) >= 2, children
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(40)
+        assert proc.returncode == 0
+        for pid in children:
+            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_several_workers_refused_on_sqlite(tmp_path: Path) -> None:
+    env = {**_env(tmp_path / "data", _port()), "STRONGROOM_WORKERS": "2"}
+    r = subprocess.run([KEYSERVER, "serve"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "need PostgreSQL" in r.stderr
