@@ -297,5 +297,5 @@ def write_section(path: Path, report: str) -> None:
     if MARK_START in text:
         text = re.sub(re.escape(MARK_START) + r".*?" + re.escape(MARK_END), lambda _: block, text, flags=re.S)
     else:
-        text = text.rstrip() + "\n\n## Key server\n\n" + block + "\n"
+        text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
