@@ -21,12 +21,12 @@ from keyserver.api.app import create_app
 from keyserver.core.principal import system_context
 from keyserver.services import Services, build_services
 from keyserver.settings import Settings
-from tests.pg import test_database
+from tests.pg import scratch_database
 
 
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
-    with test_database() as url:
+    with scratch_database() as url:
         yield url
 
 

@@ -65,7 +65,7 @@ def _throwaway_cluster() -> Iterator[str]:
 
 
 @contextmanager
-def test_database() -> Iterator[str]:
+def scratch_database() -> Iterator[str]:
     """Yield the URL of a new, empty database; drop it afterwards."""
     server = os.environ.get("DATABASE_URL")
     if server and server.startswith("postgresql://"):

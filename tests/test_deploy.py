@@ -120,10 +120,10 @@ def test_compose_file_is_valid() -> None:
 def test_several_workers_on_postgresql(tmp_path: Path) -> None:
     """`STRONGROOM_WORKERS=2`: one SO_REUSEPORT socket per worker, both serving the
     same database; SIGTERM stops every process."""
-    from tests.pg import test_database
+    from tests.pg import scratch_database
 
     port = _port()
-    with test_database() as url:
+    with scratch_database() as url:
         env = {**_env(tmp_path / "data", port), "STRONGROOM_WORKERS": "2", "STRONGROOM_DATABASE_URL": url}
         proc = subprocess.Popen([KEYSERVER, "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)

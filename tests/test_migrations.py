@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, inspect
 
 from keyserver.store import db
 from keyserver.store.models import Base
-from tests.pg import test_database
+from tests.pg import scratch_database
 
 TABLES = {"managed_keys", "key_versions", "users", "browser_sessions", "api_tokens", "audit_inbox",
           "audit_events", "audit_head", "keks", "kek_rotations"}
@@ -34,7 +34,7 @@ def check_roundtrip(url: str) -> None:
 
 
 def test_postgresql_up_down_up() -> None:
-    with test_database() as url:
+    with scratch_database() as url:
         check_roundtrip(url)
 
 
