@@ -19,11 +19,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
+from pkcs11 import KeyType, Mechanism, ObjectClass
 
 from hsm import mechanisms
 from hsm.backend import HsmBackend
 from hsm.handles import RsaPrivateView
+from hsm.pkcs11 import session_rsa_pair
 
 
 def measure_unwrap_ceiling(backend: HsmBackend, *, seconds: float, threads: int) -> float:
@@ -93,19 +94,7 @@ def _throwaway_key_pair(
     borrow: Callable[[], contextlib.AbstractContextManager[Any]], scheme: mechanisms.OaepScheme
 ) -> Iterator[tuple[int, bytes]]:
     with borrow() as session:
-        public, private = session.generate_keypair(
-            KeyType.RSA,
-            mechanisms.KEK_BITS,
-            store=False,
-            capabilities=0,
-            public_template={Attribute.TOKEN: False, Attribute.WRAP: True},
-            private_template={
-                Attribute.TOKEN: False,
-                Attribute.UNWRAP: True,
-                Attribute.SENSITIVE: True,
-                Attribute.EXTRACTABLE: False,
-            },
-        )
+        public, private = session_rsa_pair(session)
         key = session.generate_key(
             KeyType.AES,
             mechanisms.DATA_KEY_BITS,

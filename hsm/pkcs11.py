@@ -734,19 +734,7 @@ class Pkcs11Backend:
 
         def probe(lease: _Lease) -> bool:
             session = lease.session
-            public, private = session.generate_keypair(
-                KeyType.RSA,
-                mechanisms.KEK_BITS,
-                store=False,
-                capabilities=0,
-                public_template={Attribute.TOKEN: False, Attribute.WRAP: True},
-                private_template={
-                    Attribute.TOKEN: False,
-                    Attribute.UNWRAP: True,
-                    Attribute.SENSITIVE: True,
-                    Attribute.EXTRACTABLE: False,
-                },
-            )
+            public, private = session_rsa_pair(session)
             created = [public, private]
             try:
                 key = session.generate_key(
@@ -914,3 +902,20 @@ def _destroy_quietly(obj: Any) -> None:
         obj.destroy()
     except p11.PKCS11Error as exc:
         log.debug("destroying a session object failed: %s", faults.describe(exc))
+
+
+def session_rsa_pair(session: Any) -> tuple[Any, Any]:
+    """A throw-away RSA-2048 wrap/unwrap pair as session objects (probes and benchmarks)."""
+    return session.generate_keypair(  # type: ignore[no-any-return]
+        KeyType.RSA,
+        mechanisms.KEK_BITS,
+        store=False,
+        capabilities=0,
+        public_template={Attribute.TOKEN: False, Attribute.WRAP: True},
+        private_template={
+            Attribute.TOKEN: False,
+            Attribute.UNWRAP: True,
+            Attribute.SENSITIVE: True,
+            Attribute.EXTRACTABLE: False,
+        },
+    )
