@@ -129,6 +129,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
                 services.close()
 
     app = FastAPI(
+        responses=problems.OPENAPI_RESPONSES,
         title="Strongroom Key Server",
         version="0.1.0",
         summary="HSM-rooted key management: managed keys, data keys, audit.",

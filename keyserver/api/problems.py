@@ -36,6 +36,14 @@ TITLES = {
 }
 
 
+# Every route may answer these; documented once for the whole API (and the typed client).
+OPENAPI_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"description": TITLES[status],
+             "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+    for status in (400, 401, 403, 404, 409, 422, 429, 503)
+}
+
+
 def problem(status: int, code: str, detail: str, *, headers: dict[str, str] | None = None,
             errors: list[dict[str, Any]] | None = None) -> JSONResponse:
     body: dict[str, Any] = {
@@ -52,6 +60,20 @@ def problem(status: int, code: str, detail: str, *, headers: dict[str, str] | No
 
 
 def install(app: FastAPI) -> None:
+    from keyserver.api.schemas import Problem
+
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        # The error responses above refer to this schema; no route returns it as a model.
+        if app.openapi_schema is None:
+            schema = generate()
+            schema.setdefault("components", {}).setdefault("schemas", {})["Problem"] = (
+                Problem.model_json_schema(ref_template="#/components/schemas/{model}"))
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     @app.exception_handler(e.CoreError)
     async def _core(_: Request, exc: e.CoreError) -> JSONResponse:
         status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 500)

@@ -118,14 +118,12 @@ class KeyService:
                       .correlate(ManagedKey).scalar_subquery())
             stmt = stmt.join(KeyVersion, (KeyVersion.key_id == ManagedKey.id)
                              & (KeyVersion.version == newest)).where(KeyVersion.state == wanted.value)
-        rows: list[ManagedKey]
+        if tag:
+            name, has_value, value = tag.partition("=")
+            # JSON path access renders as ->> on PostgreSQL and json_extract on SQLite.
+            field = ManagedKey.tags[name].as_string()
+            stmt = stmt.where(field == value if has_value else field.is_not(None))
         with self._db() as s:
-            if tag:
-                # Tags are JSON; filter in Python to stay portable across databases.
-                name, _, value = tag.partition("=")
-                all_rows = list(s.execute(stmt.order_by(ManagedKey.name)).scalars())
-                matching = [k for k in all_rows if name in k.tags and (not value or k.tags[name] == value)]
-                return matching[offset:offset + limit], len(matching)
             total = int(s.execute(select(func.count()).select_from(stmt.subquery())).scalar_one())
             rows = list(s.execute(stmt.order_by(ManagedKey.name).limit(limit).offset(offset)).scalars())
         return rows, total

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from keyserver.core.policy import Permission
@@ -31,7 +31,6 @@ class RequestContext:
     principal: Principal
     source_ip: str | None = None
     request_id: str | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 SYSTEM = Principal(

@@ -129,3 +129,14 @@ def test_database_down_is_503_and_recovers(settings: Settings, hsm_backend: obje
     assert r.status_code == 201
     # The hot path's pool does not ping; it retries once on a dead connection.
     assert admin.post(f"/api/v1/keys/{name}/generate-data-key", json={}).status_code == 200
+
+
+def test_openapi_documents_errors_and_operation_ids(base_url: str) -> None:
+    spec = httpx.get(f"{base_url}/api/v1/openapi.json").json()
+    assert spec["components"]["schemas"]["Problem"]["required"] == ["type", "title", "status", "detail", "code"]
+    for path, item in spec["paths"].items():
+        for method, op in item.items():
+            assert op.get("operationId"), f"{method} {path} has no operationId"
+            if path.startswith("/api/v1/") and op["operationId"] != "login":
+                ref = op["responses"]["401"]["content"]["application/problem+json"]["schema"]["$ref"]
+                assert ref == "#/components/schemas/Problem"
