@@ -1,0 +1,130 @@
+"""Engine benchmark of the file format (docs/benchmarks.md, "File format engine").
+
+In memory, one thread: sealing and opening chunks exactly as the format does (fresh
+nonce, associated data, output in place) against raw `cryptography` AESGCM on the same
+chunk size (one `AESGCM.encrypt`/`decrypt` call per chunk, fixed nonce, no associated
+data: the primitive with nothing of the format around it), and against
+`openssl speed -evp aes-256-gcm` (the CPU's practical limit), all in one run:
+`python -m agents.cryptfile.bench [--output docs/benchmarks.md]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from agents.cryptfile.chunks import CHUNK_OVERHEAD, ChunkCipher
+
+MARK_START, MARK_END = "<!-- engine-bench:start -->", "<!-- engine-bench:end -->"
+TOTAL = 64 << 20  # bytes processed per measurement
+
+
+def _rate(fn: Callable[[], None], total: int) -> float:
+    start = time.perf_counter()
+    fn()
+    return total / (time.perf_counter() - start) / 1e6
+
+
+def measure(chunk: int) -> dict[str, float]:
+    count = TOTAL // chunk
+    plain = os.urandom(chunk)
+    key, file_id = os.urandom(32), os.urandom(16)
+    cipher = ChunkCipher(key, file_id)
+    raw = AESGCM(key)
+    nonce = os.urandom(12)
+    run = 256  # chunks per sealed run, as a 1 MiB write of the mount would be at 4 KiB
+    plain_run = os.urandom(chunk * run)
+    out = bytearray((chunk + CHUNK_OVERHEAD) * run)
+    view = memoryview(out)
+    sealed = [cipher.seal(i, plain, last=False) for i in range(16)]
+    raw_sealed = raw.encrypt(nonce, plain, None)
+
+    def ours_encrypt() -> None:
+        for r in range(count // run):
+            cipher.seal_run(r * run, plain_run, chunk, view, final_index=None)
+
+    def raw_encrypt() -> None:
+        for _ in range(count):
+            raw.encrypt(nonce, plain, None)
+
+    def ours_decrypt() -> None:
+        for i in range(count):
+            cipher.open(i % 16, sealed[i % 16], last=False)
+
+    def raw_decrypt() -> None:
+        for _ in range(count):
+            raw.decrypt(nonce, raw_sealed, None)
+
+    return {"format_encrypt": _rate(ours_encrypt, TOTAL), "raw_encrypt": _rate(raw_encrypt, TOTAL),
+            "format_decrypt": _rate(ours_decrypt, TOTAL), "raw_decrypt": _rate(raw_decrypt, TOTAL)}
+
+
+def openssl(chunk: int, *, decrypt: bool) -> float | None:
+    if shutil.which("openssl") is None:
+        return None
+    args = ["openssl", "speed", "-evp", "aes-256-gcm", "-bytes", str(chunk), "-seconds", "2"]
+    if decrypt:
+        args.insert(2, "-decrypt")
+    out = subprocess.run(args, capture_output=True, text=True, check=False).stdout
+    m = re.search(r"AES-256-GCM\s+([\d.]+)k", out)
+    return float(m.group(1)) * 1000 / 1e6 if m else None
+
+
+def run(*, repeats: int = 5, chunks: tuple[int, ...] = (4096, 65536)) -> str:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError, AttributeError):
+        cpu = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text()).group(1)  # type: ignore[union-attr]
+    lines = [
+        f"{cpu}, one thread, {TOTAL >> 20} MiB per measurement, median of {repeats} (min-max), MB/s.",
+        "",
+        "| chunk | operation | format v1 | raw AESGCM | format / raw | openssl speed | format / openssl |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for chunk in chunks:
+        runs = [measure(chunk) for _ in range(repeats)]
+        for op in ("encrypt", "decrypt"):
+            ours = [r[f"format_{op}"] for r in runs]
+            raw = [r[f"raw_{op}"] for r in runs]
+            ssl = openssl(chunk, decrypt=op == "decrypt")
+            ratio = statistics.median(ours) / statistics.median(raw)
+            ssl_txt = f"{ssl:.0f}" if ssl else "n/a"
+            ssl_ratio = f"{statistics.median(ours) / ssl:.0%}" if ssl else "n/a"
+            med = statistics.median(ours)
+            lines.append(f"| {chunk // 1024} KiB | {op} | {med:.0f} ({min(ours):.0f}-{max(ours):.0f}) "
+                         f"| {statistics.median(raw):.0f} ({min(raw):.0f}-{max(raw):.0f}) | {ratio:.0%} "
+                         f"| {ssl_txt} | {ssl_ratio} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--output", type=Path, help="Markdown file whose engine section is rewritten")
+    args = parser.parse_args()
+    report = run(repeats=args.repeats)
+    print(report)
+    if args.output:
+        text = args.output.read_text() if args.output.exists() else "# Benchmarks\n"
+        block = f"{MARK_START}\n{report}\n{MARK_END}"
+        if MARK_START in text:
+            text = re.sub(re.escape(MARK_START) + ".*?" + re.escape(MARK_END), lambda _: block, text, flags=re.S)
+        else:
+            text = text.rstrip() + "\n\n## File format engine\n\nCommand: `python -m agents.cryptfile.bench " \
+                "--output docs/benchmarks.md`. Target (issue 4): format ≥ 80 % of raw AESGCM at the same " \
+                "chunk size.\n\n" + block + "\n"
+        args.output.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""Random access to one encrypted file: reads and writes touch only the chunks they
+cover (docs/FORMAT.md). This is the layer the transparent mount builds on.
+
+Layout: header (128) then chunks, each stored as chunk_size + 28 bytes except the
+last, which holds 0..chunk_size plaintext bytes (+ 28). The plaintext size follows
+from the file size alone, so stat needs no decryption. Every file has at least one
+chunk: an empty file is the header plus one empty final chunk, which makes
+"truncated to nothing" detectable too.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import TracebackType
+
+from agents.cryptfile.chunks import CHUNK_OVERHEAD, ChunkCipher
+from agents.cryptfile.errors import FormatError, IntegrityError
+from agents.cryptfile.header import (
+    DEFAULT_CHUNK,
+    FILE_KEY_SIZE,
+    HEADER_SIZE,
+    FileHeader,
+    parse_header,
+    seal_header,
+)
+from agents.cryptfile.keys import Keyring, KeyVersion
+
+# Chunks sealed per write system call when a range is (re)written.
+_BATCH = 256
+
+
+def plaintext_size(stored_size: int, chunk_size: int) -> int:
+    """Plaintext bytes of an encrypted file of `stored_size` bytes; raises ValueError
+    when no well-formed file has that size."""
+    body = stored_size - HEADER_SIZE
+    if body < CHUNK_OVERHEAD:
+        raise ValueError("shorter than a header and one chunk")
+    full = chunk_size + CHUNK_OVERHEAD
+    n = (body - CHUNK_OVERHEAD) // full + 1
+    return (n - 1) * chunk_size + (body - (n - 1) * full - CHUNK_OVERHEAD)
+
+
+def stored_size(size: int, chunk_size: int) -> int:
+    n = max(1, -(-size // chunk_size))
+    return HEADER_SIZE + (n - 1) * (chunk_size + CHUNK_OVERHEAD) + (size - (n - 1) * chunk_size) + CHUNK_OVERHEAD
+
+
+class EncryptedFile:
+    def __init__(self, fd: int, path: str, header: FileHeader, file_key: bytes, *, writable: bool) -> None:
+        self._fd = fd
+        self.path = path
+        self.header = header
+        self._cipher = ChunkCipher(file_key, header.file_id)
+        self._chunk = header.chunk_size
+        self._stored_chunk = header.chunk_size + CHUNK_OVERHEAD
+        self._writable = writable
+        self._lock = threading.RLock()
+        self._size = self._size_from_disk()
+
+    # --- opening -------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: str, key: KeyVersion, *, chunk_size: int = DEFAULT_CHUNK, mode: int = 0o600,
+               exclusive: bool = True) -> EncryptedFile:
+        file_key, file_id = os.urandom(FILE_KEY_SIZE), os.urandom(16)
+        header = seal_header(file_key, key, file_id=file_id, chunk_size=chunk_size)
+        flags = os.O_RDWR | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), mode)
+        try:
+            empty = ChunkCipher(file_key, file_id).seal(0, b"", last=True)
+            os.pwrite(fd, header.encode() + empty, 0)
+            return cls(fd, path, header, file_key, writable=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def open(cls, path: str, keyring: Keyring, *, writable: bool = False) -> EncryptedFile:
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            header = parse_header(os.pread(fd, HEADER_SIZE, 0))
+            file_key = header.unwrap(keyring.get(header.key_id, header.key_version))
+            if file_key is None:
+                raise IntegrityError(path, "header")
+            return cls(fd, path, header, file_key, writable=writable)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _size_from_disk(self) -> int:
+        disk = os.fstat(self._fd).st_size
+        try:
+            return plaintext_size(disk, self._chunk)
+        except ValueError:
+            raise IntegrityError(self.path, "chunk 0 (file truncated)") from None
+
+    # --- reading -------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def _chunks(self) -> int:
+        return max(1, -(-self._size // self._chunk))
+
+    def _read_chunk(self, index: int) -> bytes:
+        n = self._chunks()
+        length = (self._size - (n - 1) * self._chunk if index == n - 1 else self._chunk) + CHUNK_OVERHEAD
+        stored = os.pread(self._fd, length, HEADER_SIZE + index * self._stored_chunk)
+        plaintext = self._cipher.open(index, stored, last=index == n - 1) if len(stored) == length else None
+        if plaintext is None:
+            raise IntegrityError(self.path, f"chunk {index}")
+        return plaintext
+
+    def read(self, offset: int, size: int) -> bytes:
+        if offset < 0 or size < 0:
+            raise ValueError("offset and size must not be negative")
+        with self._lock:
+            end = min(offset + size, self._size)
+            if offset >= end:
+                return b""
+            first, last = offset // self._chunk, (end - 1) // self._chunk
+            out = bytearray()
+            for i in range(first, last + 1):
+                plain = self._read_chunk(i)
+                lo = offset - i * self._chunk if i == first else 0
+                hi = end - i * self._chunk if i == last else len(plain)
+                out += plain[lo:hi]
+            return bytes(out)
+
+    def verify(self) -> None:
+        """Authenticate every chunk (raises IntegrityError naming the first bad one)."""
+        with self._lock:
+            for i in range(self._chunks()):
+                self._read_chunk(i)
+
+    # --- writing -------------------------------------------------------------------
+    def _require_writable(self) -> None:
+        if not self._writable:
+            raise PermissionError(f"{self.path} is open read-only")
+
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+        if offset < 0:
+            raise ValueError("offset must not be negative")
+        self._require_writable()
+        if not len(data):
+            return 0  # like pwrite(2): writing nothing never extends the file
+        with self._lock:
+            self._write(offset, memoryview(data).cast("B"), max(self._size, offset + len(data)))
+        return len(data)
+
+    def truncate(self, size: int) -> None:
+        if size < 0:
+            raise ValueError("size must not be negative")
+        self._require_writable()
+        with self._lock:
+            if size > self._size:
+                # Holes are encrypted zeros, never stored holes: an all-zero chunk on
+                # disk must not read back as data (docs/FORMAT.md, "Sparse regions").
+                self._write(self._size, memoryview(b""), size)
+            elif size < self._size:
+                n = max(1, -(-size // self._chunk))
+                keep = size - (n - 1) * self._chunk
+                tail = self._read_chunk(n - 1)[:keep] if n - 1 < self._chunks() else b""
+                sealed = self._cipher.seal(n - 1, tail, last=True)
+                os.pwrite(self._fd, sealed, HEADER_SIZE + (n - 1) * self._stored_chunk)
+                os.ftruncate(self._fd, stored_size(size, self._chunk))
+                self._size = size
+
+    def _write(self, offset: int, data: memoryview, new_size: int) -> None:
+        old_size, old_n = self._size, self._chunks()
+        new_n = max(1, -(-new_size // self._chunk))
+        first = min(offset, old_size) // self._chunk
+        if new_n > old_n:
+            first = min(first, old_n - 1)  # the old final chunk loses its "last" flag
+        last = (max(offset + len(data), new_size) - 1) // self._chunk if new_size else 0
+        end_write = offset + len(data)
+        for batch_start in range(first, last + 1, _BATCH):
+            batch_end = min(last + 1, batch_start + _BATCH)
+            # The batch's plaintext, contiguous: only its first and last chunk can need
+            # their old contents (partial overwrite); everything between is new data.
+            plain = bytearray()
+            for i in range(batch_start, batch_end):
+                c_start = i * self._chunk
+                c_len = min(self._chunk, new_size - c_start)
+                if offset <= c_start and end_write >= c_start + c_len:
+                    plain += data[c_start - offset:c_start - offset + c_len]
+                    continue
+                buf = bytearray(c_len)
+                if i < old_n and c_start < old_size:
+                    old = self._read_chunk(i)
+                    buf[:len(old)] = old[:c_len]
+                lo, hi = max(offset, c_start), min(end_write, c_start + c_len)
+                if lo < hi:
+                    buf[lo - c_start:hi - c_start] = data[lo - offset:hi - offset]
+                plain += buf
+            out = bytearray(len(plain) + (batch_end - batch_start) * CHUNK_OVERHEAD)
+            self._cipher.seal_run(batch_start, plain, self._chunk, out, final_index=new_n - 1)
+            os.pwrite(self._fd, out, HEADER_SIZE + batch_start * self._stored_chunk)
+        if new_size < old_size:  # cannot happen through write(); kept for truncate's sake
+            os.ftruncate(self._fd, stored_size(new_size, self._chunk))
+        self._size = new_size
+
+    # --- lifecycle ------------------------------------------------------------------
+    def fsync(self) -> None:
+        os.fsync(self._fd)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> EncryptedFile:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def read_header(path: str) -> FileHeader:
+    """The header of `path`, parsed without any key (FormatError if not ours)."""
+    with open(path, "rb") as f:
+        data = f.read(HEADER_SIZE)
+    if not data:
+        raise FormatError("empty file: not a Strongroom encrypted file")
+    return parse_header(data)

@@ -1,0 +1,197 @@
+"""Random access against a plain model, and the whole-file transforms."""
+
+from __future__ import annotations
+
+import os
+import stat
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from agents.cryptfile import (
+    EncryptedFile,
+    IntegrityError,
+    KeyVersion,
+    StaticKeyring,
+    decrypt_file,
+    encrypt_file,
+    read_header,
+    rekey_file,
+    rewrap_file,
+)
+from agents.cryptfile.transform import TMP_PREFIX
+
+CHUNK = 512
+
+
+class RandomAccess(RuleBasedStateMachine):
+    """Writes at any offset, truncates, reads and reopens; every read and size must
+    match a bytearray doing the same."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import tempfile
+
+        self.dir = tempfile.mkdtemp()
+        self.path = os.path.join(self.dir, "f")
+        self.key = KeyVersion(uuid.uuid4(), 1, os.urandom(32))
+        self.f = EncryptedFile.create(self.path, self.key, chunk_size=CHUNK)
+        self.model = bytearray()
+
+    @rule(offset=st.integers(0, 6 * CHUNK), data=st.binary(max_size=3 * CHUNK))
+    def write(self, offset: int, data: bytes) -> None:
+        self.f.write(offset, data)
+        if data:
+            if offset > len(self.model):
+                self.model += bytes(offset - len(self.model))
+            self.model[offset:offset + len(data)] = data
+
+    @rule(size=st.integers(0, 7 * CHUNK))
+    def truncate(self, size: int) -> None:
+        self.f.truncate(size)
+        if size < len(self.model):
+            del self.model[size:]
+        else:
+            self.model += bytes(size - len(self.model))
+
+    @rule(offset=st.integers(0, 7 * CHUNK), size=st.integers(0, 3 * CHUNK))
+    def read(self, offset: int, size: int) -> None:
+        assert self.f.read(offset, size) == bytes(self.model[offset:offset + size])
+
+    @precondition(lambda self: True)
+    @rule()
+    def reopen(self) -> None:
+        self.f.fsync()
+        self.f.close()
+        self.f = EncryptedFile.open(self.path, StaticKeyring([self.key]), writable=True)
+
+    @invariant()
+    def same_size_and_valid(self) -> None:
+        assert self.f.size == len(self.model)
+        self.f.verify()
+
+    def teardown(self) -> None:
+        self.f.close()
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+RandomAccess.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None,
+                                          suppress_health_check=[HealthCheck.too_slow])
+test_random_access_matches_a_plain_file = RandomAccess.TestCase
+
+
+@pytest.fixture
+def key() -> KeyVersion:
+    return KeyVersion(uuid.uuid4(), 1, os.urandom(32))
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096 + 5, 1 << 20])
+def test_encrypt_decrypt_roundtrip(tmp_path: Path, key: KeyVersion, size: int) -> None:
+    src, enc, out = tmp_path / "src", tmp_path / "enc", tmp_path / "out"
+    data = os.urandom(size)
+    src.write_bytes(data)
+    os.chmod(src, 0o640)
+    seen: list[int] = []
+    encrypt_file(src, enc, key, progress=seen.append)
+    assert sum(seen) == size
+    assert data not in enc.read_bytes() or size == 0
+    assert stat.S_IMODE(enc.stat().st_mode) == 0o640
+    decrypt_file(enc, out, StaticKeyring([key]))
+    assert out.read_bytes() == data
+
+
+def test_in_place_protect_and_unprotect(tmp_path: Path, key: KeyVersion) -> None:
+    p = tmp_path / "db.dat"
+    data = os.urandom(10_000)
+    p.write_bytes(data)
+    encrypt_file(p, p, key)
+    assert read_header(str(p)).key_version == 1
+    decrypt_file(p, p, StaticKeyring([key]))
+    assert p.read_bytes() == data
+    assert not [x for x in tmp_path.iterdir() if x.name.startswith(TMP_PREFIX)]
+
+
+def test_rewrap_changes_only_the_header(tmp_path: Path, key: KeyVersion) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(os.urandom(9000))
+    plain = p.read_bytes()
+    encrypt_file(p, p, key)
+    before = p.read_bytes()
+    v2 = KeyVersion(key.key_id, 2, os.urandom(32))
+    ring = StaticKeyring([key, v2])
+    assert rewrap_file(p, ring, v2) is True
+    after = p.read_bytes()
+    assert after[128:] == before[128:] and after[:128] != before[:128]
+    assert read_header(str(p)).key_version == 2
+    assert rewrap_file(p, ring, v2) is False  # already there: nothing to do
+    with EncryptedFile.open(str(p), StaticKeyring([v2])) as f:
+        assert f.read(0, f.size) == plain
+    with pytest.raises(ValueError, match="belongs to key"):
+        rewrap_file(p, ring, KeyVersion(uuid.uuid4(), 1, os.urandom(32)))
+
+
+def test_rekey_reencrypts_everything(tmp_path: Path, key: KeyVersion) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(os.urandom(9000))
+    plain = p.read_bytes()
+    encrypt_file(p, p, key)
+    before = p.read_bytes()
+    v2 = KeyVersion(key.key_id, 2, os.urandom(32))
+    rekey_file(p, StaticKeyring([key, v2]), v2)
+    after = p.read_bytes()
+    assert after[12:28] != before[12:28]  # a new file id (and file key)
+    windows = range(128, 9000, 512)
+    assert not {before[i:i + 64] for i in windows} & {after[i:i + 64] for i in windows}
+    with EncryptedFile.open(str(p), StaticKeyring([v2])) as f:
+        assert f.read(0, f.size) == plain
+
+
+@pytest.mark.parametrize("operation", ["encrypt", "decrypt", "rewrap", "rekey"])
+def test_interrupted_transform_leaves_the_original_readable(tmp_path: Path, key: KeyVersion, operation: str) -> None:
+    p = tmp_path / "f"
+    data = os.urandom(3 << 20)
+    p.write_bytes(data)
+    v2 = KeyVersion(key.key_id, 2, os.urandom(32))
+    ring = StaticKeyring([key, v2])
+    if operation != "encrypt":
+        encrypt_file(p, p, key)
+    original = p.read_bytes()
+
+    def boom(_: int) -> None:
+        raise KeyboardInterrupt  # Ctrl-C half way through
+
+    with pytest.raises(KeyboardInterrupt):
+        {"encrypt": lambda: encrypt_file(p, p, key, progress=boom),
+         "decrypt": lambda: decrypt_file(p, p, ring, progress=boom),
+         "rewrap": lambda: rewrap_file(p, ring, v2, progress=boom),
+         "rekey": lambda: rekey_file(p, ring, v2, progress=boom)}[operation]()
+    assert p.read_bytes() == original
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["f"]
+
+
+def test_decrypt_refuses_a_tampered_file_before_replacing_anything(tmp_path: Path, key: KeyVersion) -> None:
+    p, out = tmp_path / "f", tmp_path / "out"
+    p.write_bytes(os.urandom(5000))
+    encrypt_file(p, p, key)
+    data = bytearray(p.read_bytes())
+    data[-5] ^= 1
+    p.write_bytes(bytes(data))
+    out.write_bytes(b"previous contents")
+    with pytest.raises(IntegrityError):
+        decrypt_file(p, out, StaticKeyring([key]))
+    assert out.read_bytes() == b"previous contents"
+
+
+def test_read_only_handles_refuse_writes(tmp_path: Path, key: KeyVersion) -> None:
+    p = tmp_path / "f"
+    EncryptedFile.create(str(p), key).close()
+    with EncryptedFile.open(str(p), StaticKeyring([key])) as f, pytest.raises(PermissionError):
+        f.write(0, b"x")
+    with pytest.raises(FileExistsError):
+        EncryptedFile.create(str(p), key)
