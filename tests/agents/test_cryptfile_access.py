@@ -100,7 +100,8 @@ def test_encrypt_decrypt_roundtrip(tmp_path: Path, key: KeyVersion, size: int) -
     seen: list[int] = []
     encrypt_file(src, enc, key, progress=seen.append)
     assert sum(seen) == size
-    assert data not in enc.read_bytes() or size == 0
+    if size >= 32:  # shorter plaintexts occur in random bytes by chance
+        assert data not in enc.read_bytes()
     assert stat.S_IMODE(enc.stat().st_mode) == 0o640
     decrypt_file(enc, out, StaticKeyring([key]))
     assert out.read_bytes() == data
