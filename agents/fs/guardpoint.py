@@ -1,0 +1,377 @@
+"""The guard-point file system: plaintext above, format-v1 ciphertext in the backing
+directory below, same tree, same names (names are not encrypted: see
+docs/decisions/0006-guard-point-names-in-clear.md).
+
+Threads: libfuse calls in from several threads. One `EncryptedFile` per open inode is
+shared by every handle on it (hard links and concurrent opens see one state and one
+lock); the registry itself has its own lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mfusepy
+from mfusepy import FuseOSError
+
+from agents.cryptfile import (
+    EncryptedFile,
+    FormatError,
+    IntegrityError,
+    Keyring,
+    KeyUnavailable,
+    KeyVersion,
+    plaintext_size,
+    read_header,
+)
+from agents.cryptfile.header import DEFAULT_CHUNK
+from agents.cryptfile.transform import TMP_PREFIX
+
+log = logging.getLogger(__name__)
+ENOKEY = getattr(errno, "ENOKEY", 126)
+MAX_WRITE = 1 << 20
+
+
+@dataclass
+class _Open:
+    file: EncryptedFile
+    key: tuple[int, int]  # (st_dev, st_ino) of the backing file
+    refs: int = 0
+    detached: bool = False  # unlinked or replaced while open: no new opens find it
+
+
+@dataclass
+class _Handle:
+    entry: _Open
+    append: bool
+    writable: bool
+    flags: int = field(default=0)
+
+
+def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """OS errors keep their errno; format errors are the EIO of a damaged medium; a
+    missing key is ENOKEY. The message goes to the log, never key bytes."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FuseOSError:
+            raise
+        except IntegrityError as exc:
+            log.error("integrity failure: %s", exc)
+            raise FuseOSError(errno.EIO) from None
+        except FormatError as exc:
+            log.error("not a readable encrypted file: %s", exc)
+            raise FuseOSError(errno.EIO) from None
+        except KeyUnavailable as exc:
+            log.error("key unavailable: %s", exc)
+            raise FuseOSError(ENOKEY) from None
+        except OSError as exc:
+            raise FuseOSError(exc.errno or errno.EIO) from None
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
+    use_ns = True
+
+    def __init__(self, backing: str, keyring: Keyring, current_key: Callable[[], KeyVersion], *,
+                 chunk_size: int = DEFAULT_CHUNK) -> None:
+        self.backing = os.path.realpath(backing)
+        self._keyring = keyring
+        self._current_key = current_key
+        self._chunk = chunk_size
+        self._lock = threading.Lock()
+        self._open: dict[tuple[int, int], _Open] = {}
+        self._handles: dict[int, _Handle] = {}
+        self._next_fh = 1
+
+    # --- helpers ---------------------------------------------------------------------
+    def _real(self, path: str) -> str:
+        # FUSE hands us absolute paths inside the mount; ".." never reaches us.
+        return os.path.join(self.backing, path.lstrip("/"))
+
+    def _entry_for(self, real: str) -> _Open:
+        """The shared open state of the backing inode, opened on first use. Always
+        read-write when the backing file allows it: handles check their own access mode
+        (and the kernel the permissions), so one object serves readers and writers."""
+        st = os.stat(real)
+        key = (st.st_dev, st.st_ino)
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is None:
+                try:
+                    f = EncryptedFile.open(real, self._keyring, writable=True)
+                except PermissionError:
+                    f = EncryptedFile.open(real, self._keyring, writable=False)
+                entry = _Open(f, key)
+                self._open[key] = entry
+            entry.refs += 1
+            return entry
+
+    def _new_handle(self, entry: _Open, flags: int) -> int:
+        with self._lock:
+            fh = self._next_fh
+            self._next_fh += 1
+            self._handles[fh] = _Handle(entry, append=bool(flags & os.O_APPEND),
+                                        writable=(flags & os.O_ACCMODE) != os.O_RDONLY, flags=flags)
+            return fh
+
+    def _handle(self, fh: int) -> _Handle:
+        h = self._handles.get(fh)
+        if h is None:
+            raise FuseOSError(errno.EBADF)
+        return h
+
+    def _detach(self, real: str) -> None:
+        """Before `real` is unlinked or replaced: open handles keep their file (POSIX),
+        new opens must not find it."""
+        try:
+            st = os.lstat(real)
+        except FileNotFoundError:
+            return
+        if stat.S_ISREG(st.st_mode) and st.st_nlink <= 1:
+            with self._lock:
+                entry = self._open.pop((st.st_dev, st.st_ino), None)
+                if entry is not None:
+                    entry.detached = True
+
+    def _plain_size(self, real: str, st: os.stat_result) -> int:
+        with self._lock:
+            entry = self._open.get((st.st_dev, st.st_ino))
+        if entry is not None:
+            return entry.file.size
+        chunk = self._chunk
+        if st.st_size >= 128:
+            try:
+                chunk = read_header(real).chunk_size
+            except (FormatError, OSError):
+                return 0
+        try:
+            return plaintext_size(st.st_size, chunk)
+        except ValueError:
+            return 0
+
+    # --- attributes ------------------------------------------------------------------
+    @_errors
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        real = self._real(path)
+        st = os.lstat(real)
+        attrs = {k: getattr(st, k) for k in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_ino",
+                                             "st_atime_ns", "st_mtime_ns", "st_ctime_ns")}
+        attrs["st_atime"], attrs["st_mtime"], attrs["st_ctime"] = (
+            attrs.pop("st_atime_ns"), attrs.pop("st_mtime_ns"), attrs.pop("st_ctime_ns"))
+        size = self._plain_size(real, st) if stat.S_ISREG(st.st_mode) else st.st_size
+        attrs["st_size"] = size
+        attrs["st_blocks"] = (size + 511) // 512
+        attrs["st_blksize"] = self._chunk
+        return attrs
+
+    @_errors
+    def chmod(self, path: str, mode: int) -> int:
+        real = self._real(path)
+        if not os.path.islink(real):  # Linux symlinks have no mode of their own
+            os.chmod(real, mode)
+        return 0
+
+    @_errors
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        os.chown(self._real(path), uid, gid, follow_symlinks=False)
+        return 0
+
+    @_errors
+    def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+        if times is None:
+            os.utime(self._real(path), follow_symlinks=False)
+        else:
+            os.utime(self._real(path), ns=times, follow_symlinks=False)
+        return 0
+
+    @_errors
+    def statfs(self, path: str) -> dict[str, int]:
+        sv = os.statvfs(self._real(path))
+        return {k: getattr(sv, k) for k in ("f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail",
+                                           "f_ffree", "f_files", "f_flag", "f_frsize", "f_namemax")}
+
+    # --- extended attributes (stored as they are on the backing file) ----------------
+    @_errors
+    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        return os.getxattr(self._real(path), name, follow_symlinks=False)
+
+    @_errors
+    def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
+        os.setxattr(self._real(path), name, value, options, follow_symlinks=False)
+        return 0
+
+    @_errors
+    def listxattr(self, path: str) -> Iterable[str]:
+        return os.listxattr(self._real(path), follow_symlinks=False)
+
+    @_errors
+    def removexattr(self, path: str, name: str) -> int:
+        os.removexattr(self._real(path), name, follow_symlinks=False)
+        return 0
+
+    # --- directories and names --------------------------------------------------------
+    @_errors
+    def readdir(self, path: str, fh: int) -> Iterable[tuple[str, dict[str, int], int]]:
+        # With use_ino the entries must carry their inode numbers (0 means "deleted").
+        real = self._real(path)
+        here = os.lstat(real)
+        entries = [(".", {"st_ino": here.st_ino, "st_mode": here.st_mode}, 0),
+                   ("..", {"st_ino": os.lstat(os.path.dirname(real)).st_ino, "st_mode": here.st_mode}, 0)]
+        with os.scandir(real) as it:
+            for e in it:
+                if not e.name.startswith(TMP_PREFIX):
+                    st = e.stat(follow_symlinks=False)
+                    entries.append((e.name, {"st_ino": st.st_ino, "st_mode": st.st_mode}, 0))
+        return entries
+
+    @_errors
+    def mkdir(self, path: str, mode: int) -> int:
+        os.mkdir(self._real(path), mode)
+        return 0
+
+    @_errors
+    def rmdir(self, path: str) -> int:
+        os.rmdir(self._real(path))
+        return 0
+
+    @_errors
+    def unlink(self, path: str) -> int:
+        real = self._real(path)
+        self._detach(real)
+        os.unlink(real)
+        return 0
+
+    @_errors
+    def rename(self, old: str, new: str) -> int:
+        real_new = self._real(new)
+        self._detach(real_new)
+        os.rename(self._real(old), real_new)
+        return 0
+
+    @_errors
+    def symlink(self, target: str, source: str) -> int:
+        # mfusepy: `target` is the link's path in the mount, `source` what it points to.
+        os.symlink(source, self._real(target))
+        return 0
+
+    @_errors
+    def readlink(self, path: str) -> str:
+        return os.readlink(self._real(path))
+
+    @_errors
+    def link(self, target: str, source: str) -> int:
+        os.link(self._real(source), self._real(target))
+        return 0
+
+    @_errors
+    def mknod(self, path: str, mode: int, dev: int) -> int:
+        if stat.S_ISREG(mode):
+            self.release(path, self.create(path, stat.S_IMODE(mode)))
+            return 0
+        if stat.S_ISFIFO(mode):
+            os.mkfifo(self._real(path), stat.S_IMODE(mode))
+            return 0
+        raise FuseOSError(errno.EPERM)  # device nodes have no place in a guard point
+
+    # --- file contents ---------------------------------------------------------------
+    @_errors
+    def create(self, path: str, mode: int, fi: Any = None) -> int:
+        real = self._real(path)
+        f = EncryptedFile.create(real, self._current_key(), chunk_size=self._chunk, mode=stat.S_IMODE(mode))
+        st = os.fstat(f.fileno())
+        entry = _Open(f, (st.st_dev, st.st_ino), refs=1)
+        with self._lock:
+            self._open[entry.key] = entry
+        return self._new_handle(entry, os.O_RDWR)
+
+    @_errors
+    def open(self, path: str, flags: int) -> int:
+        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        entry = self._entry_for(self._real(path))
+        if flags & os.O_TRUNC and writable:
+            entry.file.truncate(0)
+        return self._new_handle(entry, flags)
+
+    @_errors
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        return self._handle(fh).entry.file.read(offset, size)
+
+    @_errors
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        h = self._handle(fh)
+        if not h.writable:
+            raise FuseOSError(errno.EBADF)
+        f = h.entry.file
+        if h.append:
+            with f._lock:
+                return f.write(f.size, data)
+        return f.write(offset, data)
+
+    @_errors
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        if fh is not None and fh in self._handles:
+            self._handles[fh].entry.file.truncate(length)
+            return 0
+        entry = self._entry_for(self._real(path))
+        try:
+            entry.file.truncate(length)
+        finally:
+            self._unref(entry)
+        return 0
+
+    @_errors
+    def fsync(self, path: str, datasync: int, fh: int) -> int:
+        f = self._handle(fh).entry.file
+        os.fdatasync(f.fileno()) if datasync else f.fsync()
+        return 0
+
+    @_errors
+    def flush(self, path: str, fh: int) -> int:
+        return 0  # every write already reached the backing file
+
+    @_errors
+    def release(self, path: str, fh: int) -> int:
+        with self._lock:
+            h = self._handles.pop(fh, None)
+        if h is not None:
+            self._unref(h.entry)
+        return 0
+
+    def _unref(self, entry: _Open) -> None:
+        with self._lock:
+            entry.refs -= 1
+            if entry.refs > 0:
+                return
+            if self._open.get(entry.key) is entry:
+                del self._open[entry.key]
+        entry.file.close()
+
+    # --- mount options ---------------------------------------------------------------
+    def init_with_config(self, conn_info: Any, config_3: Any) -> None:
+        # Large requests are what make a Python file system fast (docs/benchmarks.md).
+        if conn_info is not None:
+            conn_info.max_write = MAX_WRITE
+        if config_3 is not None:
+            config_3.use_ino = 1  # report the backing inode numbers: hard links show as such
+
+
+def mount(backing: str, mountpoint: str, keyring: Keyring, current_key: Callable[[], KeyVersion], *,
+          chunk_size: int = DEFAULT_CHUNK, allow_other: bool = False) -> None:
+    """Serve the guard point until unmounted (blocks)."""
+    os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
+    ops = GuardPoint(backing, keyring, current_key, chunk_size=chunk_size)
+    mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, allow_other=allow_other,
+                 default_permissions=True, fsname=f"strongroom:{ops.backing}", subtype="strongroom",
+                 max_threads=16)

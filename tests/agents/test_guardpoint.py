@@ -1,0 +1,186 @@
+"""The guard-point mount through a real FUSE mount: plaintext above, format v1 below."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import multiprocessing
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agents.cryptfile import EncryptedFile, KeyVersion, StaticKeyring, read_header
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+                                reason="needs /dev/fuse and fusermount3 (apt-get install fuse3)")
+
+
+def _serve(backing: str, mountpoint: str, key: KeyVersion) -> None:
+    from agents.fs.guardpoint import mount
+
+    mount(backing, mountpoint, StaticKeyring([key]), lambda: key, chunk_size=4096)
+
+
+@dataclass
+class Mounted:
+    mnt: Path
+    backing: Path
+    key: KeyVersion
+
+
+@pytest.fixture
+def gp(tmp_path: Path) -> Iterator[Mounted]:
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    key = KeyVersion(uuid.uuid4(), 1, os.urandom(32))
+    proc = multiprocessing.get_context("spawn").Process(target=_serve, args=(str(backing), str(mnt), key))
+    proc.start()
+    deadline = time.monotonic() + 20
+    while not os.path.ismount(mnt):
+        assert proc.is_alive() and time.monotonic() < deadline, "the guard point did not mount"
+        time.sleep(0.05)
+    try:
+        yield Mounted(mnt, backing, key)
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)], check=False, capture_output=True)
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            subprocess.run(["fusermount3", "-uz", str(mnt)], check=False, capture_output=True)
+
+
+def test_plaintext_above_ciphertext_below(gp: Mounted) -> None:
+    data = b"account 4711: balance 1,000,000\n" * 1000
+    (gp.mnt / "ledger.txt").write_bytes(data)
+    assert (gp.mnt / "ledger.txt").read_bytes() == data
+    assert (gp.mnt / "ledger.txt").stat().st_size == len(data)
+    raw = (gp.backing / "ledger.txt").read_bytes()
+    assert raw[:4] == b"SRCF" and b"balance" not in raw
+    assert read_header(str(gp.backing / "ledger.txt")).key_id == gp.key.key_id
+    with EncryptedFile.open(str(gp.backing / "ledger.txt"), StaticKeyring([gp.key])) as f:
+        assert f.read(0, f.size) == data
+
+
+def test_random_access_append_truncate_and_holes(gp: Mounted) -> None:
+    p = gp.mnt / "f"
+    with open(p, "wb") as f:
+        f.write(b"a" * 10_000)
+    with open(p, "r+b") as f:
+        f.seek(5000)
+        f.write(b"B" * 3000)
+        f.seek(20_000)
+        f.write(b"end")  # a hole from 10,000 to 20,000
+    with open(p, "ab") as f:
+        f.write(b"+tail")
+    expected = b"a" * 5000 + b"B" * 3000 + b"a" * 2000 + bytes(10_000) + b"end" + b"+tail"
+    assert p.read_bytes() == expected
+    os.truncate(p, 4000)
+    assert p.read_bytes() == b"a" * 4000
+    os.truncate(p, 9000)
+    assert p.read_bytes() == b"a" * 4000 + bytes(5000)
+    with open(p, "wb") as f:  # O_TRUNC
+        f.write(b"new")
+    assert p.read_bytes() == b"new" and p.stat().st_size == 3
+
+
+def test_names_links_and_metadata(gp: Mounted) -> None:
+    m = gp.mnt
+    (m / "dir" / "sub").mkdir(parents=True)
+    (m / "dir" / "sub" / "a").write_bytes(b"one")
+    (m / "dir" / "b").write_bytes(b"two")
+    os.rename(m / "dir" / "b", m / "dir" / "sub" / "a")  # over an existing file
+    assert (m / "dir" / "sub" / "a").read_bytes() == b"two"
+    assert sorted(os.listdir(m / "dir")) == ["sub"]
+    os.symlink("sub/a", m / "dir" / "link")
+    assert os.readlink(m / "dir" / "link") == "sub/a"
+    assert (m / "dir" / "link").read_bytes() == b"two"
+    os.link(m / "dir" / "sub" / "a", m / "dir" / "hard")
+    assert (m / "dir" / "hard").stat().st_nlink == 2
+    with open(m / "dir" / "hard", "ab") as f:
+        f.write(b"+more")
+    assert (m / "dir" / "sub" / "a").read_bytes() == b"two+more"
+    os.chmod(m / "dir" / "hard", 0o640)
+    assert (m / "dir" / "sub" / "a").stat().st_mode & 0o777 == 0o640
+    os.utime(m / "dir" / "hard", ns=(1_000_000_000, 2_000_000_000))
+    assert (m / "dir" / "hard").stat().st_mtime_ns == 2_000_000_000
+    os.setxattr(m / "dir" / "hard", "user.owner", b"payments")
+    assert os.getxattr(m / "dir" / "hard", "user.owner") == b"payments"
+    assert "user.owner" in os.listxattr(m / "dir" / "hard")
+    os.removexattr(m / "dir" / "hard", "user.owner")
+    with pytest.raises(OSError) as exc:
+        os.rmdir(m / "dir")
+    assert exc.value.errno == errno.ENOTEMPTY
+    for name in ("link", "hard", "sub/a"):
+        os.unlink(m / "dir" / name)
+    os.rmdir(m / "dir" / "sub")
+    os.rmdir(m / "dir")
+    assert os.listdir(m) == []
+    assert os.statvfs(m).f_bsize > 0
+
+
+def test_unlinked_open_file_stays_readable(gp: Mounted) -> None:
+    p = gp.mnt / "tmp"
+    p.write_bytes(b"still here")
+    with open(p, "rb") as f:
+        os.unlink(p)
+        assert not p.exists()
+        assert f.read() == b"still here"
+    p.write_bytes(b"a new file with the same name")
+    assert p.read_bytes() == b"a new file with the same name"
+
+
+def test_mmap_through_the_kernel(gp: Mounted) -> None:
+    p = gp.mnt / "mapped"
+    p.write_bytes(bytes(8192))
+    with open(p, "r+b") as f, mmap.mmap(f.fileno(), 8192) as m:
+        m[100:105] = b"hello"
+        m.flush()
+    assert p.read_bytes()[100:105] == b"hello"
+
+
+def test_fsync_and_concurrent_writers(gp: Mounted) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    p = gp.mnt / "shared"
+    p.write_bytes(bytes(64 * 4096))
+
+    def writer(i: int) -> None:
+        fd = os.open(p, os.O_WRONLY)
+        try:
+            os.pwrite(fd, bytes([i]) * 4096, i * 4096)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(writer, range(64)))
+    data = p.read_bytes()
+    assert all(data[i * 4096:(i + 1) * 4096] == bytes([i]) * 4096 for i in range(64))
+
+
+def test_tampered_backing_file_reads_as_eio_never_garbage(gp: Mounted) -> None:
+    p = gp.mnt / "victim"
+    p.write_bytes(os.urandom(20_000))
+    raw = bytearray((gp.backing / "victim").read_bytes())
+    raw[128 + 4124 + 50] ^= 1  # inside chunk 1
+    (gp.backing / "victim").write_bytes(bytes(raw))
+    with open(p, "rb") as f:
+        assert len(f.read(4096)) == 4096  # chunk 0 is fine
+        with pytest.raises(OSError) as exc:
+            f.read(4096)
+    assert exc.value.errno == errno.EIO
+
+
+def test_a_plain_file_in_the_backing_directory_is_not_served(gp: Mounted) -> None:
+    (gp.backing / "stray.txt").write_bytes(b"this was never encrypted")
+    with pytest.raises(OSError) as exc:
+        (gp.mnt / "stray.txt").read_bytes()
+    assert exc.value.errno == errno.EIO
