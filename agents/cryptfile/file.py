@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 from agents.cryptfile.chunks import CHUNK_OVERHEAD, ChunkCipher
@@ -211,6 +212,44 @@ class EncryptedFile:
         if new_size < old_size:  # cannot happen through write(); kept for truncate's sake
             os.ftruncate(self._fd, stored_size(new_size, self._chunk))
         self._size = new_size
+
+    # --- rotation while open ------------------------------------------------------------
+    def rewrap(self, keyring: Keyring, new_key: KeyVersion,
+               on_replaced: Callable[[os.stat_result], None] | None = None) -> bool:
+        """Re-wrap this open file's key under `new_key` without closing it: a new file
+        with the new header and the same chunks (copied, not decrypted) is fsynced and
+        renamed over the path, then this object continues on it. Readers and writers of
+        this object wait for the copy (the file lock) and never see a mix. `on_replaced`
+        runs under the lock with the new file's stat (the mount re-keys its registry).
+        Returns False when the file already uses `new_key`."""
+        from agents.cryptfile.transform import atomic_replace
+
+        with self._lock:
+            if (self.header.key_id, self.header.key_version) == (new_key.key_id, new_key.version):
+                return False
+            if self.header.key_id != new_key.key_id:
+                raise ValueError(f"{self.path} belongs to key {self.header.key_id}, not {new_key.key_id}")
+            file_key = self.header.unwrap(keyring.get(self.header.key_id, self.header.key_version))
+            if file_key is None:
+                raise IntegrityError(self.path, "header")
+            new_header = seal_header(file_key, new_key, file_id=self.header.file_id, chunk_size=self._chunk)
+            mode = os.fstat(self._fd).st_mode & 0o7777
+            with atomic_replace(self.path, mode=mode) as out:
+                out.write(new_header.encode())
+                out.flush()
+                end = os.fstat(self._fd).st_size
+                offset = HEADER_SIZE
+                while offset < end:
+                    copied = os.copy_file_range(self._fd, out.fileno(), end - offset, offset, offset)
+                    if copied == 0:
+                        break
+                    offset += copied
+            fd = os.open(self.path, (os.O_RDWR if self._writable else os.O_RDONLY) | getattr(os, "O_CLOEXEC", 0))
+            os.close(self._fd)
+            self._fd, self.header = fd, new_header
+            if on_replaced is not None:
+                on_replaced(os.fstat(fd))
+            return True
 
     # --- lifecycle ------------------------------------------------------------------
     def fsync(self) -> None:

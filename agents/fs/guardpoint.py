@@ -358,6 +358,31 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
                 del self._open[entry.key]
         entry.file.close()
 
+    # --- rotation without downtime --------------------------------------------------------
+    def rewrap(self, path: str, new_key: KeyVersion) -> bool:
+        """Re-wrap one file (a path inside the mount) to `new_key`, open or not, while
+        applications keep using it. Returns False when it was already there.
+
+        The registry lock is held throughout, so no open can bind to the old inode while
+        it is being replaced (its writes would be lost); open handles wait on the file's
+        own lock for the copy. Lock order is registry, then file, as everywhere."""
+        from agents.cryptfile import rewrap_file
+
+        real = self._real(path)
+        with self._lock:
+            st = os.stat(real)
+            entry = self._open.get((st.st_dev, st.st_ino))
+            if entry is None:
+                return rewrap_file(real, self._keyring, new_key)
+
+            def rekey_registry(new: os.stat_result) -> None:
+                if self._open.get(entry.key) is entry:
+                    del self._open[entry.key]
+                entry.key = (new.st_dev, new.st_ino)
+                self._open[entry.key] = entry
+
+            return entry.file.rewrap(self._keyring, new_key, on_replaced=rekey_registry)
+
     # --- mount options ---------------------------------------------------------------
     def init_with_config(self, conn_info: Any, config_3: Any) -> None:
         # Large requests are what make a Python file system fast (docs/benchmarks.md).
@@ -367,11 +392,15 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
             config_3.use_ino = 1  # report the backing inode numbers: hard links show as such
 
 
-def mount(backing: str, mountpoint: str, keyring: Keyring, current_key: Callable[[], KeyVersion], *,
-          chunk_size: int = DEFAULT_CHUNK, allow_other: bool = False) -> None:
+def serve(ops: GuardPoint, mountpoint: str, *, allow_other: bool = False) -> None:
     """Serve the guard point until unmounted (blocks)."""
     os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
-    ops = GuardPoint(backing, keyring, current_key, chunk_size=chunk_size)
     mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, allow_other=allow_other,
                  default_permissions=True, fsname=f"strongroom:{ops.backing}", subtype="strongroom",
                  max_threads=16)
+
+
+def mount(backing: str, mountpoint: str, keyring: Keyring, current_key: Callable[[], KeyVersion], *,
+          chunk_size: int = DEFAULT_CHUNK, allow_other: bool = False) -> None:
+    """Build the guard point over `backing` and serve it at `mountpoint` (blocks)."""
+    serve(GuardPoint(backing, keyring, current_key, chunk_size=chunk_size), mountpoint, allow_other=allow_other)

@@ -184,3 +184,88 @@ def test_a_plain_file_in_the_backing_directory_is_not_served(gp: Mounted) -> Non
     with pytest.raises(OSError) as exc:
         (gp.mnt / "stray.txt").read_bytes()
     assert exc.value.errno == errno.EIO
+
+
+def _serve_with_control(backing: str, mountpoint: str, keys: list[KeyVersion], conn: object) -> None:
+    """A guard point whose rotation the test drives through a pipe (as the daemon will)."""
+    import threading
+
+    from agents.fs.guardpoint import GuardPoint, serve
+
+    ops = GuardPoint(backing, StaticKeyring(keys), lambda: keys[0], chunk_size=4096)
+
+    def control() -> None:
+        while True:
+            _, path, version = conn.recv()  # type: ignore[attr-defined]
+            try:
+                conn.send(("ok", ops.rewrap(path, next(k for k in keys if k.version == version))))  # type: ignore[attr-defined]
+            except Exception as exc:
+                conn.send(("error", repr(exc)))  # type: ignore[attr-defined]
+
+    threading.Thread(target=control, daemon=True).start()
+    serve(ops, mountpoint)
+
+
+def test_rotation_while_files_are_open_and_written(tmp_path: Path) -> None:
+    import threading
+
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    kid = uuid.uuid4()
+    v1, v2 = KeyVersion(kid, 1, os.urandom(32)), KeyVersion(kid, 2, os.urandom(32))
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve_with_control, args=(str(backing), str(mnt), [v1, v2], child))
+    proc.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.ismount(mnt):
+            assert proc.is_alive() and time.monotonic() < deadline
+            time.sleep(0.05)
+        (mnt / "closed").write_bytes(b"at rest" * 10_000)
+        model = bytearray(os.urandom(256 * 1024))
+        (mnt / "busy").write_bytes(model)
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def writer() -> None:
+            try:
+                fd = os.open(mnt / "busy", os.O_RDWR)
+                i = 0
+                while not stop.is_set():
+                    off = (i * 7919) % (len(model) - 100)
+                    data = os.urandom(100)
+                    os.pwrite(fd, data, off)
+                    model[off:off + 100] = data
+                    assert os.pread(fd, 100, off) == data
+                    i += 1
+                os.fsync(fd)
+                os.close(fd)
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        time.sleep(0.3)
+        parent.send(("rewrap", "/busy", 2))
+        assert parent.recv() == ("ok", True)
+        parent.send(("rewrap", "/closed", 2))
+        assert parent.recv() == ("ok", True)
+        parent.send(("rewrap", "/busy", 2))
+        assert parent.recv() == ("ok", False)  # already there
+        time.sleep(0.3)
+        stop.set()
+        t.join(10)
+        assert errors == []
+        assert read_header(str(backing / "busy")).key_version == 2
+        assert read_header(str(backing / "closed")).key_version == 2
+        assert (mnt / "busy").read_bytes() == bytes(model)
+        assert (mnt / "closed").read_bytes() == b"at rest" * 10_000
+        with EncryptedFile.open(str(backing / "busy"), StaticKeyring([v2])) as f:  # v1 no longer needed
+            assert f.read(0, f.size) == bytes(model)
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)], check=False, capture_output=True)
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
