@@ -27,8 +27,12 @@ from agents.cryptfile.header import (
 )
 from agents.cryptfile.keys import Keyring, KeyVersion
 
-# Chunks sealed per write system call when a range is (re)written.
-_BATCH = 256
+# Chunks sealed per write system call. Large enough that any write of the mount (at most
+# 1 MiB, i.e. 257 chunks of 4 KiB when unaligned) is ONE pwrite: a killed agent then
+# leaves either the old or the new state of the range, never a file whose end is a
+# non-final chunk. Extensions beyond this in one call (a truncate to a much larger
+# size) are still several steps: see "Interrupted writes" in docs/FORMAT.md.
+_BATCH = 512
 
 
 def plaintext_size(stored_size: int, chunk_size: int) -> int:
