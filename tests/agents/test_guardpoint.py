@@ -338,3 +338,19 @@ def test_kill_9_mid_write_loses_nothing_fsynced(tmp_path: Path) -> None:
         proc.join(10)
         if proc.is_alive():
             proc.kill()
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed; scripts/test installs it")
+def test_fio_with_data_verification(gp: Mounted) -> None:
+    """A standard file-system exerciser: random writes of mixed sizes from two jobs, then
+    every block read back and checked (crc32c with headers naming block and job)."""
+    r = subprocess.run(
+        ["fio", "--name=gp", f"--directory={gp.mnt}", "--size=24M", "--numjobs=2", "--rw=randrw",
+         "--bsrange=4k-256k", "--ioengine=psync", "--verify=crc32c", "--verify_fatal=1",
+         "--do_verify=1", "--fsync=16", "--group_reporting", "--output-format=terse"],
+        capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "verify" not in r.stderr.lower(), r.stderr
+    for name in os.listdir(gp.backing):
+        with EncryptedFile.open(str(gp.backing / name), StaticKeyring([gp.key])) as f:
+            f.verify()
