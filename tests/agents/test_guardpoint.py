@@ -349,7 +349,7 @@ def test_fio_with_data_verification(gp: Mounted) -> None:
          "--bsrange=4k-256k", "--ioengine=psync", "--verify=crc32c", "--verify_fatal=1",
          "--do_verify=1", "--verify_state_save=0", "--fsync=16", "--group_reporting",
          "--output-format=terse"],
-        capture_output=True, text=True, timeout=300)
+        capture_output=True, text=True, timeout=300, cwd=gp.mnt.parent)  # fio drops state files in its cwd
     assert r.returncode == 0, r.stdout + r.stderr
     assert "verify" not in r.stderr.lower(), r.stderr
     for name in os.listdir(gp.backing):
