@@ -33,6 +33,7 @@ from agents.cryptfile import (
 )
 from agents.cryptfile.header import DEFAULT_CHUNK
 from agents.cryptfile.transform import TMP_PREFIX
+from agents.fs.policy import PERMIT_ALL, Access, AccessPolicy, Caller
 
 log = logging.getLogger(__name__)
 ENOKEY = getattr(errno, "ENOKEY", 126)
@@ -85,8 +86,11 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
     use_ns = True
 
     def __init__(self, backing: str, keyring: Keyring, current_key: Callable[[], KeyVersion], *,
-                 chunk_size: int = DEFAULT_CHUNK) -> None:
+                 chunk_size: int = DEFAULT_CHUNK, policy: AccessPolicy = PERMIT_ALL,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.backing = os.path.realpath(backing)
+        self.policy = policy  # replaced whole when the server sends a new one: no restart
+        self._on_event = on_event
         self._keyring = keyring
         self._current_key = current_key
         self._chunk = chunk_size
@@ -117,6 +121,25 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
                 self._open[key] = entry
             entry.refs += 1
             return entry
+
+    def _check(self, path: str, *wants: Access) -> None:
+        """Apply the access policy to the caller of the current FUSE request."""
+        policy = self.policy
+        if policy is PERMIT_ALL:
+            return
+        uid, gid, pid = mfusepy.fuse_get_context()
+        caller = Caller.from_context(uid, gid, pid)
+        for want in wants:
+            d = policy.decide(caller, want)
+            if d.audit and self._on_event is not None:
+                self._on_event({
+                    "event": "access.denied" if not d.allowed else
+                             ("access.would_deny" if not d.would_allow else "access.permitted"),
+                    "path": path, "access": want, "uid": caller.uid, "user": caller.user, "pid": caller.pid,
+                    "exe": caller.exe, "rule": d.rule, "mode": policy.mode.value,
+                })
+            if not d.allowed:
+                raise FuseOSError(errno.EACCES)
 
     def _new_handle(self, entry: _Open, flags: int) -> int:
         with self._lock:
@@ -288,6 +311,7 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
     # --- file contents ---------------------------------------------------------------
     @_errors
     def create(self, path: str, mode: int, fi: Any = None) -> int:
+        self._check(path, "write")
         real = self._real(path)
         f = EncryptedFile.create(real, self._current_key(), chunk_size=self._chunk, mode=stat.S_IMODE(mode))
         st = os.fstat(f.fileno())
@@ -298,7 +322,11 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
 
     @_errors
     def open(self, path: str, flags: int) -> int:
-        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        access = flags & os.O_ACCMODE
+        wants: tuple[Access, ...] = (("read",) if access == os.O_RDONLY else ("write",) if access == os.O_WRONLY
+                                     else ("read", "write"))
+        self._check(path, *wants)
+        writable = access != os.O_RDONLY
         entry = self._entry_for(self._real(path))
         if flags & os.O_TRUNC and writable:
             entry.file.truncate(0)
@@ -324,6 +352,7 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
         if fh is not None and fh in self._handles:
             self._handles[fh].entry.file.truncate(length)
             return 0
+        self._check(path, "write")
         entry = self._entry_for(self._real(path))
         try:
             entry.file.truncate(length)
@@ -401,6 +430,8 @@ def serve(ops: GuardPoint, mountpoint: str, *, allow_other: bool = False) -> Non
 
 
 def mount(backing: str, mountpoint: str, keyring: Keyring, current_key: Callable[[], KeyVersion], *,
-          chunk_size: int = DEFAULT_CHUNK, allow_other: bool = False) -> None:
+          chunk_size: int = DEFAULT_CHUNK, allow_other: bool = False, policy: AccessPolicy = PERMIT_ALL,
+          on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Build the guard point over `backing` and serve it at `mountpoint` (blocks)."""
-    serve(GuardPoint(backing, keyring, current_key, chunk_size=chunk_size), mountpoint, allow_other=allow_other)
+    serve(GuardPoint(backing, keyring, current_key, chunk_size=chunk_size, policy=policy, on_event=on_event),
+          mountpoint, allow_other=allow_other)
