@@ -419,6 +419,11 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
             conn_info.max_write = MAX_WRITE
         if config_3 is not None:
             config_3.use_ino = 1  # report the backing inode numbers: hard links show as such
+            # libfuse's path-based API gives every *name* its own kernel node, so cached
+            # attributes of one name go stale when the inode changes through another (a
+            # hard link's st_nlink, found by the model test). No attribute caching: stat
+            # always asks us. (Moving to the inode-based low-level API would lift this.)
+            config_3.attr_timeout = 0.0
 
 
 def serve(ops: GuardPoint, mountpoint: str, *, allow_other: bool = False) -> None:
