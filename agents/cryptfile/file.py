@@ -189,8 +189,10 @@ class EncryptedFile:
         first = min(offset, old_size) // self._chunk
         if new_n > old_n:
             first = min(first, old_n - 1)  # the old final chunk loses its "last" flag
-        last = (max(offset + len(data), new_size) - 1) // self._chunk if new_size else 0
         end_write = offset + len(data)
+        # Only the chunks the write covers, unless the file grows: then everything up to
+        # the new end (the gap, if any, becomes encrypted zeros).
+        last = new_n - 1 if new_size > old_size else (end_write - 1) // self._chunk
         for batch_start in range(first, last + 1, _BATCH):
             batch_end = min(last + 1, batch_start + _BATCH)
             # The batch's plaintext, contiguous: only its first and last chunk can need

@@ -196,3 +196,18 @@ def test_read_only_handles_refuse_writes(tmp_path: Path, key: KeyVersion) -> Non
         f.write(0, b"x")
     with pytest.raises(FileExistsError):
         EncryptedFile.create(str(p), key)
+
+
+def test_a_write_touches_only_the_chunks_it_covers(tmp_path: Path, key: KeyVersion) -> None:
+    p = tmp_path / "f"
+    with EncryptedFile.create(str(p), key, chunk_size=4096) as f:
+        f.write(0, os.urandom(64 * 4096))
+    before = p.read_bytes()
+    with EncryptedFile.open(str(p), StaticKeyring([key]), writable=True) as f:
+        f.write(10 * 4096 + 100, b"x" * 5000)  # chunks 10 and 11 only
+    after = p.read_bytes()
+    stored = 4096 + 28
+    changed = {i for i in range(64) if before[128 + i * stored:128 + (i + 1) * stored]
+               != after[128 + i * stored:128 + (i + 1) * stored]}
+    assert changed == {10, 11}
+    assert after[:128] == before[:128]
