@@ -141,6 +141,14 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
             if not d.allowed:
                 raise FuseOSError(errno.EACCES)
 
+    @staticmethod
+    def _give_to_caller(real: str) -> None:
+        """A new inode belongs to whoever asked for it, as on any file system (the
+        daemon itself runs as root)."""
+        uid, gid, _ = mfusepy.fuse_get_context()
+        if os.geteuid() == 0 and (uid, gid) != (0, 0):
+            os.chown(real, uid, gid, follow_symlinks=False)
+
     def _new_handle(self, entry: _Open, flags: int) -> int:
         with self._lock:
             fh = self._next_fh
@@ -261,7 +269,9 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
 
     @_errors
     def mkdir(self, path: str, mode: int) -> int:
-        os.mkdir(self._real(path), mode)
+        real = self._real(path)
+        os.mkdir(real, mode)
+        self._give_to_caller(real)
         return 0
 
     @_errors
@@ -286,7 +296,9 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
     @_errors
     def symlink(self, target: str, source: str) -> int:
         # mfusepy: `target` is the link's path in the mount, `source` what it points to.
-        os.symlink(source, self._real(target))
+        real = self._real(target)
+        os.symlink(source, real)
+        self._give_to_caller(real)
         return 0
 
     @_errors
@@ -305,6 +317,7 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
             return 0
         if stat.S_ISFIFO(mode):
             os.mkfifo(self._real(path), stat.S_IMODE(mode))
+            self._give_to_caller(self._real(path))
             return 0
         raise FuseOSError(errno.EPERM)  # device nodes have no place in a guard point
 
@@ -314,6 +327,7 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
         self._check(path, "write")
         real = self._real(path)
         f = EncryptedFile.create(real, self._current_key(), chunk_size=self._chunk, mode=stat.S_IMODE(mode))
+        self._give_to_caller(real)
         st = os.fstat(f.fileno())
         entry = _Open(f, (st.st_dev, st.st_ino), refs=1)
         with self._lock:
