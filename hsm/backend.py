@@ -24,6 +24,7 @@ from typing import Protocol, runtime_checkable
 RSA_OAEP_SHA1 = "RSA-OAEP-SHA1"  # OAEP, SHA-1 + MGF1-SHA-1, empty label
 RSA_OAEP_SHA256 = "RSA-OAEP-SHA256"  # OAEP, SHA-256 + MGF1-SHA-256, empty label
 AES_256_GCM = "AES-256-GCM"  # 96-bit IV || ciphertext || 128-bit tag
+AES_KWP = "AES-KWP"  # Added: AES Key Wrap with Padding, RFC 5649 (CKM_AES_KEY_WRAP_PAD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,12 @@ class HsmBackend(Protocol):
         """Deliver a key to a host: unwrap and wrap under an external RSA public key
         (SubjectPublicKeyInfo DER, RSA >= 2048) entirely inside the token.
         `wrapping_key_id` of the result is the SHA-256 hex of the DER."""
+
+    def wrap_with_key(self, wrapped: WrappedKey, *, wrapping: WrappedKey) -> bytes:
+        """Added: wrap one managed key version under another (an AES key) with AES Key
+        Wrap with Padding (RFC 5649, mechanism `AES_KWP`). Both are unwrapped under their
+        KEKs and the wrap happens inside the token: the plaintext never leaves it.
+        Raises HsmIntegrityError if either blob does not unwrap."""
 
     def forget(self, wrapped: WrappedKey) -> None:
         """Drop any cached unwrapped handle of this blob (key destroyed or re-wrapped)."""

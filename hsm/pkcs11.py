@@ -51,6 +51,9 @@ from hsm.handles import (
     HmacKeyView,
     RsaPrivateView,
     RsaPublicView,
+    _SecretKey,
+    _View,
+    _WrapMixin,
 )
 from hsm.mechanisms import OaepScheme
 from hsm.module import LoadedModule, current_epoch, load_module
@@ -95,6 +98,17 @@ def _invalid(what: str, name: str) -> HsmError:
 
 def _refused(what: str, name: str) -> HsmError:
     return HsmUnavailable(f"{what}: the token refused the operation ({name})")
+
+
+class _AesWrapView(_View, _WrapMixin, _SecretKey):  # type: ignore[misc]
+    """An AES session key that may only wrap (wrap_with_key)."""
+
+    key_type = KeyType.AES
+
+
+# A session AES key whose one capability is wrapping; it never leaves the token.
+_AES_WRAPPING_TEMPLATE: Final = {**mechanisms.TRANSIT_KEY_TEMPLATE, Attribute.EXTRACTABLE: False,
+                                 Attribute.WRAP: True}
 
 
 class Pkcs11Backend:
@@ -381,6 +395,27 @@ class Pkcs11Backend:
             return WrappedKey(wrapping_key_id=recipient_id, mechanism=target.name, ciphertext=blob)
 
         return self._run("rewrap_for_public_key", rewrap, on_crypto=_invalid)
+
+    def wrap_with_key(self, wrapped: WrappedKey, *, wrapping: WrappedKey) -> bytes:
+        target_scheme = self._unwrap_scheme(wrapped)
+        wrapping_scheme = self._unwrap_scheme(wrapping)
+
+        def wrap(lease: _Lease) -> bytes:
+            session = lease.session
+            target_kek = self._kek(session, wrapped.wrapping_key_id)
+            wrapping_kek = self._kek(session, wrapping.wrapping_key_id)
+            key = self._unwrap(session, target_kek, wrapped, target_scheme, mechanisms.TRANSIT_KEY_TEMPLATE)
+            try:
+                wrapper = self._unwrap(session, wrapping_kek, wrapping, wrapping_scheme, _AES_WRAPPING_TEMPLATE)
+                try:
+                    return bytes(_AesWrapView(session, wrapper.handle).wrap_key(
+                        key, mechanism=Mechanism.AES_KEY_WRAP_PAD))
+                finally:
+                    _destroy_quietly(wrapper)
+            finally:
+                _destroy_quietly(key)
+
+        return self._run("wrap_with_key", wrap, on_crypto=_integrity)
 
     def forget(self, wrapped: WrappedKey) -> None:
         self._cache.forget(_cache_key(wrapped))

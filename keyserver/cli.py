@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 the operation failed (message says why), 2 usage error,
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from keyserver.core.errors import CoreError, ServiceUnavailable
 from keyserver.core.policy import Role
 from keyserver.core.principal import system_context
+from keyserver.kmip.listener import KmipListener
 from keyserver.services import Services, build_services
 from keyserver.settings import Settings
 
@@ -98,13 +100,107 @@ def serve() -> None:
             console.print("[red]several workers need PostgreSQL[/red]: set STRONGROOM_DATABASE_URL, "
                           "or STRONGROOM_WORKERS=1 for the embedded SQLite database")
             raise typer.Exit(EXIT_FAILED)
-        services.close()
+        # The KMIP listener runs in the supervisor only (one process binds it; see
+        # docs/kmip.md): its services stay open here, the workers open their own.
+        kmip = _start_kmip(services)
+        if kmip is None:
+            services.close()
         os.environ.setdefault("STRONGROOM_DATA_DIR", str(settings.data_dir))
         from keyserver.server import serve_workers
 
-        serve_workers(host=settings.host, port=settings.port, workers=settings.workers, uvicorn_kwargs=common)
+        try:
+            serve_workers(host=settings.host, port=settings.port, workers=settings.workers, uvicorn_kwargs=common)
+        finally:
+            if kmip is not None:
+                services.close()  # stops the listener first
     else:
+        _start_kmip(services)  # stopped by services.close() in the app's shutdown
         uvicorn.run(create_app(services), host=settings.host, port=settings.port, **common)  # type: ignore[arg-type]
+
+
+def _start_kmip(services: Services) -> KmipListener | None:
+    if not services.settings.kmip_enabled:
+        return None
+    from keyserver.kmip.server import build_listener
+
+    listener = build_listener(services)
+    try:
+        port = listener.start()
+    except OSError as exc:
+        # KMIP is an extra door, on by default: a busy port must not take REST down with it.
+        console.print(f"[red]KMIP disabled[/red]: cannot listen on {services.settings.kmip_host}:"
+                      f"{services.settings.kmip_port} ({exc}); set STRONGROOM_KMIP_PORT, or "
+                      "STRONGROOM_KMIP_ENABLED=false to silence this")
+        logging.getLogger("keyserver.kmip").error("KMIP listener not started: %s", exc)
+        return None
+    console.print(f"KMIP (mutual TLS) on [bold]{services.settings.kmip_host}:{port}[/bold]; "
+                  "issue client certificates with `keyserver kmip-client create`")
+    # Stopped before the services close (the HTTP lifespan's shutdown closes them).
+    services.on_close.append(listener.stop)
+    return listener
+
+
+kmip_app = typer.Typer(help="KMIP client identities (certificates from the internal CA)", no_args_is_help=True)
+app.add_typer(kmip_app, name="kmip-client")
+
+
+@kmip_app.command("create")
+def kmip_client_create(
+    name: Annotated[str, typer.Argument(help="client name (a DNS name; also the certificate's SAN)")],
+    role: Annotated[str, typer.Option(help="admin, key-officer, operator or auditor")] = Role.OPERATOR.value,
+    csr: Annotated[Path | None, typer.Option(help="PEM CSR; without it a key pair is generated here")] = None,
+    out: Annotated[Path, typer.Option(help="directory for cert.pem, key.pem and ca.pem")] = Path("."),
+) -> None:
+    """Issue a KMIP client certificate mapped to a role."""
+    services = _services()
+    try:
+        _initialize(services)
+        issued = services.kmip_clients.create(system_context("cli"), name=name, role=role,
+                                              csr_pem=csr.read_text() if csr else None)
+        services.audit.flush()
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "cert.pem").write_text(issued.certificate_pem)
+        (out / "ca.pem").write_text(issued.ca_certificate_pem)
+        if issued.private_key_pem is not None:
+            fd = os.open(out / "key.pem", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(issued.private_key_pem)
+        console.print(f"[green]issued[/green] KMIP client '{name}' ({role}), serial {issued.client.serial}, "
+                      f"files in {out.resolve()}")
+    except CoreError as exc:
+        console.print(f"[red]{exc.message}[/red]")
+        raise typer.Exit(EXIT_FAILED) from None
+    finally:
+        services.close()
+
+
+@kmip_app.command("list")
+def kmip_client_list() -> None:
+    """List KMIP clients."""
+    services = _services()
+    try:
+        for c in services.kmip_clients.list(system_context("cli")):
+            state = f"revoked {c.revoked_at:%Y-%m-%d}" if c.revoked_at else "active"
+            typer.echo(f"{c.id}  {c.name:<32} {c.role:<12} {c.serial}  {state}")
+    finally:
+        services.close()
+
+
+@kmip_app.command("revoke")
+def kmip_client_revoke(client_id: Annotated[str, typer.Argument(help="the client's id (see `list`)")]) -> None:
+    """Revoke a KMIP client: refused from its next request on."""
+    import uuid
+
+    services = _services()
+    try:
+        c = services.kmip_clients.revoke(system_context("cli"), uuid.UUID(client_id))
+        services.audit.flush()
+        console.print(f"[green]revoked[/green] KMIP client '{c.name}'")
+    except (CoreError, ValueError) as exc:
+        console.print(f"[red]{getattr(exc, 'message', exc)}[/red]")
+        raise typer.Exit(EXIT_FAILED) from None
+    finally:
+        services.close()
 
 
 @app.command("create-admin")
@@ -176,6 +272,22 @@ def verify_audit() -> None:
         raise typer.Exit(EXIT_UNAVAILABLE) from None
     finally:
         services.close()
+
+
+@app.command("bench-kmip")
+def bench_kmip(
+    postgres: Annotated[str, typer.Option(help="PostgreSQL server URL (a scratch database is created)")] =
+        "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
+    connections: Annotated[str, typer.Option(help="comma-separated concurrent connection counts")] = "1,50",
+    duration: Annotated[float, typer.Option(min=1, help="seconds per measurement")] = 5,
+    output: Annotated[Path | None, typer.Option(help="Markdown file whose KMIP section is rewritten")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="raw results as JSON")] = None,
+) -> None:
+    """KMIP Create/Get per second, Strongroom vs PyKMIP's bundled server, in one run."""
+    from keyserver.kmip.bench import run
+
+    run(postgres=postgres, connections=[int(c) for c in connections.split(",")], duration=duration,
+        output=output, json_out=json_out)
 
 
 @app.command()

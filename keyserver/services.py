@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -17,10 +18,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from hsm import HsmBackend, HsmUnavailable
 from hsm.config import HsmConfig
 from keyserver.core.audit import AuditService
+from keyserver.core.ca import CertificateAuthority
 from keyserver.core.datakeys import DataKeyService
 from keyserver.core.identity import IdentityService
 from keyserver.core.kek import KekService
 from keyserver.core.keys import KeyService
+from keyserver.core.kmip_clients import KmipClientService
+from keyserver.core.kmip_objects import KmipObjectService
 from keyserver.core.policy import Policy
 from keyserver.core.scheduler import Scheduler
 from keyserver.settings import Settings
@@ -86,7 +90,12 @@ class Services:
     identity: IdentityService
     scheduler: Scheduler
     notifier: Notifier
+    ca: CertificateAuthority
+    kmip_clients: KmipClientService
+    kmip_objects: KmipObjectService
     engines: tuple[Engine, ...] = ()
+    # Stopped first on close(), e.g. the KMIP listener, so no request outlives the services.
+    on_close: list[Callable[[], None]] = field(default_factory=list)
 
     def initialize(self) -> str | None:
         """First-run set-up: the HSM keys and the first administrator. Returns the
@@ -94,6 +103,7 @@ class Services:
         self.hsm.ensure_hmac_key(self.settings.audit_hmac_key_id)
         self.keks.ensure_initialized()
         password = self.identity.bootstrap_admin()
+        self.ca.ensure()  # the KMIP CA, so client certificates can be issued from the start
         self.audit.flush()
         return password
 
@@ -103,6 +113,8 @@ class Services:
         self.scheduler.start()
 
     def close(self) -> None:
+        while self.on_close:
+            self.on_close.pop()()
         self.notifier.stop()
         self.scheduler.stop()
         self.audit.stop()
@@ -131,6 +143,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
     policy = Policy(audit)
     keks = KekService(session_factory, backend, audit, policy, notifier, batch=settings.kek_rewrap_batch)
     keys = KeyService(session_factory, backend, audit, policy, keks, notifier)
+    ca = CertificateAuthority(session_factory, backend, keks)
     return Services(
         settings=settings,
         engine=engine,
@@ -152,5 +165,10 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         ),
         scheduler=Scheduler(keys, keks, interval_seconds=settings.scheduler_interval_seconds),
         notifier=notifier,
+        ca=ca,
+        kmip_clients=KmipClientService(session_factory, audit, policy, ca,
+                                       cert_days=settings.kmip_client_cert_days,
+                                       read_session_factory=db.make_session_factory(autocommit)),
+        kmip_objects=KmipObjectService(session_factory, backend, audit, policy, autocommit_engine=autocommit),
         engines=(autocommit,),
     )

@@ -56,6 +56,17 @@ class Settings(BaseSettings):
     scheduler_interval_seconds: float = Field(default=30.0, gt=0)
     kek_rewrap_batch: int = Field(default=200, ge=1)
 
+    # KMIP listener (docs/kmip.md): mutual TLS, client certificates from the internal CA.
+    kmip_enabled: bool = True
+    kmip_host: str = "127.0.0.1"
+    kmip_port: int = Field(default=5696, ge=0, le=65535, description="0 picks a free port (tests)")
+    kmip_server_names: list[str] = Field(
+        default_factory=list, description="extra DNS names / IPs for the listener's certificate")
+    kmip_max_connections: int = Field(default=64, ge=1, le=4096)
+    kmip_max_message_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
+    kmip_idle_timeout_seconds: float = Field(default=60.0, gt=0)
+    kmip_client_cert_days: int = Field(default=365, ge=1, le=3650)
+
     log_level: str = "INFO"
 
     @model_validator(mode="after")

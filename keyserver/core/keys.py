@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -46,6 +46,13 @@ class KeySpec:
     activation_date: datetime | None = None
     deactivation_date: datetime | None = None
     rotation_period_days: int | None = None
+    # AES key length; 256 unless a protocol asks otherwise (KMIP Create can ask 128/192).
+    length_bits: int = 256
+    # Caller-supplied material (KMIP Register): wrapped under the KEK at once, never stored plain.
+    material: bytes | None = field(default=None, repr=False)
+
+
+AES_LENGTHS = frozenset({128, 192, 256})
 
 
 def key_state(key: ManagedKey) -> KeyState:
@@ -156,7 +163,17 @@ class KeyService:
         if spec.activation_date and spec.deactivation_date and spec.deactivation_date <= spec.activation_date:
             raise InvalidInput("deactivation_date must be after activation_date")
         active_now = spec.activate and (spec.activation_date is None or spec.activation_date <= now)
-        wrapped = self._generate()
+        if spec.length_bits not in AES_LENGTHS:
+            raise InvalidInput("AES keys are 128, 192 or 256 bits long")
+        if spec.material is not None:
+            if len(spec.material) * 8 != spec.length_bits:
+                raise InvalidInput("the key material does not have the stated length")
+            try:
+                wrapped = self._hsm.import_key(spec.material, kek_id=self._keks.current())
+            except HsmError as exc:
+                raise hsm_failure("import the key", exc) from exc
+        else:
+            wrapped = self._generate(spec.length_bits)
         with self._db.begin() as s:
             if s.execute(select(ManagedKey.id).where(ManagedKey.name == spec.name)).first():
                 raise Conflict(f"a key named '{spec.name}' exists already", code="key_exists")
@@ -164,6 +181,7 @@ class KeyService:
                 id=uuid.uuid4(), name=spec.name, description=spec.description,
                 owner=spec.owner or ctx.principal.name, tags=validate_tags(spec.tags or {}),
                 created_at=now, updated_at=now, rotation_period_days=spec.rotation_period_days,
+                algorithm="AES", length_bits=spec.length_bits,
                 next_rotation_at=(now + timedelta(days=spec.rotation_period_days)
                                   if spec.rotation_period_days and active_now else None),
             )
@@ -173,11 +191,16 @@ class KeyService:
                                     activation_date=now if active_now else spec.activation_date,
                                     deactivation_date=spec.deactivation_date))
             self._audit.add(s, ctx, action="key.create", object_type="key", object_id=str(key.id),
-                            details={"name": key.name, "version": 1, "state": "active" if active_now else "pre-active"})
+                            details={"name": key.name, "version": 1, "state": "active" if active_now else "pre-active",
+                                     **({"imported": True} if spec.material is not None else {})})
         return self._reload(key.id)
 
-    def _generate(self) -> WrappedKey:
+    def _generate(self, length_bits: int = 256) -> WrappedKey:
         try:
+            if length_bits != 256:
+                # The token's generate path makes AES-256 only; shorter keys come from the
+                # token's RNG and are wrapped under the KEK's public half at once.
+                return self._hsm.import_key(self._hsm.random(length_bits // 8), kek_id=self._keks.current())
             return self._hsm.generate_wrapped_key(kek_id=self._keks.current())
         except HsmError as exc:
             raise hsm_failure("generate a key", exc) from exc
@@ -232,7 +255,9 @@ class KeyService:
     def rotate(self, ctx: RequestContext, ref: str, *, reason: str = "manual") -> ManagedKey:
         """New Active version; the previous Active one becomes Deactivated (decrypt-only)."""
         self._policy.require(ctx, Permission.KEYS_ROTATE, action="key.rotate", object_type="key", object_id=ref)
-        wrapped = self._generate()
+        with self._db() as s:
+            length_bits = self._load(s, ref).length_bits
+        wrapped = self._generate(length_bits)
         now = self._now()
         with self._db.begin() as s:
             key = self._load(s, ref, lock=True)

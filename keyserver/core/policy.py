@@ -25,6 +25,7 @@ class Permission(StrEnum):
     KEYS_ACTIVATE = "keys:activate"
     KEYS_REVOKE = "keys:revoke"
     KEYS_DESTROY = "keys:destroy"
+    KEYS_EXPORT = "keys:export"  # plaintext key material out (KMIP Get without wrapping)
     DATAKEYS_GENERATE = "datakeys:generate"
     DATAKEYS_DECRYPT = "datakeys:decrypt"
     AUDIT_READ = "audit:read"
@@ -35,6 +36,7 @@ class Permission(StrEnum):
     TOKENS_ALL = "tokens:all"
     SYSTEM_READ = "system:read"
     SYSTEM_KEK = "system:kek"
+    KMIP_CLIENTS = "kmip:clients"  # issue and revoke KMIP client certificates
 
 
 class Role(StrEnum):
@@ -49,11 +51,11 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
     Role.ADMIN: frozenset(Permission),
     Role.KEY_OFFICER: frozenset({
         P.KEYS_READ, P.KEYS_CREATE, P.KEYS_UPDATE, P.KEYS_ROTATE, P.KEYS_ACTIVATE,
-        P.KEYS_REVOKE, P.KEYS_DESTROY, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
+        P.KEYS_REVOKE, P.KEYS_DESTROY, P.KEYS_EXPORT, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
         P.AUDIT_READ, P.AUDIT_VERIFY, P.TOKENS_OWN, P.SYSTEM_READ,
     }),
     Role.OPERATOR: frozenset({
-        P.KEYS_READ, P.KEYS_ROTATE, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
+        P.KEYS_READ, P.KEYS_ROTATE, P.KEYS_EXPORT, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
         P.TOKENS_OWN, P.SYSTEM_READ,
     }),
     # Sees everything, changes nothing (its own API tokens aside, for exports).

@@ -199,3 +199,50 @@ class KekRotation(Base):
     done: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
     requested_by: Mapped[str] = mapped_column(String(200))
+
+
+class KmipCa(Base):
+    """The internal CA of the KMIP listener (one row). Its private key is stored only
+    as AES-256-GCM ciphertext made inside the HSM under a data-encryption key that is
+    itself wrapped under a KEK (docs/decisions/0005-kmip-internal-ca.md)."""
+
+    __tablename__ = "kmip_ca"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    certificate_pem: Mapped[str] = mapped_column(Text)
+    sealed_private_key: Mapped[bytes] = mapped_column(LargeBinary)
+    dek_wrapped: Mapped[bytes] = mapped_column(LargeBinary)
+    dek_wrapping_key_id: Mapped[str] = mapped_column(String(128))
+    dek_mechanism: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+
+
+class KmipClient(Base):
+    """A KMIP client identity: a certificate from the internal CA mapped to a role.
+    `serial` is checked on every connection and every request."""
+
+    __tablename__ = "kmip_clients"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(32))
+    serial: Mapped[str] = mapped_column(String(64), unique=True)
+    fingerprint_sha256: Mapped[str] = mapped_column(String(64))
+    not_after: Mapped[datetime]
+    created_at: Mapped[datetime]
+    created_by: Mapped[str] = mapped_column(String(200))
+    revoked_at: Mapped[datetime | None]
+
+
+class KmipPublicKey(Base):
+    """An RSA public key registered over KMIP, usable to wrap keys delivered by Get."""
+
+    __tablename__ = "kmip_public_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str | None] = mapped_column(String(128), index=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    der: Mapped[bytes] = mapped_column(LargeBinary)
+    length_bits: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime]

@@ -82,6 +82,12 @@ def rotation(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     return {"rotation": st["last_rotation"]["id"]}
 
 
+def kmip_client(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    r = admin.post("/api/v1/kmip/clients", json={"name": unique("kc"), "role": "auditor"})
+    assert r.status_code == 201, r.text
+    return {"client": r.json()["client"]["id"]}
+
+
 CASES: dict[str, Case] = {
     "getMe": Case("GET", "/api/v1/auth/me", ()),
     "listKeys": Case("GET", "/api/v1/keys", (P.KEYS_READ,)),
@@ -123,6 +129,10 @@ CASES: dict[str, Case] = {
     "getKekRotation": Case("GET", "/api/v1/system/kek/rotations/{rotation}", (P.SYSTEM_READ,),
                            setup=rotation),
     "metrics": Case("GET", "/metrics", (P.SYSTEM_READ,)),
+    "listKmipClients": Case("GET", "/api/v1/kmip/clients", (P.KMIP_CLIENTS,)),
+    "createKmipClient": Case("POST", "/api/v1/kmip/clients", (P.KMIP_CLIENTS,),
+                             body={"name": "{new}", "role": "auditor"}, ok=(201,)),
+    "revokeKmipClient": Case("DELETE", "/api/v1/kmip/clients/{client}", (P.KMIP_CLIENTS,), setup=kmip_client),
 }
 # Reachable without a session (or acting only on the caller's own session).
 PUBLIC = {"login", "logout", "changePassword", "healthz", "readyz"}

@@ -12,6 +12,7 @@ Each test module that imports it gets its own `kek` (module scope), so KEK creat
 from __future__ import annotations
 
 import hashlib
+import os
 import uuid
 
 import pytest
@@ -360,6 +361,37 @@ def test_data_key_ops_with_a_bad_wrapped_key(backend: HsmBackend, wrapped: Wrapp
         backend.encrypt_with(
             WrappedKey(_new_id("missing"), wrapped.mechanism, wrapped.ciphertext), b"x", aad=b""
         )
+
+
+# --- AES key wrap (added for KMIP Get wrapped under a symmetric key) ---------------------
+@pytest.mark.parametrize("size", [16, 24, 32])
+def test_wrap_with_key_is_rfc5649(backend: HsmBackend, kek: str, size: int) -> None:
+    """`cryptography`'s RFC 5649 implementation is the independent party."""
+    from cryptography.hazmat.primitives.keywrap import aes_key_unwrap_with_padding
+
+    material, kek_bytes = os.urandom(size), os.urandom(32)
+    target = backend.import_key(material, kek_id=kek)
+    wrapping = backend.import_key(kek_bytes, kek_id=kek)
+    blob = backend.wrap_with_key(target, wrapping=wrapping)
+    assert material not in blob
+    assert aes_key_unwrap_with_padding(kek_bytes, blob) == material
+
+
+def test_wrap_with_key_under_a_generated_key(backend: HsmBackend, kek: str, wrapped: WrappedKey) -> None:
+    from cryptography.hazmat.primitives.keywrap import aes_key_unwrap_with_padding
+
+    wrapping = backend.generate_wrapped_key(kek_id=kek)
+    blob = backend.wrap_with_key(wrapped, wrapping=wrapping)
+    assert aes_key_unwrap_with_padding(backend.unwrap_key(wrapping), blob) == backend.unwrap_key(wrapped)
+
+
+def test_wrap_with_key_refuses_tampered_blobs(backend: HsmBackend, wrapped: WrappedKey) -> None:
+    bad = WrappedKey(wrapped.wrapping_key_id, wrapped.mechanism,
+                     wrapped.ciphertext[:-1] + bytes([wrapped.ciphertext[-1] ^ 1]))
+    with pytest.raises(HsmIntegrityError):
+        backend.wrap_with_key(wrapped, wrapping=bad)
+    with pytest.raises(HsmIntegrityError):
+        backend.wrap_with_key(bad, wrapping=wrapped)
 
 
 def test_forget_drops_only_the_cached_handle(backend: HsmBackend, kek: str) -> None:

@@ -1,0 +1,69 @@
+"""KMIP client identities: issue (server-generated key, or from a CSR), list, revoke.
+
+The private key in a server-generated bundle is in this one response only; prefer a
+CSR, so the key never leaves the client host."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from keyserver.api.deps import Ctx, ServicesDep
+from keyserver.store.models import KmipClient
+
+router = APIRouter(prefix="/kmip/clients", tags=["kmip"])
+
+
+class KmipClientCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, description="a DNS name; also the certificate's SAN")
+    role: str = Field(description="admin, key-officer, operator or auditor")
+    csr: str | None = Field(default=None, max_length=16384,
+                            description="PEM PKCS#10 request; without it the server generates the key pair")
+
+
+class KmipClientPublic(BaseModel):
+    id: uuid.UUID
+    name: str
+    role: str
+    serial: str
+    fingerprint_sha256: str
+    not_after: datetime
+    created_at: datetime
+    created_by: str
+    revoked_at: datetime | None
+
+
+class KmipClientIssued(BaseModel):
+    client: KmipClientPublic
+    certificate_pem: str
+    ca_certificate_pem: str
+    private_key_pem: str | None = Field(description="only when no CSR was given; shown once")
+
+
+def client_public(c: KmipClient) -> KmipClientPublic:
+    return KmipClientPublic(id=c.id, name=c.name, role=c.role, serial=c.serial,
+                            fingerprint_sha256=c.fingerprint_sha256, not_after=c.not_after,
+                            created_at=c.created_at, created_by=c.created_by, revoked_at=c.revoked_at)
+
+
+@router.get("", operation_id="listKmipClients", response_model=list[KmipClientPublic])
+def list_kmip_clients(ctx: Ctx, services: ServicesDep) -> list[KmipClientPublic]:
+    return [client_public(c) for c in services.kmip_clients.list(ctx)]
+
+
+@router.post("", operation_id="createKmipClient", response_model=KmipClientIssued, status_code=201)
+def create_kmip_client(body: KmipClientCreate, ctx: Ctx, services: ServicesDep) -> KmipClientIssued:
+    issued = services.kmip_clients.create(ctx, name=body.name, role=body.role, csr_pem=body.csr)
+    return KmipClientIssued(client=client_public(issued.client), certificate_pem=issued.certificate_pem,
+                            ca_certificate_pem=issued.ca_certificate_pem, private_key_pem=issued.private_key_pem)
+
+
+@router.delete("/{client_id}", operation_id="revokeKmipClient", response_model=KmipClientPublic)
+def revoke_kmip_client(client_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> KmipClientPublic:
+    """Refused at once: the serial is checked on every KMIP connection and request."""
+    return client_public(services.kmip_clients.revoke(ctx, client_id))

@@ -1,0 +1,135 @@
+"""KMIP attributes of our objects, and the few we accept in templates.
+
+Every TextString in a response is built fresh from our own data: PyKMIP gives a parsed
+TextString whose length is a multiple of 8 eight extra zero bytes when it is written
+again (PLATFORM.md), so nothing parsed is ever echoed back.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from kmip.core import enums
+from kmip.core.factories.attributes import AttributeFactory
+
+from keyserver.core.kmip_objects import VersionObject
+from keyserver.core.states import KeyState
+from keyserver.kmip.errors import KmipFailure
+from keyserver.store.models import KmipPublicKey
+
+A = enums.AttributeType
+_factory = AttributeFactory()
+
+STATE_TO_KMIP: dict[str, enums.State] = {
+    KeyState.PRE_ACTIVE: enums.State.PRE_ACTIVE,
+    KeyState.ACTIVE: enums.State.ACTIVE,
+    KeyState.DEACTIVATED: enums.State.DEACTIVATED,
+    KeyState.COMPROMISED: enums.State.COMPROMISED,
+    KeyState.DESTROYED: enums.State.DESTROYED,
+    KeyState.DESTROYED_COMPROMISED: enums.State.DESTROYED_COMPROMISED,
+}
+KMIP_TO_STATE = {v: KeyState(k) for k, v in STATE_TO_KMIP.items()}
+SYMMETRIC_USAGE = [enums.CryptographicUsageMask.ENCRYPT, enums.CryptographicUsageMask.DECRYPT,
+                   enums.CryptographicUsageMask.WRAP_KEY, enums.CryptographicUsageMask.UNWRAP_KEY]
+PUBLIC_USAGE = [enums.CryptographicUsageMask.ENCRYPT, enums.CryptographicUsageMask.WRAP_KEY]
+# Links as custom attributes: PyKMIP 0.11 cannot decode the standard Link attribute, so
+# a client built on it would fail to read any attribute list that held one.
+X_KEY_ID, X_KEY_VERSION = "x-strongroom-key-id", "x-strongroom-key-version"
+X_REPLACED, X_REPLACEMENT = "x-strongroom-replaced-object", "x-strongroom-replacement-object"
+
+
+def _ts(t: datetime | None) -> int | None:
+    return int(t.timestamp()) if t is not None else None
+
+
+def version_values(obj: VersionObject) -> dict[str, Any]:
+    """Attribute name → value (as PyKMIP's attribute factory takes it)."""
+    k, v = obj.key, obj.version
+    values: dict[str, Any] = {
+        A.UNIQUE_IDENTIFIER.value: obj.uid,
+        A.OBJECT_TYPE.value: enums.ObjectType.SYMMETRIC_KEY,
+        A.CRYPTOGRAPHIC_ALGORITHM.value: enums.CryptographicAlgorithm.AES,
+        A.CRYPTOGRAPHIC_LENGTH.value: k.length_bits,
+        A.NAME.value: k.name,
+        A.STATE.value: STATE_TO_KMIP[v.state],
+        A.CRYPTOGRAPHIC_USAGE_MASK.value: SYMMETRIC_USAGE,
+        A.INITIAL_DATE.value: _ts(v.created_at),
+        A.ACTIVATION_DATE.value: _ts(v.activation_date),
+        A.DEACTIVATION_DATE.value: _ts(v.deactivation_date),
+        A.COMPROMISE_DATE.value: _ts(v.compromise_date),
+        A.DESTROY_DATE.value: _ts(v.destroy_date),
+        A.LAST_CHANGE_DATE.value: _ts(k.updated_at),
+        X_KEY_ID: str(k.id),
+        X_KEY_VERSION: str(v.version),
+        X_REPLACED: obj.replaced_uid,
+        X_REPLACEMENT: obj.replacement_uid,
+    }
+    for tag, tag_value in sorted(k.tags.items()):
+        if not tag.startswith(RESERVED_TAG_PREFIX):
+            values[f"x-{tag}"] = str(tag_value)
+    return {name: value for name, value in values.items() if value is not None}
+
+
+RESERVED_TAG_PREFIX = "strongroom-"
+
+
+def tag_of(attribute_name: str) -> str:
+    """The key tag behind a custom attribute `x-<tag>`; other attributes are the server's."""
+    if not attribute_name.startswith("x-") or attribute_name[2:].startswith(RESERVED_TAG_PREFIX):
+        raise KmipFailure(enums.ResultReason.PERMISSION_DENIED,
+                          f"'{attribute_name}' is set by the server; only custom x-<name> attributes "
+                          "(the key's tags) can be changed")
+    return attribute_name[2:]
+
+
+def public_key_values(pk: KmipPublicKey) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        A.UNIQUE_IDENTIFIER.value: str(pk.id),
+        A.OBJECT_TYPE.value: enums.ObjectType.PUBLIC_KEY,
+        A.CRYPTOGRAPHIC_ALGORITHM.value: enums.CryptographicAlgorithm.RSA,
+        A.CRYPTOGRAPHIC_LENGTH.value: pk.length_bits,
+        A.NAME.value: pk.name,
+        A.STATE.value: enums.State.ACTIVE,
+        A.CRYPTOGRAPHIC_USAGE_MASK.value: PUBLIC_USAGE,
+        A.INITIAL_DATE.value: _ts(pk.created_at),
+    }
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def values_of(obj: VersionObject | KmipPublicKey) -> dict[str, Any]:
+    return version_values(obj) if isinstance(obj, VersionObject) else public_key_values(obj)
+
+
+def build(values: dict[str, Any], names: list[str] | None = None) -> list[Any]:
+    """PyKMIP Attribute structures, all of them or only `names` (unknown names skipped,
+    as KMIP 1.x asks)."""
+    wanted = list(values) if not names else [n for n in names if n in values]
+    out = []
+    for name in wanted:
+        key: Any = enums.AttributeType(name) if not name.startswith("x-") else name
+        out.append(_factory.create_attribute(key, values[name]))
+    return out
+
+
+def template_values(template: Any) -> dict[str, Any]:
+    """The attributes of a request's TemplateAttribute as plain Python values."""
+    if template is None:
+        return {}
+    if getattr(template, "names", None):
+        raise KmipFailure(enums.ResultReason.FEATURE_NOT_SUPPORTED, "named templates are not supported")
+    return attribute_values(template.attributes or [])
+
+
+def attribute_values(attrs: list[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for attr in attrs:
+        name = str(attr.attribute_name.value)
+        value = attr.attribute_value
+        if name == A.NAME.value:
+            out[name] = str(value.name_value.value)
+        elif name == A.CRYPTOGRAPHIC_USAGE_MASK.value:
+            out[name] = int(value.value)
+        else:
+            out[name] = getattr(value, "value", value)
+    return out

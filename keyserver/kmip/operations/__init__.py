@@ -1,0 +1,34 @@
+"""One module per KMIP operation; each has OPERATION and handle(call, payload)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from kmip.core import enums
+
+from keyserver.kmip.context import Call
+from keyserver.kmip.operations import (
+    activate,
+    create,
+    delete_attribute,
+    destroy,
+    discover_versions,
+    get,
+    get_attribute_list,
+    get_attributes,
+    locate,
+    modify_attribute,
+    query,
+    register,
+    rekey,
+    revoke,
+)
+
+Handler = Callable[[Call, Any], Any]
+_MODULES: tuple[ModuleType, ...] = (
+    discover_versions, query, create, get, get_attributes, get_attribute_list, locate, activate,
+    revoke, destroy, rekey, register, modify_attribute, delete_attribute,
+)
+REGISTRY: dict[enums.Operation, Handler] = {m.OPERATION: m.handle for m in _MODULES}

@@ -1,0 +1,50 @@
+"""Locate: by Name, Object Type, State, Cryptographic Algorithm and Length, with
+paging by MaximumItems/OffsetItems. Within a key, the newest version comes first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kmip.core import enums
+from kmip.core.messages import payloads
+
+from keyserver.core.kmip_objects import LocateQuery
+from keyserver.kmip import attributes
+from keyserver.kmip.context import Call
+from keyserver.kmip.errors import KmipFailure
+
+OPERATION = enums.Operation.LOCATE
+A = enums.AttributeType
+OBJECT_TYPES = {enums.ObjectType.SYMMETRIC_KEY: "symmetric-key", enums.ObjectType.PUBLIC_KEY: "public-key"}
+ALGORITHMS = {enums.CryptographicAlgorithm.AES: "AES", enums.CryptographicAlgorithm.RSA: "RSA"}
+SUPPORTED = {A.NAME.value, A.OBJECT_TYPE.value, A.STATE.value, A.CRYPTOGRAPHIC_ALGORITHM.value,
+             A.CRYPTOGRAPHIC_LENGTH.value}
+
+
+def handle(call: Call, payload: Any) -> Any:
+    if payload.storage_status_mask or payload.object_group_member:
+        raise KmipFailure(enums.ResultReason.FEATURE_NOT_SUPPORTED,
+                          "Locate by storage status or object group is not supported")
+    for attr in payload.attributes or []:
+        name = str(attr.attribute_name.value)
+        if name not in SUPPORTED:
+            raise KmipFailure(enums.ResultReason.FEATURE_NOT_SUPPORTED,
+                              f"Locate by '{name}' is not supported; use {', '.join(sorted(SUPPORTED))}")
+    values = attributes.attribute_values(payload.attributes or [])
+    object_type = values.get(A.OBJECT_TYPE.value)
+    algorithm = values.get(A.CRYPTOGRAPHIC_ALGORITHM.value)
+    state = values.get(A.STATE.value)
+    no_match = ((object_type is not None and object_type not in OBJECT_TYPES)
+                or (algorithm is not None and algorithm not in ALGORITHMS))
+    if no_match:
+        uids: list[str] = []
+    else:
+        uids = call.engine.objects.locate(call.ctx, LocateQuery(
+            name=values.get(A.NAME.value),
+            object_type=OBJECT_TYPES.get(object_type) if object_type is not None else None,
+            state=attributes.KMIP_TO_STATE[state] if state is not None else None,
+            algorithm=ALGORITHMS.get(algorithm) if algorithm is not None else None,
+            length_bits=values.get(A.CRYPTOGRAPHIC_LENGTH.value),
+            maximum_items=payload.maximum_items, offset_items=payload.offset_items or 0,
+        ))
+    return payloads.LocateResponsePayload(unique_identifiers=uids)
