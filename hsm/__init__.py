@@ -2,6 +2,7 @@
 
 from hsm.backend import (
     AES_256_GCM,
+    AES_KWP,
     RSA_OAEP_SHA1,
     RSA_OAEP_SHA256,
     HsmBackend,
@@ -21,6 +22,7 @@ from hsm.errors import (
 
 __all__ = [
     "AES_256_GCM",
+    "AES_KWP",
     "RSA_OAEP_SHA1",
     "RSA_OAEP_SHA256",
     "HsmBackend",

@@ -23,7 +23,7 @@ KEYSERVER = str(Path(sys.executable).with_name("keyserver"))
 def _env(data_dir: Path, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STRONGROOM_", "SOFTHSM2_CONF"))}
     env.update(STRONGROOM_DATA_DIR=str(data_dir), STRONGROOM_PORT=str(port),
-               STRONGROOM_LOG_LEVEL="WARNING")
+               STRONGROOM_LOG_LEVEL="WARNING", STRONGROOM_KMIP_PORT="0")  # any free port: runs may overlap
     return env
 
 
