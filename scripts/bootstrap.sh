@@ -47,3 +47,29 @@ venv_need() {
     echo "$want" >"$stamp"
   fi
 }
+
+# webui_need — Node.js and the web console's npm packages (npm ci only when
+# webui/package-lock.json changed).
+webui_need() {
+  apt_need nodejs:node npm:npm
+  local major; major="$(node -p 'process.versions.node.split(".")[0]')"
+  ((major >= 20)) || die "the web console needs Node.js 20 or newer (found $(node --version))"
+  local stamp="$ROOT/webui/node_modules/.strongroom-installed"
+  local want; want="$(sha256sum "$ROOT/webui/package-lock.json" | cut -c1-16)"
+  if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+    log "installing the web console's npm packages"
+    (cd "$ROOT/webui" && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$want" >"$stamp"
+  fi
+}
+
+# webui_build — build webui/dist when it is missing or older than its sources.
+webui_build() {
+  local w="$ROOT/webui"
+  if [[ -f "$w/dist/index.html" ]] && [[ -z "$(find "$w/src" "$w/index.html" "$w/package-lock.json" \
+       "$w/vite.config.ts" "$w/tsconfig.json" -newer "$w/dist/index.html" -print -quit 2>/dev/null)" ]]; then
+    return 0
+  fi
+  log "building the web console"
+  (cd "$w" && npm run --silent build)
+}

@@ -1,0 +1,297 @@
+// End-to-end tests of the web console in a real browser: Debian's Chromium driven by
+// playwright-core (no browser download), against a real keyserver (PostgreSQL + SoftHSM2
+// when run by tests/webui/test_e2e.py). Node's own test runner; run with
+//   BASE_URL=... ADMIN_USER=... ADMIN_OTP=... AUDITOR_USER=... AUDITOR_PASSWORD=... node e2e/run.mjs
+// The admin signs in once (first-run password change included); later tests reuse the
+// stored browser state. Screenshots of each main page go to SCREENSHOT_DIR.
+import assert from "node:assert/strict";
+import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, before, test } from "node:test";
+import { chromium } from "playwright-core";
+
+const env = (name, fallback) => {
+  const v = process.env[name] ?? fallback;
+  if (v === undefined) throw new Error(`set ${name}`);
+  return v;
+};
+const BASE_URL = env("BASE_URL").replace(/\/$/, "");
+const ADMIN_USER = env("ADMIN_USER");
+const ADMIN_OTP = env("ADMIN_OTP");
+const ADMIN_NEW_PASSWORD = env("ADMIN_NEW_PASSWORD", `e2e-${Date.now()}-Strong-Passphrase`);
+const AUDITOR_USER = env("AUDITOR_USER");
+const AUDITOR_PASSWORD = env("AUDITOR_PASSWORD");
+const SHOTS = env("SCREENSHOT_DIR", "");
+const CHROMIUM = env("CHROMIUM", "/usr/bin/chromium");
+const KEY = `payments-db-${Date.now().toString(36)}`;
+const TOKEN = `rotation-bot-${Date.now().toString(36)}`;
+const TIMEOUT = 15_000;
+
+const work = mkdtempSync(join(tmpdir(), "strongroom-e2e-"));
+const STATE = join(work, "admin-state.json");
+let browser;
+const consoleErrors = [];
+
+before(async () => {
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"],
+  });
+  if (SHOTS) mkdirSync(SHOTS, { recursive: true });
+});
+
+after(async () => {
+  await browser?.close();
+  rmSync(work, { recursive: true, force: true });
+});
+
+/** A page that records console errors and uncaught exceptions (a test fails on any). */
+async function open(storageState, { allow = [] } = {}) {
+  const context = await browser.newContext({ storageState, viewport: { width: 1400, height: 900 }, baseURL: BASE_URL });
+  context.setDefaultTimeout(TIMEOUT);
+  const page = await context.newPage();
+  const errors = [];
+  page.on("console", (m) => {
+    if (m.type() === "error" && !allow.some((re) => re.test(m.text()))) errors.push(`console: ${m.text()}`);
+  });
+  page.on("pageerror", (e) => errors.push(`pageerror: ${e.message}`));
+  return { context, page, errors, done: async () => { await context.close(); consoleErrors.push(...errors); assert.deepEqual(errors, []); } };
+}
+
+async function shot(page, name) {
+  if (!SHOTS) return;
+  await page.waitForLoadState("networkidle");
+  await page.waitForTimeout(250); // let transitions and charts settle
+  await page.addStyleTag({ content: ".mantine-Notifications-root { display: none !important; }" });
+  await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: false });
+}
+
+/** Poll until cond() holds (the page re-renders as data arrives). */
+async function until(cond, message, timeout = TIMEOUT) {
+  const end = Date.now() + timeout;
+  while (Date.now() < end) {
+    if (await cond()) return;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.fail(message());
+}
+
+async function signIn(page, user, password) {
+  await page.goto("/#/sign-in");
+  await page.getByLabel("Username").fill(user);
+  await page.locator('input[name="password"]').fill(password);
+  await page.getByRole("button", { name: "Sign in" }).click();
+}
+
+test("sign in with the one-time password, forced to choose a new one; state stored", async () => {
+  const { page, context, done } = await open(undefined);
+  await page.goto("/");
+  await page.waitForURL(/#\/sign-in/);
+  await page.getByRole("heading", { name: "Sign in" }).waitFor();
+  await shot(page, "sign-in");
+  await signIn(page, ADMIN_USER, ADMIN_OTP);
+  await page.waitForURL(/#\/change-password/);
+  await page.locator('input[name="current_password"]').fill(ADMIN_OTP);
+  await page.locator('input[name="new_password"]').fill(ADMIN_NEW_PASSWORD);
+  await page.locator('input[name="new_password_again"]').fill(ADMIN_NEW_PASSWORD);
+  await page.getByRole("button", { name: "Save password" }).click();
+  await page.getByRole("heading", { name: "Dashboard" }).waitFor();
+  assert.equal(await page.getByTestId("whoami").textContent(), ADMIN_USER);
+  await context.storageState({ path: STATE });
+  await done();
+});
+
+test("a wrong password is refused with an actionable message", async () => {
+  // The browser logs the 401 of the refused sign-in itself: that one is expected.
+  const { page, done } = await open(undefined, { allow: [/status of 401/] });
+  await signIn(page, "nobody-here", "not-the-password");
+  const error = page.getByTestId("api-error");
+  await error.getByText("bad_credentials").waitFor();
+  await error.getByText(/Check the username and password/).waitFor();
+  await done();
+});
+
+test("dashboard shows keys by state, rotations due, denied accesses and the audit chain", async () => {
+  const { page, done } = await open(STATE);
+  await page.goto("/");
+  await page.getByRole("heading", { name: "Keys by state" }).waitFor();
+  await page.getByRole("heading", { name: "Recent denied accesses" }).waitFor();
+  await page.getByTestId("verify-result").waitFor();
+  assert.equal(await page.getByTestId("verify-result").getAttribute("data-ok"), "true");
+  await done();
+});
+
+test("create a key, see it in the list, rotate it", async () => {
+  const { page, context, done } = await open(STATE);
+  // A few more keys, through the API with this session, so the dashboard has something to show.
+  const csrf = (await context.cookies()).find((c) => c.name === "strongroom_csrf")?.value ?? "";
+  const more = [
+    { name: `${KEY}-backup`, rotation_period_days: 7, tags: { env: "dr" } },
+    { name: `${KEY}-staging`, activate: false, tags: { env: "staging" } },
+    { name: `${KEY}-archive`, description: "retired archive key" },
+  ];
+  for (const body of more) {
+    const r = await context.request.post("/api/v1/keys", { data: body, headers: { "X-CSRF-Token": csrf } });
+    assert.equal(r.status(), 201, await r.text());
+  }
+  const r = await context.request.post(`/api/v1/keys/${KEY}-archive/deactivate`, { headers: { "X-CSRF-Token": csrf } });
+  assert.equal(r.status(), 200, await r.text());
+  await page.goto("/#/keys");
+  await page.getByRole("heading", { name: "Keys", exact: true }).waitFor();
+  await page.getByTestId("create-key").click();
+  const dialog = page.getByRole("dialog", { name: "Create key" });
+  await dialog.getByLabel("Name").fill(KEY);
+  await dialog.getByLabel("Description").fill("Card payments database (TDE)");
+  await dialog.getByLabel("Tags").fill("env=prod");
+  await dialog.getByLabel("Tags").press("Enter");
+  await dialog.getByLabel("Rotation period (days)").fill("90");
+  await dialog.getByRole("button", { name: "Create key" }).click();
+  await page.waitForURL(new RegExp(`#/keys/${KEY}`));
+  await page.getByTestId("key-name").getByText(KEY).waitFor();
+  await page.getByTestId("version-timeline").getByText("v1").waitFor();
+
+  // The list: search and filter find it.
+  await page.goto(`/#/keys?q=${KEY}&state=active&tag=env%3Dprod`);
+  await page.getByTestId("keys-table").getByRole("link", { name: KEY, exact: true }).waitFor();
+  await until(async () => (await page.getByTestId("keys-table").locator("tbody tr").count()) === 1,
+              () => "state + tag filters leave the one key");
+  await page.goto(`/#/keys?q=${KEY}`);
+  await page.getByTestId("keys-table").getByRole("link", { name: `${KEY}-archive` }).waitFor();
+  await until(async () => (await page.getByTestId("keys-table").locator("tbody tr").count()) === 4,
+              () => "the search finds the four keys of this run");
+  await shot(page, "keys");
+
+  await page.getByTestId("keys-table").getByRole("link", { name: KEY, exact: true }).click();
+  await page.getByTestId("rotate-key").click();
+  const timeline = page.getByTestId("version-timeline");
+  await timeline.getByText("v2").waitFor();
+  assert.equal(await timeline.locator('[data-state="active"]').count(), 1);
+  assert.equal(await timeline.locator('[data-state="deactivated"]').count(), 1);
+  await page.getByTestId("key-usage").getByText("key.rotate").first().waitFor();
+  await shot(page, "key-detail");
+
+  await page.goto("/");
+  await page.getByTestId("verify-result").waitFor();
+  await until(async () => (await page.getByTestId("keys-total").textContent()) !== "0 keys", () => "keys total");
+  await page.getByRole("heading", { name: /Rotations due/ }).waitFor();
+  await page.getByRole("status").first().waitFor({ state: "detached" }); // every panel loaded
+  await shot(page, "dashboard");
+  await done();
+});
+
+test("destroy needs the key's name typed exactly", async () => {
+  const { page, done } = await open(STATE);
+  await page.goto(`/#/keys/${KEY}`);
+  await page.getByTestId("destroy-key").click();
+  const submit = page.getByTestId("typed-confirm-submit");
+  assert.equal(await submit.isDisabled(), true);
+  await page.getByTestId("typed-confirm-input").fill(KEY.slice(0, -1));
+  assert.equal(await submit.isDisabled(), true);
+  await page.getByRole("button", { name: "Cancel" }).click();
+  await done();
+});
+
+test("audit log: filter, open a record, verify the chain", async () => {
+  const { page, done } = await open(STATE);
+  await page.goto("/#/audit");
+  await page.getByRole("heading", { name: "Audit log" }).waitFor();
+  await page.getByLabel("Action").fill("key.rotate");
+  await page.getByRole("button", { name: "Apply" }).click();
+  await page.waitForURL(/action=key.rotate/);
+  const table = page.locator('[data-testid="audit-table"][data-stale="false"]');
+  let actions = [];
+  await until(async () => {
+    actions = await table.locator("tbody tr td:nth-child(4)").allTextContents();
+    return actions.length > 0 && actions.every((a) => a === "key.rotate");
+  }, () => `audit rows never showed only key.rotate; last seen: ${actions}`);
+  await table.locator("tbody tr").first().click();
+  const record = page.getByTestId("audit-record");
+  await record.getByText("Record hash (HMAC-SHA-256)").waitFor();
+  await page.keyboard.press("Escape");
+  await record.waitFor({ state: "detached" });
+
+  await page.getByLabel("Action").fill("");
+  await page.getByRole("button", { name: "Apply" }).click();
+  await page.getByTestId("verify-chain").click();
+  const result = page.getByTestId("verify-result");
+  await result.waitFor();
+  assert.equal(await result.getAttribute("data-ok"), "true");
+  await page.keyboard.press("Escape");
+  await shot(page, "audit");
+  const csv = await page.getByTestId("export-csv").getAttribute("href", { timeout: 1000 }).catch(() => null);
+  // The menu is closed; the links exist when it is open.
+  await page.getByRole("button", { name: "Export" }).click();
+  assert.match(await page.getByTestId("export-csv").getAttribute("href"), /\/api\/v1\/audit\/export\?format=csv/);
+  assert.ok(csv === null || csv.includes("format=csv"));
+  await page.keyboard.press("Escape");
+  await done();
+});
+
+test("users and API tokens: one-time password and token are shown once", async () => {
+  const { page, done } = await open(STATE);
+  await page.goto("/#/users");
+  await page.getByTestId("users-table").getByText(AUDITOR_USER).waitFor();
+  // A new user gets a one-time password, shown once with a copy button.
+  const newUser = `e2e-op-${Date.now().toString(36)}`;
+  await page.getByTestId("create-user").click();
+  const create = page.getByRole("dialog", { name: "Create user" });
+  await create.getByLabel("Username").fill(newUser);
+  await create.getByRole("button", { name: "Create user" }).click();
+  const otp = page.getByRole("dialog", { name: "One-time password" });
+  assert.ok(((await otp.getByTestId("secret-value").textContent()) ?? "").length >= 12);
+  await otp.getByRole("button", { name: "Copy to clipboard" }).waitFor();
+  await otp.getByRole("button", { name: "I have stored it" }).click();
+  await page.getByTestId("users-table").getByText(newUser).waitFor();
+  await shot(page, "users");
+  await page.goto("/#/tokens");
+  await page.getByTestId("create-token").click();
+  const dialog = page.getByRole("dialog", { name: "Create API token" });
+  await dialog.getByLabel("Name").fill(TOKEN);
+  await dialog.getByRole("button", { name: "Create token" }).click();
+  const secret = await page.getByTestId("secret-value").textContent();
+  assert.match(secret ?? "", /^srk_/);
+  await page.getByRole("button", { name: "I have stored it" }).click();
+  await page.getByTestId("tokens-table").getByText(TOKEN).waitFor();
+  await shot(page, "tokens");
+  await done();
+});
+
+test("an auditor sees keys read-only: no rotate, and the API refuses it", async () => {
+  const { page, context, done } = await open(undefined);
+  await signIn(page, AUDITOR_USER, AUDITOR_PASSWORD);
+  await page.getByRole("heading", { name: "Dashboard" }).waitFor();
+  assert.equal(await page.getByTestId("role-badge").textContent(), "auditor");
+  await page.goto("/#/keys");
+  await page.getByTestId("keys-table").waitFor();
+  assert.equal(await page.getByTestId("create-key").count(), 0, "no create button for an auditor");
+  await page.goto(`/#/keys/${KEY}`);
+  await page.getByTestId("key-name").waitFor();
+  assert.equal(await page.getByTestId("rotate-key").isDisabled(), true, "rotate is disabled");
+  assert.equal(await page.getByTestId("destroy-key").count(), 0);
+  assert.equal(await page.getByTestId("revoke-key").count(), 0);
+  // The server is the authority: the same request from this session is refused.
+  const csrf = (await context.cookies()).find((c) => c.name === "strongroom_csrf")?.value;
+  const r = await context.request.post(`/api/v1/keys/${KEY}/rotate`, { headers: { "X-CSRF-Token": csrf ?? "" } });
+  assert.equal(r.status(), 403);
+  assert.equal((await r.json()).code, "forbidden");
+  await done();
+});
+
+test("an ended session sends the person back to sign-in with a message", async () => {
+  const { page, context, done } = await open(STATE, { allow: [/status of 401/] });
+  await page.goto("/#/keys");
+  await page.getByTestId("keys-table").waitFor();
+  // End the session server-side (as an idle timeout or a sign-out elsewhere would).
+  const csrf = (await context.cookies()).find((c) => c.name === "strongroom_csrf")?.value;
+  const r = await context.request.post("/api/v1/auth/logout", { headers: { "X-CSRF-Token": csrf ?? "" } });
+  assert.equal(r.status(), 204);
+  await context.addCookies([{ name: "strongroom_csrf", value: csrf ?? "", url: BASE_URL }]);
+  await context.addCookies([{ name: "strongroom_session", value: "ended", url: BASE_URL, httpOnly: true }]);
+  await page.getByRole("link", { name: "Audit log" }).click();
+  await page.waitForURL(/#\/sign-in/);
+  await page.getByTestId("signin-notice").getByText(/session/i).waitFor();
+  await done();
+});

@@ -1,0 +1,72 @@
+import { Alert, Code, Text } from "@mantine/core";
+import { IconAlertTriangle } from "@tabler/icons-react";
+import { ApiError } from "../api/client";
+
+/** What the person can do about an error, by its stable code. */
+export function hintFor(err: ApiError): string | null {
+  switch (err.code) {
+    case "forbidden":
+      return "Your role does not allow this action. Ask an administrator if you need it.";
+    case "csrf_failed":
+      return "The page's security token is stale. Reload the page, then try again.";
+    case "bad_credentials":
+      return "Check the username and password. Repeated failures lock the account for a while.";
+    case "rate_limited":
+      return `Too many attempts. Wait${err.retryAfter ? ` ${err.retryAfter} seconds` : " a moment"} and try again.`;
+    case "session_expired":
+    case "session_invalid":
+    case "unauthenticated":
+      return "Sign in again to continue.";
+    case "password_change_required":
+      return "Choose a new password first.";
+    case "wrong_password":
+      return "The current password is not correct.";
+    case "key_exists":
+    case "user_exists":
+      return "Choose another name: names are unique.";
+    case "last_admin":
+      return "Create or enable another administrator first.";
+    case "hsm_unavailable":
+    case "database_unavailable":
+    case "unavailable":
+      return "Nothing was changed. The server cannot reach a dependency; retry shortly or check /readyz.";
+    case "network":
+      return null;
+    case "validation_error":
+    case "invalid_input":
+      return "Correct the highlighted value and submit again.";
+    default:
+      return null;
+  }
+}
+
+export function errorTitle(err: ApiError): string {
+  if (err.status === 0) return "Server unreachable";
+  if (err.status === 403) return "Not allowed";
+  if (err.status === 404) return "Not found";
+  if (err.status === 409) return "Conflict";
+  if (err.status === 401) return "Not signed in";
+  if (err.status === 429) return "Slow down";
+  if (err.status >= 500) return "Server problem";
+  return "Request refused";
+}
+
+export function ErrorAlert({ error, title }: { error: unknown; title?: string }) {
+  if (!error) return null;
+  const err = error instanceof ApiError ? error
+    : new ApiError({ status: 0, code: "client_error", detail: error instanceof Error ? error.message : String(error) });
+  const hint = hintFor(err);
+  return (
+    <Alert color="red" variant="light" role="alert" icon={<IconAlertTriangle size={18} />}
+           title={title ?? errorTitle(err)} data-testid="api-error">
+      <Text size="sm">{err.detail}</Text>
+      {hint && <Text size="sm" mt={4} fw={500}>{hint}</Text>}
+      {(err.code || err.requestId) && (
+        <Text size="xs" c="dimmed" mt={6}>
+          {err.code && <>code <Code>{err.code}</Code></>}
+          {err.requestId && <> · request <Code>{err.requestId}</Code></>}
+        </Text>
+      )}
+    </Alert>
+  );
+}

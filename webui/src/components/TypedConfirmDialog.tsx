@@ -1,0 +1,48 @@
+import { Button, Group, Modal, Stack, Text, TextInput } from "@mantine/core";
+import { useState, type ReactNode } from "react";
+import { ErrorAlert } from "./ErrorAlert";
+
+interface Props {
+  opened: boolean;
+  onClose: () => void;
+  title: string;
+  /** What must be typed, exactly, to enable the action (e.g. the key's name). */
+  phrase: string;
+  actionLabel: string;
+  children: ReactNode;
+  onConfirm: () => void;
+  busy?: boolean;
+  error?: unknown;
+}
+
+/** An irreversible action that the person confirms by typing the object's name. */
+export function TypedConfirmDialog({ opened, onClose, title, phrase, actionLabel, children, onConfirm, busy, error }: Props) {
+  const [typed, setTyped] = useState("");
+  const matches = typed === phrase;
+  const close = () => { setTyped(""); onClose(); };
+  return (
+    <Modal opened={opened} onClose={close} title={title} centered>
+      <form onSubmit={(e) => { e.preventDefault(); if (matches && !busy) onConfirm(); }}>
+        <Stack gap="sm">
+          {children}
+          <TextInput
+            label={<>Type <Text span ff="monospace" fw={700}>{phrase}</Text> to confirm</>}
+            value={typed}
+            onChange={(e) => setTyped(e.currentTarget.value)}
+            autoComplete="off"
+            spellCheck={false}
+            data-autofocus
+            data-testid="typed-confirm-input"
+          />
+          <ErrorAlert error={error} />
+          <Group justify="flex-end">
+            <Button variant="default" onClick={close}>Cancel</Button>
+            <Button type="submit" color="red" disabled={!matches} loading={busy} data-testid="typed-confirm-submit">
+              {actionLabel}
+            </Button>
+          </Group>
+        </Stack>
+      </form>
+    </Modal>
+  );
+}

@@ -1,0 +1,22 @@
+import { IconDashboard, IconKey, IconListDetails, IconTicket, IconUsers } from "@tabler/icons-react";
+import type { ComponentType } from "react";
+import type { Permission } from "./auth";
+
+export interface NavItem {
+  to: string;
+  label: string;
+  icon: ComponentType<{ size?: number; stroke?: number }>;
+  /** Shown only to roles with this permission. */
+  perm?: Permission;
+}
+
+// The console's sections. Extension point: hosts & enrollment (issue 4) and guard-point
+// policies (issue 5) add their entries here (plus a route in router.tsx) when their API
+// exists — the console shows nothing for features the server does not have yet.
+export const NAV: NavItem[] = [
+  { to: "/", label: "Dashboard", icon: IconDashboard },
+  { to: "/keys", label: "Keys", icon: IconKey, perm: "keys:read" },
+  { to: "/audit", label: "Audit log", icon: IconListDetails, perm: "audit:read" },
+  { to: "/users", label: "Users", icon: IconUsers, perm: "users:read" },
+  { to: "/tokens", label: "API tokens", icon: IconTicket, perm: "tokens:own" },
+];

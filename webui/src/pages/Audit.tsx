@@ -1,0 +1,205 @@
+import {
+  Anchor, Button, Code, Drawer, Group, Menu, Modal, Paper, ScrollArea, Select, SimpleGrid, Stack, Table, Text,
+  TextInput, UnstyledButton,
+} from "@mantine/core";
+import { IconDownload, IconShieldCheck } from "@tabler/icons-react";
+import { useMutation, useQuery } from "@tanstack/react-query";
+import { Fragment, useState } from "react";
+import { useSearchParams } from "react-router";
+import { api, auditExportUrl, call, type AuditEvent } from "../api/client";
+import { useAuth } from "../auth";
+import { ErrorAlert } from "../components/ErrorAlert";
+import { GuardedButton } from "../components/Guarded";
+import { CopyValue, EmptyState, Loading, OutcomeBadge, fmtTime } from "../components/bits";
+import { PageHeader } from "../components/PageHeader";
+import { VerifyResultView } from "./Dashboard";
+
+const FILTERS = ["actor", "action", "object_id", "outcome", "since", "until"] as const;
+type FilterName = (typeof FILTERS)[number];
+const PAGE = 50;
+
+/** datetime-local (taken as UTC, like everything shown here) → ISO 8601. */
+export function toIsoUtc(local: string): string | undefined {
+  if (!local) return undefined;
+  const d = new Date(`${local}${local.length === 16 ? ":00" : ""}Z`);
+  return Number.isNaN(d.getTime()) ? undefined : d.toISOString();
+}
+
+export function AuditPage() {
+  const [params, setParams] = useSearchParams();
+  const get = (k: FilterName) => params.get(k) ?? "";
+  const [draft, setDraft] = useState<Record<FilterName, string>>(
+    () => Object.fromEntries(FILTERS.map((f) => [f, get(f)])) as Record<FilterName, string>);
+  const [cursors, setCursors] = useState<number[]>([]); // before_seq of each page after the first
+  const before = cursors.at(-1);
+  const filters = {
+    actor: get("actor") || undefined,
+    action: get("action") || undefined,
+    object_id: get("object_id") || undefined,
+    outcome: (get("outcome") || undefined) as "allowed" | "denied" | "error" | undefined,
+    since: toIsoUtc(get("since")),
+    until: toIsoUtc(get("until")),
+  };
+  const list = useQuery({
+    queryKey: ["audit", "list", filters, before],
+    queryFn: () => call(api.GET("/api/v1/audit/events", { params: { query: { ...filters, limit: PAGE, before_seq: before } } })),
+    placeholderData: (prev) => prev,
+  });
+  const openSeq = params.get("seq");
+  const [verifyOpen, setVerifyOpen] = useState(false);
+  const verify = useMutation({ mutationFn: () => call(api.POST("/api/v1/audit/verify")) });
+
+  const apply = (e?: React.FormEvent) => {
+    e?.preventDefault();
+    const next = new URLSearchParams();
+    for (const f of FILTERS) if (draft[f]) next.set(f, draft[f]);
+    setCursors([]);
+    setParams(next, { replace: true });
+  };
+  const clear = () => {
+    setDraft(Object.fromEntries(FILTERS.map((f) => [f, ""])) as Record<FilterName, string>);
+    setCursors([]);
+    setParams({}, { replace: true });
+  };
+  const openRecord = (seq: number | null) => {
+    const next = new URLSearchParams(params);
+    if (seq == null) next.delete("seq"); else next.set("seq", String(seq));
+    setParams(next, { replace: true });
+  };
+  const exportFilters = Object.fromEntries(Object.entries(filters).filter(([, v]) => v)) as Record<string, string>;
+  const set = (f: FilterName) => (e: React.ChangeEvent<HTMLInputElement>) => {
+    const value = e.currentTarget.value;
+    setDraft((d) => ({ ...d, [f]: value }));
+  };
+
+  return (
+    <Stack gap="md">
+      <PageHeader title="Audit log" subtitle="Append-only, HMAC-chained under a key held in the HSM. Newest first."
+        actions={<>
+          <GuardedButton perm="audit:verify" variant="default" leftSection={<IconShieldCheck size={16} />}
+                         loading={verify.isPending} data-testid="verify-chain"
+                         onClick={() => { setVerifyOpen(true); verify.mutate(); }}>Verify chain</GuardedButton>
+          <Menu position="bottom-end">
+            <Menu.Target>
+              <Button variant="default" leftSection={<IconDownload size={16} />}>Export</Button>
+            </Menu.Target>
+            <Menu.Dropdown>
+              <Menu.Label>Matching records, oldest first</Menu.Label>
+              <Menu.Item component="a" href={auditExportUrl("csv", exportFilters)} download data-testid="export-csv">CSV</Menu.Item>
+              <Menu.Item component="a" href={auditExportUrl("jsonl", exportFilters)} download data-testid="export-json">JSON lines</Menu.Item>
+            </Menu.Dropdown>
+          </Menu>
+        </>} />
+      <Paper withBorder radius="md" p="sm">
+        <form onSubmit={apply} aria-label="Audit filters">
+          <Group gap="xs" align="flex-end">
+            <TextInput label="Actor" placeholder="username" value={draft.actor} onChange={set("actor")} w={130} />
+            <TextInput label="Action" placeholder="key. or key.rotate" value={draft.action} onChange={set("action")} w={150} />
+            <TextInput label="Object ID" placeholder="key UUID, user id…" value={draft.object_id} onChange={set("object_id")} w={170} />
+            <Select label="Outcome" placeholder="Any" clearable data={["allowed", "denied", "error"]} w={100}
+                    value={draft.outcome || null} onChange={(v) => setDraft((d) => ({ ...d, outcome: v ?? "" }))} />
+            <TextInput label="From (UTC)" type="datetime-local" value={draft.since} onChange={set("since")} w={168} />
+            <TextInput label="To (UTC)" type="datetime-local" value={draft.until} onChange={set("until")} w={168} />
+            <Button type="submit" color="dark">Apply</Button>
+            <Button variant="subtle" color="gray" onClick={clear}>Clear</Button>
+          </Group>
+        </form>
+      </Paper>
+      <Paper withBorder radius="md">
+        {list.error ? <ErrorAlert error={list.error} /> : list.isPending ? <Loading label="Loading audit records…" /> :
+          list.data.items.length === 0 ? <EmptyState title="No records match">Widen the time range or clear filters.</EmptyState> : (
+            <Table.ScrollContainer minWidth={900}>
+              <Table highlightOnHover fz="sm" verticalSpacing={6} data-testid="audit-table"
+                     data-stale={list.isPlaceholderData} style={{ opacity: list.isPlaceholderData ? 0.55 : 1 }}>
+                <Table.Thead><Table.Tr>
+                  <Table.Th>#</Table.Th><Table.Th>Time</Table.Th><Table.Th>Actor</Table.Th><Table.Th>Action</Table.Th>
+                  <Table.Th>Object</Table.Th><Table.Th>Outcome</Table.Th><Table.Th>Source</Table.Th>
+                </Table.Tr></Table.Thead>
+                <Table.Tbody>
+                  {list.data.items.map((e) => (
+                    <Table.Tr key={e.seq} style={{ cursor: "pointer" }} onClick={() => openRecord(e.seq)}>
+                      <Table.Td>
+                        <UnstyledButton onClick={(ev) => { ev.stopPropagation(); openRecord(e.seq); }}
+                                        aria-label={`Open audit record ${e.seq}`} c="blue.8" fz="sm">{e.seq}</UnstyledButton>
+                      </Table.Td>
+                      <Table.Td style={{ whiteSpace: "nowrap" }}>{fmtTime(e.time)}</Table.Td>
+                      <Table.Td>{e.actor}</Table.Td>
+                      <Table.Td><Text size="sm" ff="monospace">{e.action}</Text></Table.Td>
+                      <Table.Td><Text size="xs" ff="monospace" lineClamp={1} maw={260}>
+                        {e.object_type ? `${e.object_type}:` : ""}{e.object_id ?? "—"}</Text></Table.Td>
+                      <Table.Td><OutcomeBadge outcome={e.outcome} /></Table.Td>
+                      <Table.Td>{e.source_ip ?? "—"}</Table.Td>
+                    </Table.Tr>
+                  ))}
+                </Table.Tbody>
+              </Table>
+            </Table.ScrollContainer>
+          )}
+      </Paper>
+      {list.data && list.data.total > 0 && (
+        <Group justify="space-between">
+          <Text size="sm" c="dimmed" data-testid="audit-total">{list.data.total} matching records</Text>
+          <Group gap="xs">
+            <Button size="xs" variant="default" disabled={!cursors.length} onClick={() => setCursors((c) => c.slice(0, -1))}>Newer</Button>
+            <Button size="xs" variant="default" disabled={list.data.next_before_seq == null}
+                    onClick={() => setCursors((c) => [...c, list.data.next_before_seq as number])}>Older</Button>
+          </Group>
+        </Group>
+      )}
+      <AuditDrawer seq={openSeq ? Number(openSeq) : null} onClose={() => openRecord(null)} />
+      <Modal opened={verifyOpen} onClose={() => setVerifyOpen(false)} title="Audit chain verification" centered>
+        {verify.error ? <ErrorAlert error={verify.error} /> : verify.data ? <VerifyResultView result={verify.data} />
+          : <Loading label="Walking the chain…" />}
+      </Modal>
+    </Stack>
+  );
+}
+
+function AuditDrawer({ seq, onClose }: { seq: number | null; onClose: () => void }) {
+  const { can } = useAuth();
+  const q = useQuery({
+    queryKey: ["audit", "one", seq],
+    queryFn: () => call(api.GET("/api/v1/audit/events/{seq}", { params: { path: { seq: seq as number } } })),
+    enabled: seq != null && can("audit:read"),
+  });
+  return (
+    <Drawer opened={seq != null} onClose={onClose} position="right" size="lg" title={<Text fw={650}>Audit record #{seq}</Text>}
+            scrollAreaComponent={ScrollArea.Autosize}>
+      {q.error ? <ErrorAlert error={q.error} /> : q.isPending ? <Loading /> : <RecordView e={q.data} />}
+    </Drawer>
+  );
+}
+
+export function RecordView({ e }: { e: AuditEvent }) {
+  const rows: [string, React.ReactNode][] = [
+    ["Sequence", e.seq], ["Time", fmtTime(e.time)], ["Actor", `${e.actor} (${e.actor_type})`],
+    ["Action", <Code key="a">{e.action}</Code>], ["Outcome", <OutcomeBadge key="o" outcome={e.outcome} />],
+    ["Object type", e.object_type ?? "—"], ["Object ID", e.object_id ?? "—"],
+    ["Source address", e.source_ip ?? "—"], ["Request ID", e.request_id ?? "—"],
+  ];
+  return (
+    <Stack gap="md" data-testid="audit-record">
+      <SimpleGrid cols={2} spacing={6} style={{ gridTemplateColumns: "140px 1fr" }}>
+        {rows.map(([k, v]) => <Fragment key={k}><Text size="sm" c="dimmed">{k}</Text><Text size="sm" component="div">{v}</Text></Fragment>)}
+      </SimpleGrid>
+      <div>
+        <Text size="sm" c="dimmed" mb={4}>Details</Text>
+        <Code block>{JSON.stringify(e.details, null, 2)}</Code>
+      </div>
+      <Hash label="Previous hash" value={e.prev_hash} />
+      <Hash label="Record hash (HMAC-SHA-256)" value={e.hash} />
+      {e.object_type === "key" && e.object_id && (
+        <Anchor href={`#/keys/${encodeURIComponent(e.object_id)}`} size="sm">Open key</Anchor>
+      )}
+    </Stack>
+  );
+}
+
+function Hash({ label, value }: { label: string; value: string }) {
+  return (
+    <div>
+      <Group gap={4}><Text size="sm" c="dimmed">{label}</Text><CopyValue value={value} label={`Copy ${label.toLowerCase()}`} /></Group>
+      <Code block style={{ wordBreak: "break-all", whiteSpace: "pre-wrap" }}>{value}</Code>
+    </div>
+  );
+}

@@ -1,0 +1,271 @@
+import {
+  Anchor, Button, Code, Grid, Group, Modal, NumberInput, Paper, Select, SimpleGrid, Stack, Switch, Table, Text,
+  Textarea, Timeline, Title,
+} from "@mantine/core";
+import { notifications } from "@mantine/notifications";
+import { IconRotateClockwise } from "@tabler/icons-react";
+import { useMutation, useQueries, useQueryClient } from "@tanstack/react-query";
+import { useState } from "react";
+import { Link, useParams } from "react-router";
+import { api, call, type Key, type RevokeReason } from "../api/client";
+import { useAuth } from "../auth";
+import { ErrorAlert } from "../components/ErrorAlert";
+import { GuardedButton } from "../components/Guarded";
+import { TypedConfirmDialog } from "../components/TypedConfirmDialog";
+import { CopyValue, EmptyState, Loading, OutcomeBadge, STATE_COLOR, StateBadge, fmtRelative, fmtTime } from "../components/bits";
+import { PageHeader } from "../components/PageHeader";
+import { qk, useKey } from "../queries";
+import { TagList } from "./Keys";
+
+const REASONS: { value: RevokeReason; label: string }[] = [
+  { value: "key-compromise", label: "Key compromise (→ Compromised)" },
+  { value: "ca-compromise", label: "CA compromise (→ Compromised)" },
+  { value: "superseded", label: "Superseded" },
+  { value: "cessation-of-operation", label: "Cessation of operation" },
+  { value: "affiliation-changed", label: "Affiliation changed" },
+  { value: "privilege-withdrawn", label: "Privilege withdrawn" },
+  { value: "unspecified", label: "Unspecified" },
+];
+
+export function KeyDetailPage() {
+  const { keyRef = "" } = useParams();
+  const key = useKey(keyRef);
+  if (key.error) return <Stack><PageHeader title={keyRef} /><ErrorAlert error={key.error} /></Stack>;
+  if (key.isPending) return <Loading label="Loading key…" />;
+  return <KeyView k={key.data} keyRef={keyRef} />;
+}
+
+function useKeyAction(k: Key, keyRef: string) {
+  const qc = useQueryClient();
+  return (label: string, fn: () => Promise<Key>) => ({
+    mutationFn: fn,
+    onSuccess: (updated: Key) => {
+      qc.setQueryData(qk.key(keyRef), updated);
+      void qc.invalidateQueries({ queryKey: qk.keysAll });
+      // The audit chainer appends records a moment after the request commits.
+      for (const ms of [0, 1200]) setTimeout(() => void qc.invalidateQueries({ queryKey: ["audit"] }), ms);
+      notifications.show({ color: "teal", title: label, message: `${k.name}: v${updated.current_version} ${updated.state}` });
+    },
+  });
+}
+
+function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
+  const { can } = useAuth();
+  const action = useKeyAction(k, keyRef);
+  const path = { params: { path: { key_ref: k.id } } };
+  const rotate = useMutation(action("Rotated", () => call(api.POST("/api/v1/keys/{key_ref}/rotate", path))));
+  const activate = useMutation(action("Activated", () => call(api.POST("/api/v1/keys/{key_ref}/activate", path))));
+  const deactivate = useMutation(action("Deactivated", () => call(api.POST("/api/v1/keys/{key_ref}/deactivate", path))));
+  const [dialog, setDialog] = useState<null | "schedule" | "revoke" | "destroy" | "deactivate">(null);
+  const destroyed = k.state === "destroyed" || k.state === "destroyed-compromised";
+  const live = k.state === "active" || k.state === "pre-active";
+  const actionError = rotate.error ?? activate.error;
+
+  return (
+    <Stack gap="md">
+      <Text size="sm"><Anchor component={Link} to="/keys">Keys</Anchor> / {k.name}</Text>
+      <PageHeader
+        title={<Group gap="sm"><span data-testid="key-name">{k.name}</span><StateBadge state={k.state} /></Group>}
+        subtitle={k.description || "No description"}
+        actions={<>
+          {k.state === "pre-active" && (
+            <GuardedButton perm="keys:activate" mode="hide" variant="default" loading={activate.isPending}
+                           onClick={() => activate.mutate()}>Activate</GuardedButton>
+          )}
+          <GuardedButton perm="keys:rotate" color="dark" leftSection={<IconRotateClockwise size={16} />}
+                         loading={rotate.isPending} disabled={destroyed} onClick={() => rotate.mutate()}
+                         data-testid="rotate-key">Rotate now</GuardedButton>
+          <GuardedButton perm="keys:update" variant="default" onClick={() => setDialog("schedule")}
+                         data-testid="edit-schedule">Rotation schedule</GuardedButton>
+          {can("keys:revoke") && live && (
+            <Button variant="default" color="orange" onClick={() => setDialog("deactivate")}>Deactivate</Button>
+          )}
+          <GuardedButton perm="keys:revoke" mode="hide" variant="outline" color="orange" disabled={destroyed}
+                         onClick={() => setDialog("revoke")} data-testid="revoke-key">Revoke</GuardedButton>
+          <GuardedButton perm="keys:destroy" mode="hide" variant="outline" color="red" disabled={destroyed}
+                         onClick={() => setDialog("destroy")} data-testid="destroy-key">Destroy</GuardedButton>
+        </>}
+      />
+      <ErrorAlert error={actionError} />
+      <Grid gutter="md">
+        <Grid.Col span={{ base: 12, lg: 5 }}>
+          <Paper withBorder radius="md" p="md">
+            <Title order={2} size="h5" mb="sm">Properties</Title>
+            <SimpleGrid cols={2} spacing={6} verticalSpacing={6} style={{ gridTemplateColumns: "120px 1fr" }}>
+              <Prop label="Key ID"><Group gap={2} wrap="nowrap"><Code fz="xs">{k.id}</Code><CopyValue value={k.id} label="Copy key ID" /></Group></Prop>
+              <Prop label="Algorithm">{k.algorithm}-{k.length_bits}</Prop>
+              <Prop label="Current version">v{k.current_version}</Prop>
+              <Prop label="Owner">{k.owner || "—"}</Prop>
+              <Prop label="Rotation">{k.rotation_period_days ? `every ${k.rotation_period_days} days` : "manual only"}</Prop>
+              <Prop label="Next rotation">{k.next_rotation_at ? `${fmtTime(k.next_rotation_at)} (${fmtRelative(k.next_rotation_at)})` : "—"}</Prop>
+              <Prop label="Created">{fmtTime(k.created_at)}</Prop>
+              <Prop label="Updated">{fmtTime(k.updated_at)}</Prop>
+              <Prop label="Tags"><TagList tags={k.tags} /></Prop>
+            </SimpleGrid>
+          </Paper>
+        </Grid.Col>
+        <Grid.Col span={{ base: 12, lg: 7 }}>
+          <Paper withBorder radius="md" p="md">
+            <Title order={2} size="h5" mb="sm">Versions</Title>
+            <VersionTimeline k={k} />
+          </Paper>
+        </Grid.Col>
+      </Grid>
+      {can("audit:read") && <KeyUsage k={k} />}
+      <ScheduleDialog k={k} keyRef={keyRef} opened={dialog === "schedule"} onClose={() => setDialog(null)} />
+      <RevokeDialog k={k} keyRef={keyRef} opened={dialog === "revoke"} onClose={() => setDialog(null)} />
+      <DestroyDialog k={k} keyRef={keyRef} opened={dialog === "destroy"} onClose={() => setDialog(null)} />
+      <TypedConfirmDialog opened={dialog === "deactivate"} onClose={() => setDialog(null)} title={`Deactivate ${k.name}`}
+                          phrase={k.name} actionLabel="Deactivate" busy={deactivate.isPending} error={deactivate.error}
+                          onConfirm={() => deactivate.mutate(undefined, { onSuccess: () => setDialog(null) })}>
+        <Text size="sm">The active version stops encrypting new data. Existing data still decrypts.
+          Rotate to get a new active version.</Text>
+      </TypedConfirmDialog>
+    </Stack>
+  );
+}
+
+function Prop({ label, children }: { label: string; children: React.ReactNode }) {
+  return <><Text size="sm" c="dimmed">{label}</Text><Text size="sm" component="div">{children}</Text></>;
+}
+
+export function VersionTimeline({ k }: { k: Key }) {
+  const versions = [...k.versions].sort((a, b) => b.version - a.version);
+  const activeIdx = versions.findIndex((v) => v.state === "active");
+  return (
+    <Timeline active={activeIdx} bulletSize={18} lineWidth={2} data-testid="version-timeline">
+      {versions.map((v) => (
+        <Timeline.Item key={v.version} color={STATE_COLOR[v.state]}
+                       title={<Group gap="xs"><Text fw={600} size="sm">v{v.version}</Text><StateBadge state={v.state} /></Group>}>
+          <Text size="xs" c="dimmed">created {fmtTime(v.created_at)}
+            {v.activation_date && <> · activated {fmtTime(v.activation_date)}</>}
+            {v.deactivation_date && <> · deactivated {fmtTime(v.deactivation_date)}</>}
+            {v.compromise_date && <> · compromised {fmtTime(v.compromise_date)}</>}
+            {v.destroy_date && <> · destroyed {fmtTime(v.destroy_date)}</>}
+          </Text>
+          {v.revocation_reason && (
+            <Text size="xs" c="orange.8">revoked: {v.revocation_reason}{v.revocation_message ? ` — ${v.revocation_message}` : ""}</Text>
+          )}
+          {v.wrapping_mechanism && (
+            <Text size="xs" c="dimmed">wrapped by {v.wrapping_key_id} ({v.wrapping_mechanism})</Text>
+          )}
+        </Timeline.Item>
+      ))}
+    </Timeline>
+  );
+}
+
+function KeyUsage({ k }: { k: Key }) {
+  // Records name the key by id once it is resolved; refusals name it as the caller did
+  // (often by name): ask for both and merge.
+  const refs = Array.from(new Set([k.id, k.name]));
+  const results = useQueries({
+    queries: refs.map((ref) => ({
+      queryKey: ["audit", "list", { object_id: ref, limit: 50 }],
+      queryFn: () => call(api.GET("/api/v1/audit/events", { params: { query: { object_id: ref, limit: 50 } } })),
+    })),
+  });
+  const error = results.find((r) => r.error)?.error;
+  const events = results.flatMap((r) => r.data?.items ?? [])
+    .filter((e, i, all) => all.findIndex((x) => x.seq === e.seq) === i)
+    .sort((a, b) => b.seq - a.seq).slice(0, 50);
+  return (
+    <Paper withBorder radius="md" p="md">
+      <Group justify="space-between" mb="sm">
+        <Title order={2} size="h5">Who used this key</Title>
+        <Anchor component={Link} to={`/audit?object_id=${encodeURIComponent(k.id)}`} size="sm">Open in audit log</Anchor>
+      </Group>
+      {error ? <ErrorAlert error={error} /> : results.some((r) => r.isPending) ? <Loading /> : events.length === 0 ? (
+        <EmptyState title="No recorded use">Key operations and refusals on this key will appear here.</EmptyState>
+      ) : (
+        <Table fz="sm" verticalSpacing={6} data-testid="key-usage">
+          <Table.Thead><Table.Tr><Table.Th>#</Table.Th><Table.Th>Time</Table.Th><Table.Th>Actor</Table.Th>
+            <Table.Th>Action</Table.Th><Table.Th>Outcome</Table.Th><Table.Th>Source</Table.Th></Table.Tr></Table.Thead>
+          <Table.Tbody>
+            {events.map((e) => (
+              <Table.Tr key={e.seq}>
+                <Table.Td><Anchor component={Link} to={`/audit?seq=${e.seq}`} size="sm">{e.seq}</Anchor></Table.Td>
+                <Table.Td>{fmtTime(e.time)}</Table.Td>
+                <Table.Td>{e.actor} <Text span size="xs" c="dimmed">({e.actor_type})</Text></Table.Td>
+                <Table.Td><Text size="sm" ff="monospace">{e.action}</Text></Table.Td>
+                <Table.Td><OutcomeBadge outcome={e.outcome} /></Table.Td>
+                <Table.Td>{e.source_ip ?? "—"}</Table.Td>
+              </Table.Tr>
+            ))}
+          </Table.Tbody>
+        </Table>
+      )}
+    </Paper>
+  );
+}
+
+function ScheduleDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; opened: boolean; onClose: () => void }) {
+  const [enabled, setEnabled] = useState(!!k.rotation_period_days);
+  const [days, setDays] = useState<number | string>(k.rotation_period_days ?? 90);
+  const action = useKeyAction(k, keyRef);
+  const save = useMutation(action("Rotation schedule saved", () => call(api.PATCH("/api/v1/keys/{key_ref}", {
+    params: { path: { key_ref: k.id } },
+    body: enabled ? { rotation_period_days: Number(days) } : { rotation_period_days: null, clear_rotation: true },
+  }))));
+  return (
+    <Modal opened={opened} onClose={onClose} title="Rotation schedule" centered>
+      <form onSubmit={(e) => { e.preventDefault(); save.mutate(undefined, { onSuccess: onClose }); }}>
+        <Stack gap="sm">
+          <Switch label="Rotate automatically" checked={enabled} onChange={(e) => setEnabled(e.currentTarget.checked)} />
+          <NumberInput label="Rotation period (days)" min={1} max={3650} allowDecimal={false} disabled={!enabled}
+                       value={days} onChange={setDays} />
+          <Text size="xs" c="dimmed">The scheduler makes a new active version when the period has passed.</Text>
+          <ErrorAlert error={save.error} />
+          <Group justify="flex-end">
+            <Button variant="default" onClick={onClose}>Cancel</Button>
+            <Button type="submit" color="dark" loading={save.isPending}>Save</Button>
+          </Group>
+        </Stack>
+      </form>
+    </Modal>
+  );
+}
+
+function RevokeDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; opened: boolean; onClose: () => void }) {
+  const [reason, setReason] = useState<RevokeReason>("superseded");
+  const [message, setMessage] = useState("");
+  const action = useKeyAction(k, keyRef);
+  const revoke = useMutation(action("Revoked", () => call(api.POST("/api/v1/keys/{key_ref}/revoke", {
+    params: { path: { key_ref: k.id } }, body: { reason, message },
+  }))));
+  const compromise = reason === "key-compromise" || reason === "ca-compromise";
+  return (
+    <TypedConfirmDialog opened={opened} onClose={onClose} title={`Revoke ${k.name}`} phrase={k.name}
+                        actionLabel="Revoke key" busy={revoke.isPending} error={revoke.error}
+                        onConfirm={() => revoke.mutate(undefined, { onSuccess: onClose })}>
+      <Select label="Reason" data={REASONS} value={reason} allowDeselect={false}
+              onChange={(v) => v && setReason(v as RevokeReason)} comboboxProps={{ withinPortal: true }} />
+      <Textarea label="Message" description="Recorded with the revocation and in the audit log"
+                value={message} onChange={(e) => setMessage(e.currentTarget.value)} maxLength={1000} autosize minRows={2} />
+      <Text size="sm" c={compromise ? "red.8" : undefined}>
+        {compromise
+          ? "Compromised versions can no longer decrypt anything. Data protected by them must be restored from other copies."
+          : "The active version is deactivated: it still decrypts, but encrypts nothing new."}
+      </Text>
+    </TypedConfirmDialog>
+  );
+}
+
+export function DestroyDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; opened: boolean; onClose: () => void }) {
+  const action = useKeyAction(k, keyRef);
+  const destroy = useMutation(action("Destroyed", () => call(api.POST("/api/v1/keys/{key_ref}/destroy", {
+    params: { path: { key_ref: k.id } }, body: {},
+  }))));
+  const hasActive = k.versions.some((v) => v.state === "active");
+  return (
+    <TypedConfirmDialog opened={opened} onClose={onClose} title={`Destroy ${k.name}`} phrase={k.name}
+                        actionLabel="Destroy every version" busy={destroy.isPending} error={destroy.error}
+                        onConfirm={() => destroy.mutate(undefined, { onSuccess: onClose })}>
+      <Text size="sm" fw={600} c="red.8">This cannot be undone.</Text>
+      <Text size="sm">The key material of all {k.versions.length} version(s) is erased. Anything still encrypted
+        under this key becomes unreadable. The key's metadata and audit trail are kept.</Text>
+      {hasActive && <Text size="sm" c="orange.8">The key has an active version: revoke or deactivate it first,
+        or the server refuses.</Text>}
+    </TypedConfirmDialog>
+  );
+}

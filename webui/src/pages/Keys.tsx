@@ -1,0 +1,183 @@
+import {
+  Anchor, Button, Group, Modal, NumberInput, Pagination, Paper, Select, Stack, Switch, Table, TagsInput, Text,
+  TextInput, Textarea,
+} from "@mantine/core";
+import { useDebouncedValue } from "@mantine/hooks";
+import { notifications } from "@mantine/notifications";
+import { IconPlus, IconSearch } from "@tabler/icons-react";
+import { useMutation, useQueryClient } from "@tanstack/react-query";
+import { useEffect, useState } from "react";
+import { Link, useNavigate, useSearchParams } from "react-router";
+import { KEY_STATES, api, call, type KeyState } from "../api/client";
+import { GuardedButton } from "../components/Guarded";
+import { ErrorAlert } from "../components/ErrorAlert";
+import { EmptyState, Loading, StateBadge, fmtRelative, fmtTime } from "../components/bits";
+import { PageHeader } from "../components/PageHeader";
+import { qk, useKeys } from "../queries";
+
+const PAGE = 25;
+
+export function KeysPage() {
+  const [params, setParams] = useSearchParams();
+  const [q, setQ] = useState(params.get("q") ?? "");
+  const [debouncedQ] = useDebouncedValue(q, 250);
+  const state = (params.get("state") as KeyState | null) ?? undefined;
+  const tag = params.get("tag") ?? "";
+  const [tagInput, setTagInput] = useState(tag);
+  const page = Number(params.get("page") ?? "1") || 1;
+  const [creating, setCreating] = useState(false);
+  // The URL is the source of truth (links, back button): follow it when it changes.
+  const urlQ = params.get("q") ?? "";
+  useEffect(() => { setQ(urlQ); }, [urlQ]);
+  useEffect(() => { setTagInput(tag); }, [tag]);
+  const keys = useKeys({ q: debouncedQ, state, tag, limit: PAGE, offset: (page - 1) * PAGE });
+
+  const update = (changes: Record<string, string | undefined>) => {
+    const next = new URLSearchParams(params);
+    for (const [k, v] of Object.entries(changes)) { if (v) next.set(k, v); else next.delete(k); }
+    if (!("page" in changes)) next.delete("page");
+    setParams(next, { replace: true });
+  };
+  const filtered = !!(debouncedQ || state || tag);
+  const pages = keys.data ? Math.max(1, Math.ceil(keys.data.total / PAGE)) : 1;
+
+  return (
+    <Stack gap="md">
+      <PageHeader title="Keys" subtitle="Managed AES-256 keys, wrapped under the HSM's key-encryption key"
+                  actions={<GuardedButton perm="keys:create" mode="hide" leftSection={<IconPlus size={16} />}
+                                          color="dark" onClick={() => setCreating(true)} data-testid="create-key">
+                    Create key</GuardedButton>} />
+      <Paper withBorder radius="md" p="sm">
+        <Group gap="sm" align="flex-end">
+          <TextInput label="Search" placeholder="Name or description" leftSection={<IconSearch size={14} />}
+                     value={q} onChange={(e) => { setQ(e.currentTarget.value); update({ q: e.currentTarget.value || undefined }); }}
+                     w={260} />
+          <Select label="State" placeholder="Any state" clearable data={KEY_STATES} value={state ?? null}
+                  onChange={(v) => update({ state: v ?? undefined })} w={200} />
+          <form onSubmit={(e) => { e.preventDefault(); update({ tag: tagInput.trim() || undefined }); }}>
+            <TextInput label="Tag" placeholder="env or env=prod" value={tagInput}
+                       onChange={(e) => setTagInput(e.currentTarget.value)}
+                       onBlur={() => update({ tag: tagInput.trim() || undefined })} w={200} />
+          </form>
+          {filtered && <Button variant="subtle" color="gray" onClick={() => { setQ(""); setTagInput(""); setParams({}, { replace: true }); }}>
+            Clear filters</Button>}
+        </Group>
+      </Paper>
+      <Paper withBorder radius="md">
+        {keys.error ? <ErrorAlert error={keys.error} /> : keys.isPending ? <Loading label="Loading keys…" /> :
+          keys.data.items.length === 0 ? (
+            filtered ? <EmptyState title="No key matches these filters">Change or clear the filters.</EmptyState>
+              : <EmptyState title="No keys yet">Create a key to start: it gets an Active version wrapped by the HSM.</EmptyState>
+          ) : (
+            <Table.ScrollContainer minWidth={800}>
+              <Table highlightOnHover fz="sm" verticalSpacing={8} data-testid="keys-table">
+                <Table.Thead>
+                  <Table.Tr>
+                    <Table.Th>Name</Table.Th><Table.Th>State</Table.Th><Table.Th>Version</Table.Th>
+                    <Table.Th>Rotation</Table.Th><Table.Th>Tags</Table.Th><Table.Th>Updated</Table.Th>
+                  </Table.Tr>
+                </Table.Thead>
+                <Table.Tbody>
+                  {keys.data.items.map((k) => (
+                    <Table.Tr key={k.id}>
+                      <Table.Td>
+                        <Anchor component={Link} to={`/keys/${encodeURIComponent(k.name)}`} fw={600} size="sm">{k.name}</Anchor>
+                        {k.description && <Text size="xs" c="dimmed" lineClamp={1}>{k.description}</Text>}
+                      </Table.Td>
+                      <Table.Td><StateBadge state={k.state} /></Table.Td>
+                      <Table.Td>v{k.current_version}</Table.Td>
+                      <Table.Td>{k.rotation_period_days
+                        ? <Text size="sm" title={fmtTime(k.next_rotation_at)}>every {k.rotation_period_days} d · next {fmtRelative(k.next_rotation_at)}</Text>
+                        : <Text size="sm" c="dimmed">manual</Text>}</Table.Td>
+                      <Table.Td><TagList tags={k.tags} /></Table.Td>
+                      <Table.Td title={fmtTime(k.updated_at)}>{fmtRelative(k.updated_at)}</Table.Td>
+                    </Table.Tr>
+                  ))}
+                </Table.Tbody>
+              </Table>
+            </Table.ScrollContainer>
+          )}
+      </Paper>
+      {keys.data && keys.data.total > 0 && (
+        <Group justify="space-between">
+          <Text size="sm" c="dimmed">
+            {keys.data.offset + 1}–{keys.data.offset + keys.data.items.length} of {keys.data.total}
+          </Text>
+          <Pagination total={pages} value={page} onChange={(p) => update({ page: String(p) })} size="sm" />
+        </Group>
+      )}
+      <CreateKeyDialog opened={creating} onClose={() => setCreating(false)} />
+    </Stack>
+  );
+}
+
+export function TagList({ tags }: { tags: Record<string, string> }) {
+  const entries = Object.entries(tags);
+  if (!entries.length) return <Text size="sm" c="dimmed">—</Text>;
+  return (
+    <Group gap={4}>
+      {entries.map(([k, v]) => (
+        <Text key={k} size="xs" ff="monospace" px={6} py={1} bg="gray.1" style={{ borderRadius: 3 }}>
+          {v ? `${k}=${v}` : k}
+        </Text>
+      ))}
+    </Group>
+  );
+}
+
+export function parseTags(entries: string[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const e of entries) {
+    const i = e.indexOf("=");
+    if (i < 0) out[e.trim()] = "";
+    else out[e.slice(0, i).trim()] = e.slice(i + 1).trim();
+  }
+  return out;
+}
+
+function CreateKeyDialog({ opened, onClose }: { opened: boolean; onClose: () => void }) {
+  const qc = useQueryClient();
+  const navigate = useNavigate();
+  const [name, setName] = useState("");
+  const [description, setDescription] = useState("");
+  const [tags, setTags] = useState<string[]>([]);
+  const [period, setPeriod] = useState<number | string>("");
+  const [activate, setActivate] = useState(true);
+  const reset = () => { setName(""); setDescription(""); setTags([]); setPeriod(""); setActivate(true); create.reset(); };
+  const create = useMutation({
+    mutationFn: () => call(api.POST("/api/v1/keys", { body: {
+      name: name.trim(), description, tags: parseTags(tags), activate,
+      rotation_period_days: typeof period === "number" ? period : null,
+    } })),
+    onSuccess: (key) => {
+      void qc.invalidateQueries({ queryKey: qk.keysAll });
+      notifications.show({ color: "teal", title: "Key created", message: `${key.name} v1 is ${key.state}` });
+      reset();
+      onClose();
+      navigate(`/keys/${encodeURIComponent(key.name)}`);
+    },
+  });
+  return (
+    <Modal opened={opened} onClose={() => { reset(); onClose(); }} title="Create key" centered size="lg">
+      <form onSubmit={(e) => { e.preventDefault(); create.mutate(); }} aria-label="Create key">
+        <Stack gap="sm">
+          <TextInput label="Name" required description="Unique; used in API calls (e.g. payments-db)" data-autofocus
+                     value={name} onChange={(e) => setName(e.currentTarget.value)} maxLength={128} />
+          <Textarea label="Description" value={description} onChange={(e) => setDescription(e.currentTarget.value)}
+                    autosize minRows={2} maxLength={2000} />
+          <TagsInput label="Tags" description="name=value, press Enter after each" value={tags} onChange={setTags}
+                     placeholder="env=prod" clearable />
+          <NumberInput label="Rotation period (days)" description="Leave empty for manual rotation only"
+                       min={1} max={3650} value={period} onChange={setPeriod} allowDecimal={false} w={260} />
+          <Switch label="Activate now" description="Otherwise the key is created Pre-Active"
+                  checked={activate} onChange={(e) => setActivate(e.currentTarget.checked)} />
+          <ErrorAlert error={create.error} title="Key not created" />
+          <Group justify="flex-end">
+            <Button variant="default" onClick={() => { reset(); onClose(); }}>Cancel</Button>
+            <Button type="submit" color="dark" loading={create.isPending} disabled={!name.trim()}>Create key</Button>
+          </Group>
+        </Stack>
+      </form>
+    </Modal>
+  );
+}

@@ -1,0 +1,123 @@
+import { Alert, Button, Center, Paper, PasswordInput, Stack, Text, TextInput, Title } from "@mantine/core";
+import { useState } from "react";
+import { Navigate, useLocation, useNavigate } from "react-router";
+import { api, call } from "../api/client";
+import { useAuth } from "../auth";
+import { ErrorAlert } from "../components/ErrorAlert";
+import { Brand } from "../Layout";
+
+export function SignInPage() {
+  const { me, notice, signedIn } = useAuth();
+  const navigate = useNavigate();
+  const location = useLocation();
+  const [username, setUsername] = useState("");
+  const [password, setPassword] = useState("");
+  const [error, setError] = useState<unknown>(null);
+  const [busy, setBusy] = useState(false);
+  if (me) return <Navigate to={me.must_change_password ? "/change-password" : "/"} replace />;
+
+  const submit = async (e: React.FormEvent) => {
+    e.preventDefault();
+    setBusy(true);
+    setError(null);
+    try {
+      const res = await call(api.POST("/api/v1/auth/login", { body: { username, password } }));
+      signedIn(res.user);
+      const from = (location.state as { from?: string } | null)?.from;
+      navigate(res.user.must_change_password ? "/change-password" : from && from !== "/sign-in" ? from : "/",
+               { replace: true });
+    } catch (err) {
+      setError(err);
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  return (
+    <AuthFrame>
+      <Title order={2} size="h3" mb={4}>Sign in</Title>
+      <Text size="sm" c="dimmed" mb="md">Key management console</Text>
+      {notice && <Alert color="blue" variant="light" mb="md" data-testid="signin-notice">{notice}</Alert>}
+      <form onSubmit={submit} aria-label="Sign in">
+        <Stack gap="sm">
+          <TextInput label="Username" name="username" autoComplete="username" required autoFocus
+                     value={username} onChange={(e) => setUsername(e.currentTarget.value)} />
+          <PasswordInput label="Password" name="password" autoComplete="current-password" required
+                         value={password} onChange={(e) => setPassword(e.currentTarget.value)} />
+          <ErrorAlert error={error} title="Sign-in failed" />
+          <Button type="submit" loading={busy} fullWidth color="dark">Sign in</Button>
+        </Stack>
+      </form>
+    </AuthFrame>
+  );
+}
+
+export function AuthFrame({ children }: { children: React.ReactNode }) {
+  return (
+    <Center mih="100vh" bg="#141b26" p="md">
+      <Stack w={380} gap="md">
+        <Center><Brand light /></Center>
+        <Paper p="xl" radius="md" shadow="md" withBorder>{children}</Paper>
+        <Text size="xs" c="#8a96a8" ta="center">
+          Every sign-in and every action is recorded in the tamper-evident audit log.
+        </Text>
+      </Stack>
+    </Center>
+  );
+}
+
+export function ChangePasswordPage() {
+  const { me, refresh, signOut } = useAuth();
+  const navigate = useNavigate();
+  const [current, setCurrent] = useState("");
+  const [next, setNext] = useState("");
+  const [again, setAgain] = useState("");
+  const [error, setError] = useState<unknown>(null);
+  const [busy, setBusy] = useState(false);
+  if (!me) return <Navigate to="/sign-in" replace />;
+  const mismatch = again.length > 0 && again !== next;
+
+  const submit = async (e: React.FormEvent) => {
+    e.preventDefault();
+    if (mismatch) return;
+    setBusy(true);
+    setError(null);
+    try {
+      await call(api.POST("/api/v1/auth/password", { body: { current_password: current, new_password: next } }));
+      await refresh();
+      navigate("/", { replace: true });
+    } catch (err) {
+      setError(err);
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  return (
+    <AuthFrame>
+      <Title order={2} size="h3" mb={4}>Choose your password</Title>
+      <Text size="sm" c="dimmed" mb="md">
+        {me.must_change_password
+          ? `Signed in as ${me.username} with a one-time password. Choose your own before you continue.`
+          : `Change the password of ${me.username}.`}
+      </Text>
+      <form onSubmit={submit} aria-label="Change password">
+        <Stack gap="sm">
+          <PasswordInput label="Current (one-time) password" name="current_password" autoComplete="current-password" required
+                         value={current} onChange={(e) => setCurrent(e.currentTarget.value)} />
+          <PasswordInput label="New password" name="new_password" autoComplete="new-password" required
+                         description="At least 12 characters; a passphrase is best."
+                         value={next} onChange={(e) => setNext(e.currentTarget.value)} />
+          <PasswordInput label="New password again" name="new_password_again" autoComplete="new-password" required
+                         error={mismatch ? "The passwords do not match" : undefined}
+                         value={again} onChange={(e) => setAgain(e.currentTarget.value)} />
+          <ErrorAlert error={error} title="Password not changed" />
+          <Button type="submit" loading={busy} color="dark" disabled={mismatch}>Save password</Button>
+          <Button variant="subtle" color="gray" onClick={async () => { await signOut(); navigate("/sign-in"); }}>
+            Sign out
+          </Button>
+        </Stack>
+      </form>
+    </AuthFrame>
+  );
+}
