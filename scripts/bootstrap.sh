@@ -40,7 +40,10 @@ venv_need() {
     log "creating the Python environment in .venv"
     "$PY" -m venv "$VENV"
   fi
-  if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+  local have=""; [[ -f "$stamp" ]] && have="$(cat "$stamp")"
+  # The runtime set is part of the dev set: starting after testing installs nothing.
+  [[ -z "$extras" && "$have" == "${want}dev" ]] && return 0
+  if [[ "$have" != "$want" ]]; then
     log "installing Python packages (${extras:-runtime})"
     "$VENV/bin/pip" install -q --upgrade pip >/dev/null
     "$VENV/bin/pip" install -q -e "$ROOT${extras:+[$extras]}"
