@@ -20,6 +20,7 @@ from hsm.config import HsmConfig
 from keyserver.core.audit import AuditService
 from keyserver.core.ca import CertificateAuthority
 from keyserver.core.datakeys import DataKeyService
+from keyserver.core.hosts import HostService
 from keyserver.core.identity import IdentityService
 from keyserver.core.kek import KekService
 from keyserver.core.keys import KeyService
@@ -93,6 +94,7 @@ class Services:
     ca: CertificateAuthority
     kmip_clients: KmipClientService
     kmip_objects: KmipObjectService
+    hosts: HostService
     engines: tuple[Engine, ...] = ()
     # Stopped first on close(), e.g. the KMIP listener, so no request outlives the services.
     on_close: list[Callable[[], None]] = field(default_factory=list)
@@ -170,5 +172,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                                        cert_days=settings.kmip_client_cert_days,
                                        read_session_factory=db.make_session_factory(autocommit)),
         kmip_objects=KmipObjectService(session_factory, backend, audit, policy, autocommit_engine=autocommit),
+        hosts=HostService(session_factory, backend, audit, policy, ca, notifier,
+                          cert_days=settings.kmip_client_cert_days),
         engines=(autocommit,),
     )

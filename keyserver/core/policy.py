@@ -37,6 +37,9 @@ class Permission(StrEnum):
     SYSTEM_READ = "system:read"
     SYSTEM_KEK = "system:kek"
     KMIP_CLIENTS = "kmip:clients"  # issue and revoke KMIP client certificates
+    HOSTS_READ = "hosts:read"
+    HOSTS_ENROLL = "hosts:enroll"  # create and revoke enrollment tokens
+    HOSTS_REVOKE = "hosts:revoke"
 
 
 class Role(StrEnum):
@@ -52,15 +55,15 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
     Role.KEY_OFFICER: frozenset({
         P.KEYS_READ, P.KEYS_CREATE, P.KEYS_UPDATE, P.KEYS_ROTATE, P.KEYS_ACTIVATE,
         P.KEYS_REVOKE, P.KEYS_DESTROY, P.KEYS_EXPORT, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
-        P.AUDIT_READ, P.AUDIT_VERIFY, P.TOKENS_OWN, P.SYSTEM_READ,
+        P.AUDIT_READ, P.AUDIT_VERIFY, P.TOKENS_OWN, P.SYSTEM_READ, P.HOSTS_READ,
     }),
     Role.OPERATOR: frozenset({
         P.KEYS_READ, P.KEYS_ROTATE, P.KEYS_EXPORT, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
-        P.TOKENS_OWN, P.SYSTEM_READ,
+        P.TOKENS_OWN, P.SYSTEM_READ, P.HOSTS_READ, P.HOSTS_ENROLL, P.HOSTS_REVOKE,
     }),
     # Sees everything, changes nothing (its own API tokens aside, for exports).
     Role.AUDITOR: frozenset({
-        P.KEYS_READ, P.AUDIT_READ, P.AUDIT_VERIFY, P.USERS_READ, P.TOKENS_OWN, P.SYSTEM_READ,
+        P.KEYS_READ, P.AUDIT_READ, P.AUDIT_VERIFY, P.USERS_READ, P.TOKENS_OWN, P.SYSTEM_READ, P.HOSTS_READ,
     }),
 }
 

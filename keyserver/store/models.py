@@ -246,3 +246,41 @@ class KmipPublicKey(Base):
     length_bits: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime]
+
+
+class EnrollmentToken(Base):
+    """A one-time (or N-use) secret with which a new host enrolls. Only its hash is kept."""
+
+    __tablename__ = "enrollment_tokens"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    lookup_id: Mapped[str] = mapped_column(String(32), unique=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    host_group: Mapped[str] = mapped_column(String(64), index=True)
+    max_uses: Mapped[int] = mapped_column(Integer, default=1)
+    uses: Mapped[int] = mapped_column(Integer, default=0)
+    created_by: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
+class Host(Base):
+    """An enrolled storage host: its certificate (from the internal CA) and its public key,
+    under which keys are delivered."""
+
+    __tablename__ = "hosts"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    hostname: Mapped[str] = mapped_column(String(253), index=True)
+    host_group: Mapped[str] = mapped_column(String(64), index=True)
+    os: Mapped[str] = mapped_column(String(200), default="")
+    agent_version: Mapped[str] = mapped_column(String(64), default="")
+    cert_serial: Mapped[str] = mapped_column(String(64), unique=True)
+    cert_pem: Mapped[str] = mapped_column(Text)
+    public_key_der: Mapped[bytes] = mapped_column(LargeBinary)
+    state: Mapped[str] = mapped_column(String(16), default="active")  # active | revoked
+    enrolled_at: Mapped[datetime]
+    last_heartbeat_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    token_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("enrollment_tokens.id", ondelete="SET NULL"))

@@ -88,6 +88,25 @@ def kmip_client(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     return {"client": r.json()["client"]["id"]}
 
 
+def enrollment_token(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    from keyserver.core.principal import system_context
+
+    return {"etoken": str(s.hosts.create_token(system_context("tests"), host_group="authz").token.id)}
+
+
+def enrolled_host(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    import tempfile
+    from pathlib import Path
+
+    from agents.keyclient.identity import HostIdentity
+    from keyserver.core.principal import system_context
+
+    ident = HostIdentity.load_or_create(Path(tempfile.mkdtemp()) / "state")
+    secret = s.hosts.create_token(system_context("tests"), host_group="authz").secret
+    host = s.hosts.enroll(token=secret, csr_pem=ident.csr("authz.example").decode(), hostname="authz.example").host
+    return {"host": str(host.id)}
+
+
 CASES: dict[str, Case] = {
     "getMe": Case("GET", "/api/v1/auth/me", ()),
     "listKeys": Case("GET", "/api/v1/keys", (P.KEYS_READ,)),
@@ -129,13 +148,22 @@ CASES: dict[str, Case] = {
     "getKekRotation": Case("GET", "/api/v1/system/kek/rotations/{rotation}", (P.SYSTEM_READ,),
                            setup=rotation),
     "metrics": Case("GET", "/metrics", (P.SYSTEM_READ,)),
+    "createEnrollmentToken": Case("POST", "/api/v1/enrollment-tokens", (P.HOSTS_ENROLL,),
+                                  body={"host_group": "authz"}, ok=(201,)),
+    "listEnrollmentTokens": Case("GET", "/api/v1/enrollment-tokens", (P.HOSTS_READ,)),
+    "revokeEnrollmentToken": Case("DELETE", "/api/v1/enrollment-tokens/{etoken}", (P.HOSTS_ENROLL,),
+                                  setup=enrollment_token),
+    "listHosts": Case("GET", "/api/v1/hosts", (P.HOSTS_READ,)),
+    "getHost": Case("GET", "/api/v1/hosts/{host}", (P.HOSTS_READ,), setup=enrolled_host),
+    "revokeHost": Case("POST", "/api/v1/hosts/{host}/revoke", (P.HOSTS_REVOKE,), setup=enrolled_host),
     "listKmipClients": Case("GET", "/api/v1/kmip/clients", (P.KMIP_CLIENTS,)),
     "createKmipClient": Case("POST", "/api/v1/kmip/clients", (P.KMIP_CLIENTS,),
                              body={"name": "{new}", "role": "auditor"}, ok=(201,)),
     "revokeKmipClient": Case("DELETE", "/api/v1/kmip/clients/{client}", (P.KMIP_CLIENTS,), setup=kmip_client),
 }
 # Reachable without a session (or acting only on the caller's own session).
-PUBLIC = {"login", "logout", "changePassword", "healthz", "readyz"}
+PUBLIC = {"login", "logout", "changePassword", "healthz", "readyz",
+          "enrollHost"}  # authenticated by its one-time enrollment token
 
 
 def test_matrix_names_every_operation(admin: httpx.Client) -> None:

@@ -1,0 +1,261 @@
+"""Storage hosts: enrollment with one-time tokens, their certificates from the internal
+CA, revocation, and delivery of keys re-wrapped under each host's own public key.
+
+A host generates its RSA-2048 key pair itself and sends a CSR with its token; the private
+key never travels. Tokens are kept as SHA-256 only. Until guard-point policies exist
+(issue 5), a host may receive the keys tagged `host-group=<its group>`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import re
+import secrets
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from hsm import HsmBackend, HsmError, WrappedKey
+from keyserver.core.audit import AuditService, utcnow
+from keyserver.core.ca import CertificateAuthority, serial_hex
+from keyserver.core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated, hsm_failure
+from keyserver.core.identity import sha256_hex
+from keyserver.core.keys import key_filter, version_wrapped
+from keyserver.core.policy import Permission, Policy
+from keyserver.core.principal import ANONYMOUS, Principal, RequestContext
+from keyserver.core.states import DECRYPTABLE, KeyState
+from keyserver.store.models import EnrollmentToken, Host, KeyVersion, ManagedKey
+from keyserver.store.notify import Notifier
+
+TOKEN_PREFIX = "sre_"  # noqa: S105 - a public prefix, not a secret
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOSTNAME_RE = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
+GROUP_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+HOST_GROUP_TAG = "host-group"
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedEnrollmentToken:
+    token: EnrollmentToken
+    secret: str  # shown once
+
+
+@dataclass(frozen=True, slots=True)
+class Enrollment:
+    host: Host
+    certificate_pem: bytes
+    ca_pem: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveredKey:
+    key_id: uuid.UUID
+    key_name: str
+    version: int
+    state: str
+    wrapped: WrappedKey
+
+
+class HostService:
+    def __init__(self, session_factory: sessionmaker[Session], hsm: HsmBackend, audit: AuditService,
+                 policy: Policy, ca: CertificateAuthority, notifier: Notifier, *, cert_days: int = 365,
+                 now: Callable[[], datetime] = utcnow) -> None:
+        self._db = session_factory
+        self._hsm = hsm
+        self._audit = audit
+        self._policy = policy
+        self._ca = ca
+        self._notifier = notifier
+        self._cert_days = cert_days
+        self._now = now
+
+    # --- enrollment tokens --------------------------------------------------------------
+    def create_token(self, ctx: RequestContext, *, host_group: str, max_uses: int = 1,
+                     expires_in_hours: int = 24) -> IssuedEnrollmentToken:
+        self._policy.require(ctx, Permission.HOSTS_ENROLL, action="enrollment_token.create",
+                             object_type="host_group", object_id=host_group)
+        if not GROUP_RE.match(host_group):
+            raise InvalidInput("a host group is 1-64 characters: lower-case letters, digits and . _ -")
+        if not 1 <= max_uses <= 10_000 or not 1 <= expires_in_hours <= 24 * 30:
+            raise InvalidInput("max_uses must be 1-10000 and expires_in_hours 1-720")
+        now = self._now()
+        lookup = base64.b32encode(secrets.token_bytes(10)).decode().lower()
+        secret = secrets.token_urlsafe(32)
+        token = EnrollmentToken(id=uuid.uuid4(), lookup_id=lookup, secret_hash=sha256_hex(secret),
+                                host_group=host_group, max_uses=max_uses, uses=0, created_by=ctx.principal.name,
+                                created_at=now, expires_at=now + timedelta(hours=expires_in_hours))
+        with self._db.begin() as s:
+            s.add(token)
+            self._audit.add(s, ctx, action="enrollment_token.create", object_type="enrollment_token",
+                            object_id=str(token.id), details={"host_group": host_group, "max_uses": max_uses})
+        return IssuedEnrollmentToken(token, f"{TOKEN_PREFIX}{lookup}_{secret}")
+
+    def list_tokens(self, ctx: RequestContext) -> list[EnrollmentToken]:
+        self._policy.require(ctx, Permission.HOSTS_READ, action="enrollment_token.list")
+        with self._db() as s:
+            return list(s.execute(select(EnrollmentToken).order_by(EnrollmentToken.created_at.desc())).scalars())
+
+    def revoke_token(self, ctx: RequestContext, token_id: uuid.UUID) -> EnrollmentToken:
+        self._policy.require(ctx, Permission.HOSTS_ENROLL, action="enrollment_token.revoke",
+                             object_type="enrollment_token", object_id=str(token_id))
+        with self._db.begin() as s:
+            token = s.get(EnrollmentToken, token_id)
+            if token is None:
+                raise NotFound(f"no enrollment token {token_id}", code="enrollment_token_not_found")
+            if token.revoked_at is None:
+                token.revoked_at = self._now()
+            self._audit.add(s, ctx, action="enrollment_token.revoke", object_type="enrollment_token",
+                            object_id=str(token_id))
+        return token
+
+    # --- enrollment ---------------------------------------------------------------------
+    def enroll(self, *, token: str, csr_pem: str, hostname: str, os_name: str = "", agent_version: str = "",
+               source_ip: str | None = None, request_id: str | None = None) -> Enrollment:
+        """Called by a new host with its token and CSR: returns its certificate."""
+        ctx = RequestContext(Principal(name=f"enrolling:{hostname[:100]}", actor_type="host", role=None,
+                                       permissions=frozenset()), source_ip, request_id)
+
+        def refuse(reason: str, message: str) -> Unauthenticated:
+            self._audit.record_now(ctx, action="host.enroll", outcome="denied", object_type="host",
+                                   object_id=hostname[:200], details={"reason": reason})
+            return Unauthenticated(message, code=f"enrollment_{reason}")
+
+        if not HOSTNAME_RE.match(hostname):
+            raise InvalidInput("hostname must be a DNS name (letters, digits, - and .)")
+        try:
+            csr = x509.load_pem_x509_csr(csr_pem.encode())
+        except ValueError:
+            raise InvalidInput("csr is not a PEM certificate signing request") from None
+        public_key = csr.public_key()
+        if not csr.is_signature_valid:
+            raise InvalidInput("the CSR's signature does not verify")
+        if not isinstance(public_key, rsa.RSAPublicKey) or public_key.key_size < 2048:
+            raise InvalidInput("the host key must be RSA with at least 2048 bits")
+        if not token.startswith(TOKEN_PREFIX) or token.count("_") < 2:
+            raise refuse("invalid", "malformed enrollment token")
+        lookup, _, secret = token[len(TOKEN_PREFIX):].partition("_")
+        now = self._now()
+        with self._db.begin() as s:
+            row = s.execute(select(EnrollmentToken).where(EnrollmentToken.lookup_id == lookup)
+                            .with_for_update()).scalar_one_or_none()
+            expected = row.secret_hash if row else sha256_hex("")
+            if not hmac.compare_digest(sha256_hex(secret), expected) or row is None:
+                refusal = ("invalid", "unknown enrollment token; ask an operator for a new one")
+            elif row.revoked_at is not None:
+                refusal = ("revoked", "this enrollment token was revoked; ask an operator for a new one")
+            elif row.expires_at <= now:
+                refusal = ("expired", "this enrollment token has expired; ask an operator for a new one")
+            elif row.uses >= row.max_uses:
+                refusal = ("used", "this enrollment token has been used up; ask an operator for a new one")
+            else:
+                refusal = None
+            if refusal is not None:
+                s.rollback()
+                raise refuse(*refusal)
+            assert row is not None
+            cert = self._ca.issue_client(name=hostname, public_key=public_key, days=self._cert_days)
+            der = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+            host = Host(id=uuid.uuid4(), hostname=hostname, host_group=row.host_group, os=os_name[:200],
+                        agent_version=agent_version[:64], cert_serial=serial_hex(cert),
+                        cert_pem=cert.public_bytes(serialization.Encoding.PEM).decode(), public_key_der=der,
+                        state="active", enrolled_at=now, token_id=row.id)
+            row.uses += 1
+            s.add(host)
+            self._audit.add(s, ctx, action="host.enroll", object_type="host", object_id=str(host.id),
+                            details={"hostname": hostname, "host_group": row.host_group,
+                                     "serial": host.cert_serial})
+        return Enrollment(host, cert.public_bytes(serialization.Encoding.PEM), self._ca.certificate_pem())
+
+    # --- hosts ----------------------------------------------------------------------------
+    def list_hosts(self, ctx: RequestContext) -> list[Host]:
+        self._policy.require(ctx, Permission.HOSTS_READ, action="host.list")
+        with self._db() as s:
+            return list(s.execute(select(Host).order_by(Host.hostname)).scalars())
+
+    def get_host(self, ctx: RequestContext, host_id: uuid.UUID) -> Host:
+        self._policy.require(ctx, Permission.HOSTS_READ, action="host.read", object_type="host",
+                             object_id=str(host_id))
+        with self._db() as s:
+            host = s.get(Host, host_id)
+        if host is None:
+            raise NotFound(f"no host {host_id}", code="host_not_found")
+        return host
+
+    def revoke_host(self, ctx: RequestContext, host_id: uuid.UUID) -> Host:
+        """The host's certificate is refused from its next call on (serial checked on
+        every call); the agent drops its cached keys when it is told so."""
+        self._policy.require(ctx, Permission.HOSTS_REVOKE, action="host.revoke", object_type="host",
+                             object_id=str(host_id))
+        with self._db.begin() as s:
+            host = s.get(Host, host_id)
+            if host is None:
+                raise NotFound(f"no host {host_id}", code="host_not_found")
+            if host.state == "revoked":
+                raise Conflict(f"host {host.hostname} is already revoked", code="host_revoked")
+            host.state, host.revoked_at = "revoked", self._now()
+            self._notifier.publish(s)
+            self._audit.add(s, ctx, action="host.revoke", object_type="host", object_id=str(host.id),
+                            details={"hostname": host.hostname, "serial": host.cert_serial})
+        return host
+
+    def authenticate(self, cert_serial: str, *, source_ip: str | None = None,
+                     request_id: str | None = None) -> tuple[RequestContext, Host]:
+        """The host behind a verified client certificate; refused once revoked."""
+        with self._db() as s:
+            host = s.execute(select(Host).where(Host.cert_serial == cert_serial)).scalar_one_or_none()
+        if host is None or host.state != "active":
+            self._audit.record_now(RequestContext(ANONYMOUS, source_ip, request_id), action="host.authenticate",
+                                   outcome="denied", object_type="host",
+                                   object_id=str(host.id) if host else cert_serial,
+                                   details={"reason": "revoked" if host else "unknown"})
+            raise Unauthenticated("this host's certificate is revoked or unknown; re-enroll the host",
+                                  code="host_revoked" if host else "host_unknown")
+        principal = Principal(name=f"host:{host.hostname}", actor_type="host", role=None, permissions=frozenset())
+        return RequestContext(principal, source_ip, request_id), host
+
+    def heartbeat(self, host: Host) -> None:
+        with self._db.begin() as s:
+            s.execute(update(Host).where(Host.id == host.id).values(last_heartbeat_at=self._now()))
+
+    def deliver_key(self, ctx: RequestContext, host: Host, key_ref: str, version: int | None = None) -> DeliveredKey:
+        """A key version re-wrapped inside the HSM under the host's public key."""
+        with self._db() as s:
+            key = s.execute(select(ManagedKey).where(key_filter(key_ref))).scalar_one_or_none()
+            if key is None:
+                raise NotFound(f"no key named or with id '{key_ref}'", code="key_not_found")
+            rows = s.execute(select(KeyVersion).where(KeyVersion.key_id == key.id)).scalars()
+            versions = {v.version: v for v in rows}
+        allowed = key.tags.get(HOST_GROUP_TAG) == host.host_group
+        if not allowed:
+            self._audit.record_now(ctx, action="key.deliver", outcome="denied", object_type="key",
+                                   object_id=str(key.id), details={"host": str(host.id), "name": key.name})
+            raise Forbidden(f"host group '{host.host_group}' may not receive key '{key.name}'", code="forbidden")
+        if version is None:
+            active = [v for v in versions.values() if v.state == KeyState.ACTIVE.value]
+            if not active:
+                raise Conflict(f"key '{key.name}' has no active version", code="illegal_state")
+            v = active[0]
+        else:
+            found = versions.get(version)
+            if found is None:
+                raise NotFound(f"key '{key.name}' has no version {version}", code="version_not_found")
+            v = found
+        if KeyState(v.state) not in DECRYPTABLE:
+            self._audit.record_now(ctx, action="key.deliver", outcome="denied", object_type="key",
+                                   object_id=str(key.id), details={"version": v.version, "state": v.state})
+            raise Conflict(f"version {v.version} of '{key.name}' is {v.state}", code="illegal_state")
+        try:
+            wrapped = self._hsm.rewrap_for_public_key(version_wrapped(v), public_key_der=host.public_key_der)
+        except HsmError as exc:
+            raise hsm_failure("re-wrap the key for the host", exc) from exc
+        self._audit.record_now(ctx, action="key.deliver", outcome="allowed", object_type="key",
+                               object_id=str(key.id), details={"host": str(host.id), "version": v.version})
+        return DeliveredKey(key.id, key.name, v.version, v.state, wrapped)
