@@ -45,7 +45,6 @@ from keyserver.services import build_services
 from keyserver.settings import Settings
 
 console = Console(stderr=True)
-MARK_START, MARK_END = "<!-- keyserver-bench:start -->", "<!-- keyserver-bench:end -->"
 LUA = """
 wrk.method = "POST"
 wrk.body = "{}"
@@ -291,11 +290,14 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, report: str) -> None:
+def write_section(path: Path, report: str, *, name: str = "keyserver-bench") -> None:
+    """Replace the `<!-- NAME:start -->` ... `<!-- NAME:end -->` block of a Markdown file
+    (appended when absent), leaving the rest of the document as people wrote it."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{MARK_START}\n{report}\n{MARK_END}"
-    if MARK_START in text:
-        text = re.sub(re.escape(MARK_START) + r".*?" + re.escape(MARK_END), lambda _: block, text, flags=re.S)
+    block = f"{start}\n{report}\n{end}"
+    if start in text:
+        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import re
 import shutil
 import signal
 import socket
@@ -36,8 +35,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from rich.console import Console
 from sqlalchemy.engine import make_url
 
+from keyserver.bench import write_section
+
 console = Console(stderr=True)
-MARK_START, MARK_END = "<!-- kmip-bench:start -->", "<!-- kmip-bench:end -->"
 PYKMIP_SERVER = """
 import sys
 from kmip.services.server import KmipServer
@@ -266,7 +266,7 @@ def run(*, postgres: str, connections: list[int], duration: float, output: Path 
     if json_out:
         json_out.write_text(json.dumps(results, indent=2))
     if output:
-        write_section(output, report)
+        write_section(output, report, name="kmip-bench")
     return results
 
 
@@ -305,12 +305,3 @@ def render(r: dict[str, Any], connections: list[int]) -> str:
     lines += ["", NOTE]
     return "\n".join(lines)
 
-
-def write_section(path: Path, report: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{MARK_START}\n{report}\n{MARK_END}"
-    if MARK_START in text:
-        text = re.sub(re.escape(MARK_START) + r".*?" + re.escape(MARK_END), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
