@@ -24,9 +24,9 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from agents.benchreport import write_section
 from agents.cryptfile.chunks import CHUNK_OVERHEAD, ChunkCipher
 
-MARK_START, MARK_END = "<!-- engine-bench:start -->", "<!-- engine-bench:end -->"
 TOTAL = 64 << 20  # bytes processed per measurement
 
 
@@ -115,15 +115,9 @@ def main() -> None:
     report = run(repeats=args.repeats)
     print(report)
     if args.output:
-        text = args.output.read_text() if args.output.exists() else "# Benchmarks\n"
-        block = f"{MARK_START}\n{report}\n{MARK_END}"
-        if MARK_START in text:
-            text = re.sub(re.escape(MARK_START) + ".*?" + re.escape(MARK_END), lambda _: block, text, flags=re.S)
-        else:
-            text = text.rstrip() + "\n\n## File format engine\n\nCommand: `python -m agents.cryptfile.bench " \
-                "--output docs/benchmarks.md`. Target (issue 4): format ≥ 80 % of raw AESGCM at the same " \
-                "chunk size.\n\n" + block + "\n"
-        args.output.write_text(text)
+        write_section(args.output, report, name="engine-bench", heading=(
+            "## File format engine\n\nCommand: `python -m agents.cryptfile.bench --output docs/benchmarks.md`. "
+            "Target (issue 4): format >= 80 % of raw AESGCM at the same chunk size."))
 
 
 if __name__ == "__main__":

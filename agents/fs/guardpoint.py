@@ -18,6 +18,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+# mfusepy chooses libfuse when it is imported and prefers libfuse2 whenever that is
+# installed too (gocryptfs depends on it); the guard point needs libfuse3 (1 MiB writes,
+# the fuse_config options).
+os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
+
 import mfusepy
 from mfusepy import FuseOSError
 
@@ -442,7 +447,6 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
 
 def serve(ops: GuardPoint, mountpoint: str, *, allow_other: bool = False) -> None:
     """Serve the guard point until unmounted (blocks)."""
-    os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
     mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, allow_other=allow_other,
                  default_permissions=True, fsname=f"strongroom:{ops.backing}", subtype="strongroom",
                  max_threads=16)
