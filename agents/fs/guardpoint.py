@@ -436,6 +436,7 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
         # Large requests are what make a Python file system fast (docs/benchmarks.md).
         if conn_info is not None:
             conn_info.max_write = MAX_WRITE
+            conn_info.max_readahead = MAX_WRITE  # fewer, larger reads: the per-request cost dominates
         if config_3 is not None:
             config_3.use_ino = 1  # report the backing inode numbers: hard links show as such
             # libfuse's path-based API gives every *name* its own kernel node, so cached
