@@ -7,7 +7,6 @@ Files in the state directory (0700): `host.key` (PKCS#8 PEM, 0600), `host.crt`,
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
+
+from agents.cryptfile.transform import atomic_replace
 
 KEY_FILE, CERT_FILE, CA_FILE = "host.key", "host.crt", "ca.crt"
 # The mechanism names the key server records (hsm.backend); the host unwraps with them.
@@ -30,20 +31,8 @@ class IdentityError(Exception):
 
 
 def write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
-    tmp = path.with_name(f".{path.name}.new")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    with atomic_replace(path, mode=mode) as f:
+        f.write(data)
 
 
 @dataclass
