@@ -15,7 +15,7 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # mfusepy chooses libfuse when it is imported and prefers libfuse2 whenever that is
@@ -58,7 +58,6 @@ class _Handle:
     entry: _Open
     append: bool
     writable: bool
-    flags: int = field(default=0)
 
 
 def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -159,7 +158,7 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = _Handle(entry, append=bool(flags & os.O_APPEND),
-                                        writable=(flags & os.O_ACCMODE) != os.O_RDONLY, flags=flags)
+                                        writable=(flags & os.O_ACCMODE) != os.O_RDONLY)
             return fh
 
     def _handle(self, fh: int) -> _Handle:

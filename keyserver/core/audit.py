@@ -150,7 +150,7 @@ class AuditService:
         p = ctx.principal
         return {
             "time": _iso(self._now()),
-            "actor": p.audit_name,
+            "actor": p.name,
             "actor_type": p.actor_type,
             "action": action,
             "object_type": object_type,

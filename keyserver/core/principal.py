@@ -21,10 +21,6 @@ class Principal:
     token_id: uuid.UUID | None = None
     must_change_password: bool = False
 
-    @property
-    def audit_name(self) -> str:
-        return self.name
-
 
 @dataclass(frozen=True, slots=True)
 class RequestContext:
