@@ -102,6 +102,17 @@ def serve() -> None:
             raise typer.Exit(EXIT_FAILED)
         # The KMIP listener runs in the supervisor only (one process binds it; see
         # docs/kmip.md): its services stay open here, the workers open their own.
+        # Every worker serves the agent port too: check here that it can be bound.
+        from keyserver.server import bind_socket
+
+        if settings.agent_enabled:
+            try:
+                bind_socket(settings.agent_host, settings.agent_port).close()
+                _print_agent_port(services, settings.agent_public_url
+                                  or f"https://{settings.agent_host}:{settings.agent_port}")
+            except OSError as exc:
+                _agent_port_failed(settings, exc)
+                os.environ["STRONGROOM_AGENT_ENABLED"] = "false"
         kmip = _start_kmip(services)
         if kmip is None:
             services.close()
@@ -114,8 +125,37 @@ def serve() -> None:
             if kmip is not None:
                 services.close()  # stops the listener first
     else:
+        from keyserver.agentport import agent_sidecar, run_servers
+
+        app = create_app(services)
+        try:
+            sidecar = agent_sidecar(services, app, common)
+            if sidecar is not None and services.agent_url:
+                _print_agent_port(services, services.agent_url)
+        except OSError as exc:
+            _agent_port_failed(settings, exc)
+            sidecar = None
         _start_kmip(services)  # stopped by services.close() in the app's shutdown
-        uvicorn.run(create_app(services), host=settings.host, port=settings.port, **common)  # type: ignore[arg-type]
+        main = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, **common))  # type: ignore[arg-type]
+        run_servers(main, [sidecar] if sidecar else [])
+
+
+def _print_agent_port(services: Services, url: str) -> None:
+    from cryptography import x509
+
+    from keyserver.core.ca import fingerprint
+
+    fp = fingerprint(x509.load_pem_x509_certificate(services.ca.certificate_pem()))
+    console.print(f"Agent port (hosts, mutual TLS) at [bold]{url}[/bold]; CA SHA-256 fingerprint {fp}\n"
+                  f"  enroll a host: curl -fsS --cacert ca.pem {url}/install.sh | sudo sh -s -- --token TOKEN\n"
+                  "  (ca.pem from /ca.pem, a token from the console: Hosts > Enroll a host)")
+
+
+def _agent_port_failed(settings: Settings, exc: OSError) -> None:
+    # Like KMIP, an extra door: a busy port must not take the console and REST down.
+    console.print(f"[red]agent port disabled[/red]: cannot listen on {settings.agent_host}:{settings.agent_port} "
+                  f"({exc}); set STRONGROOM_AGENT_PORT, or STRONGROOM_AGENT_ENABLED=false to silence this")
+    logging.getLogger("keyserver").error("agent port not started: %s", exc)
 
 
 def _start_kmip(services: Services) -> KmipListener | None:

@@ -20,7 +20,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -34,16 +34,18 @@ def _bind(host: str, port: int) -> socket.socket:
 def _worker(host: str, port: int, uvicorn_kwargs: dict[str, Any]) -> None:
     import uvicorn
 
+    from keyserver.agentport import agent_sidecar, run_servers
     from keyserver.asgi import app_factory
 
-    sock = _bind(host, port)
-    config = uvicorn.Config(app_factory, factory=True, **uvicorn_kwargs)
-    uvicorn.Server(config).run(sockets=[sock])
+    app = app_factory()
+    sock = bind_socket(host, port)
+    sidecar = agent_sidecar(app.state.services, app, uvicorn_kwargs)  # the agent port: same SO_REUSEPORT sharing
+    run_servers(uvicorn.Server(uvicorn.Config(app, **uvicorn_kwargs)), [sidecar] if sidecar else [], [sock])
 
 
 def serve_workers(*, host: str, port: int, workers: int, uvicorn_kwargs: dict[str, Any]) -> None:
     # Bind once in the parent to fail fast (port in use) before any worker starts.
-    probe = _bind(host, port)
+    probe = bind_socket(host, port)
     ctx = multiprocessing.get_context("spawn")
     procs: list[multiprocessing.process.BaseProcess] = []
     stopping = False

@@ -98,6 +98,8 @@ class Services:
     engines: tuple[Engine, ...] = ()
     # Stopped first on close(), e.g. the KMIP listener, so no request outlives the services.
     on_close: list[Callable[[], None]] = field(default_factory=list)
+    # The agent port's URL as hosts reach it, once it listens (None: no agent port).
+    agent_url: str | None = None
 
     def initialize(self) -> str | None:
         """First-run set-up: the HSM keys and the first administrator. Returns the
@@ -173,6 +175,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                                        read_session_factory=db.make_session_factory(autocommit)),
         kmip_objects=KmipObjectService(session_factory, backend, audit, policy, autocommit_engine=autocommit),
         hosts=HostService(session_factory, backend, audit, policy, ca, notifier,
-                          cert_days=settings.kmip_client_cert_days),
+                          cert_days=settings.kmip_client_cert_days,
+                          heartbeat_seconds=settings.agent_heartbeat_seconds),
         engines=(autocommit,),
     )

@@ -67,6 +67,18 @@ class Settings(BaseSettings):
     kmip_idle_timeout_seconds: float = Field(default=60.0, gt=0)
     kmip_client_cert_days: int = Field(default=365, ge=1, le=3650)
 
+    # The agent port (docs/agents.md): HTTPS with a certificate from the internal CA,
+    # where enrolled hosts authenticate with their client certificates.
+    agent_enabled: bool = True
+    agent_host: str = "127.0.0.1"
+    agent_port: int = Field(default=8443, ge=0, le=65535, description="0 picks a free port (tests)")
+    agent_public_url: str | None = Field(
+        default=None, description="the agent port's URL as hosts reach it; default https://<agent_host>:<port>")
+    agent_server_names: list[str] = Field(
+        default_factory=list, description="extra DNS names / IPs for the agent port's certificate")
+    agent_heartbeat_seconds: int = Field(default=30, ge=5, le=3600,
+                                         description="agents heartbeat this often; offline after 3 missed")
+
     log_level: str = "INFO"
 
     @model_validator(mode="after")

@@ -3,6 +3,7 @@ keyserver's services, and a uvicorn server on a loopback port."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -14,9 +15,11 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from fastapi import FastAPI
 
 from hsm import HsmBackend
 from hsm.testing import shared_test_backend
+from keyserver.agentport import agent_sidecar
 from keyserver.api.app import create_app
 from keyserver.core.principal import system_context
 from keyserver.services import Services, build_services
@@ -52,7 +55,7 @@ class _ClosingBackend:
 @pytest.fixture(scope="session")
 def settings(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(database_url=database_url, data_dir=tmp_path_factory.mktemp("data"),
-                    scheduler_interval_seconds=3600, session_idle_minutes=30)
+                    scheduler_interval_seconds=3600, session_idle_minutes=30, agent_port=0)
 
 
 @pytest.fixture(scope="session")
@@ -77,24 +80,45 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def base_url(services: Services) -> Iterator[str]:
-    """A real HTTP server on loopback, in this process so tests can also reach the
-    services directly (e.g. to flush the audit chain)."""
-    port = _free_port()
-    app = create_app(services, run_background=False)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
-                                           access_log=False, lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
+@contextlib.contextmanager
+def _serving(server: uvicorn.Server, sockets: list[socket.socket] | None = None) -> Iterator[None]:
+    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("test server did not start")
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
+    yield
     server.should_exit = True
     thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def app(services: Services) -> FastAPI:
+    return create_app(services, run_background=False)
+
+
+@pytest.fixture(scope="session")
+def base_url(app: FastAPI) -> Iterator[str]:
+    """A real HTTP server on loopback, in this process so tests can also reach the
+    services directly (e.g. to flush the audit chain)."""
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
+                                           access_log=False, lifespan="on"))
+    with _serving(server):
+        yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def agent_url(services: Services, app: FastAPI, base_url: str) -> Iterator[str]:
+    """The agent port (HTTPS, client certificates from the internal CA) on the same
+    application, as `keyserver serve` runs it."""
+    sidecar = agent_sidecar(services, app, {"log_config": None, "access_log": False})
+    assert sidecar is not None and services.agent_url
+    server, sock = sidecar
+    with _serving(server, [sock]):
+        yield services.agent_url
 
 
 def unique(prefix: str) -> str:

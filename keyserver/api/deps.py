@@ -9,15 +9,19 @@ service call. This module only establishes who is calling:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
+from cryptography import x509
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from keyserver.core.ca import serial_hex
 from keyserver.core.errors import Forbidden, Unauthenticated
 from keyserver.core.principal import ANONYMOUS, RequestContext
 from keyserver.logs import request_id_var
 from keyserver.services import Services
+from keyserver.store.models import Host
 
 SESSION_COOKIE = "strongroom_session"
 CSRF_COOKIE = "strongroom_csrf"
@@ -85,3 +89,28 @@ def _authenticate(request: Request, services: Services) -> RequestContext:
 
 
 Ctx = Annotated[RequestContext, Depends(authenticate)]
+
+
+@dataclass(frozen=True, slots=True)
+class HostCaller:
+    ctx: RequestContext
+    host: Host
+
+
+async def authenticate_host(request: Request, services: ServicesDep) -> HostCaller:
+    """The enrolled host behind the TLS client certificate of this connection (the
+    agent port verified it against the internal CA); its serial is looked up on every
+    call, so a revoked host is refused at once."""
+    tls = request.scope.get("extensions", {}).get("tls") or {}
+    chain = tls.get("client_cert_chain") or []
+    if not chain:
+        raise Unauthenticated("agent calls need the host's client certificate: call the agent port "
+                              "(mutual TLS) with the certificate issued at enrollment",
+                              code="client_certificate_required")
+    serial = serial_hex(x509.load_pem_x509_certificate(chain[0].encode()))
+    ctx, host = await run_in_threadpool(services.hosts.authenticate, serial, source_ip=client_ip(request),
+                                        request_id=request_id_var.get())
+    return HostCaller(ctx, host)
+
+
+HostDep = Annotated[HostCaller, Depends(authenticate_host)]

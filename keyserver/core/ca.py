@@ -179,9 +179,10 @@ class CertificateAuthority:
 
     def issue_server(
         self, names: Iterable[str], *, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | None = None,
+        common_name: str = "Strongroom KMIP server",
     ) -> tuple[bytes, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey]:
-        """A certificate for the KMIP listener with a fresh key (or `key`, for a peer
-        server in the benchmark), both in memory."""
+        """A certificate for a listener (KMIP, the agent port) with a fresh key (or
+        `key`, for a peer server in the benchmark), both in memory."""
         sans: list[str] = []
         for n in ["localhost", "127.0.0.1", "::1", socket.gethostname(), *names]:
             if n and n not in sans:
@@ -189,7 +190,7 @@ class CertificateAuthority:
         key = key if key is not None else ec.generate_private_key(ec.SECP256R1())
         now = self._now()
         builder = (
-            x509.CertificateBuilder().subject_name(_name("Strongroom KMIP server"))
+            x509.CertificateBuilder().subject_name(_name(common_name))
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=SERVER_CERT_DAYS))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

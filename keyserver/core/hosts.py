@@ -15,7 +15,8 @@ import secrets
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -24,7 +25,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmError, WrappedKey
-from keyserver.core.audit import AuditService, utcnow
+from keyserver.core.audit import AuditService, Outcome, utcnow
 from keyserver.core.ca import CertificateAuthority, serial_hex
 from keyserver.core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated, hsm_failure
 from keyserver.core.identity import sha256_hex
@@ -40,6 +41,9 @@ _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 HOSTNAME_RE = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 GROUP_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 HOST_GROUP_TAG = "host-group"
+EVENT_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,30}(\.[a-z][a-z0-9_]{0,30}){0,3}$")
+# Events an agent reports when it refused someone: audited as denials.
+DENIAL_EVENTS = frozenset({"access.denied"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,17 @@ class Enrollment:
 
 
 @dataclass(frozen=True, slots=True)
+class AgentEvent:
+    """One event from an agent's spool, validated by the caller's schema."""
+
+    name: str
+    time: float
+    object_type: str | None
+    object_id: str | None
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class DeliveredKey:
     key_id: uuid.UUID
     key_name: str
@@ -67,7 +82,7 @@ class DeliveredKey:
 class HostService:
     def __init__(self, session_factory: sessionmaker[Session], hsm: HsmBackend, audit: AuditService,
                  policy: Policy, ca: CertificateAuthority, notifier: Notifier, *, cert_days: int = 365,
-                 now: Callable[[], datetime] = utcnow) -> None:
+                 heartbeat_seconds: int = 30, now: Callable[[], datetime] = utcnow) -> None:
         self._db = session_factory
         self._hsm = hsm
         self._audit = audit
@@ -75,6 +90,8 @@ class HostService:
         self._ca = ca
         self._notifier = notifier
         self._cert_days = cert_days
+        self.heartbeat_seconds = heartbeat_seconds
+        self._offline_after = timedelta(seconds=3 * heartbeat_seconds)
         self._now = now
 
     # --- enrollment tokens --------------------------------------------------------------
@@ -221,9 +238,44 @@ class HostService:
         principal = Principal(name=f"host:{host.hostname}", actor_type="host", role=None, permissions=frozenset())
         return RequestContext(principal, source_ip, request_id), host
 
-    def heartbeat(self, host: Host) -> None:
+    def heartbeat(self, host: Host, *, os_name: str, agent_version: str, guard_points: list[dict[str, Any]],
+                  source_ip: str | None) -> Host:
+        """What the agent reports about itself; its last heartbeat makes it online."""
+        values = {"last_heartbeat_at": self._now(), "os": os_name[:200], "agent_version": agent_version[:64],
+                  "guard_points": guard_points, "last_seen_ip": source_ip}
         with self._db.begin() as s:
-            s.execute(update(Host).where(Host.id == host.id).values(last_heartbeat_at=self._now()))
+            s.execute(update(Host).where(Host.id == host.id).values(**values))
+            fresh = s.get(Host, host.id)
+            assert fresh is not None
+        return fresh
+
+    def is_online(self, host: Host) -> bool:
+        seen = host.last_heartbeat_at
+        return host.state == "active" and seen is not None and self._now() - seen <= self._offline_after
+
+    def allowed_keys(self, host: Host) -> list[tuple[ManagedKey, int | None]]:
+        """The keys this host may receive, each with its Active version (None if none)."""
+        with self._db() as s:
+            keys = list(s.execute(select(ManagedKey).where(
+                ManagedKey.tags[HOST_GROUP_TAG].as_string() == host.host_group).order_by(ManagedKey.name)).scalars())
+            rows = s.execute(select(KeyVersion.key_id, KeyVersion.version).where(
+                KeyVersion.key_id.in_([k.id for k in keys]), KeyVersion.state == KeyState.ACTIVE.value))
+            active = {key_id: version for key_id, version in rows}
+        return [(k, active.get(k.id)) for k in keys]
+
+    def record_events(self, ctx: RequestContext, host: Host, events: list[AgentEvent]) -> int:
+        """A batch of the agent's own events, as audit records of this host, in one
+        transaction: a batch is recorded whole or not at all, so the agent's spool can
+        resend it after a failure without gaps."""
+        with self._db.begin() as s:
+            for e in events:
+                outcome: Outcome = "denied" if e.name in DENIAL_EVENTS else (
+                    "error" if e.name.endswith("_failed") else "allowed")
+                details = {**e.fields, "host": str(host.id),
+                           "reported_at": datetime.fromtimestamp(e.time, UTC).isoformat()}
+                self._audit.add(s, ctx, action=f"agent.{e.name}", outcome=outcome, object_type=e.object_type,
+                                object_id=e.object_id, details=details)
+        return len(events)
 
     def deliver_key(self, ctx: RequestContext, host: Host, key_ref: str, version: int | None = None) -> DeliveredKey:
         """A key version re-wrapped inside the HSM under the host's public key."""

@@ -284,3 +284,6 @@ class Host(Base):
     last_heartbeat_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
     token_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("enrollment_tokens.id", ondelete="SET NULL"))
+    # As the agent last reported them (heartbeat): where it calls from, its guard points.
+    last_seen_ip: Mapped[str | None] = mapped_column(String(64))
+    guard_points: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default="[]")

@@ -160,16 +160,20 @@ CASES: dict[str, Case] = {
     "createKmipClient": Case("POST", "/api/v1/kmip/clients", (P.KMIP_CLIENTS,),
                              body={"name": "{new}", "role": "auditor"}, ok=(201,)),
     "revokeKmipClient": Case("DELETE", "/api/v1/kmip/clients/{client}", (P.KMIP_CLIENTS,), setup=kmip_client),
+    "getEnrollmentInfo": Case("GET", "/api/v1/enrollment-info", (P.HOSTS_READ,)),
 }
 # Reachable without a session (or acting only on the caller's own session).
 PUBLIC = {"login", "logout", "changePassword", "healthz", "readyz",
-          "enrollHost"}  # authenticated by its one-time enrollment token
+          "enrollHost",  # authenticated by its one-time enrollment token
+          "getCaCertificate", "getAgentInstaller", "downloadAgent"}  # what a host needs before enrollment
+# Enrolled hosts only, by their client certificate on the agent port (tests/agents/test_agent_port.py).
+HOST_CERTIFICATE = {"agentHeartbeat", "listAgentKeys", "getAgentKey", "reportAgentEvents"}
 
 
 def test_matrix_names_every_operation(admin: httpx.Client) -> None:
     spec = admin.get("/api/v1/openapi.json").json()
     ops = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
-    assert ops - set(CASES) - PUBLIC == set(), "routes without an authorisation case"
+    assert ops - set(CASES) - PUBLIC - HOST_CERTIFICATE == set(), "routes without an authorisation case"
     assert set(CASES) - ops == set(), "cases for routes that no longer exist"
 
 
@@ -191,6 +195,15 @@ def test_route_authorisation(op: str, role: str, actors: dict[str, Actor], servi
         assert r.status_code == 403, f"{role} {op} should be refused: {r.status_code} {r.text}"
         assert r.headers["content-type"].startswith("application/problem+json")
         assert r.json()["code"] == "forbidden"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_host_routes_refuse_users(role: str, actors: dict[str, Actor]) -> None:
+    """No role reaches the agent routes: they need a host certificate, which users lack."""
+    for method, path in (("POST", "/api/v1/agent/heartbeat"), ("GET", "/api/v1/agent/keys"),
+                         ("GET", "/api/v1/agent/keys/any"), ("POST", "/api/v1/agent/events")):
+        r = actors[role].client.request(method, path, json={} if method == "POST" else None)
+        assert r.status_code == 401 and r.json()["code"] == "client_certificate_required", (path, r.text)
 
 
 def test_refusals_are_audited(actors: dict[str, Actor], services: Services) -> None:

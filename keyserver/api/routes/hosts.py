@@ -4,13 +4,14 @@ import uuid
 from datetime import datetime
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from keyserver.api.deps import Ctx, ServicesDep, client_ip
 from keyserver.api.schemas import Strict
 from keyserver.core.hosts import TOKEN_PREFIX
 from keyserver.logs import request_id_var
-from keyserver.store.models import EnrollmentToken
+from keyserver.services import Services
+from keyserver.store.models import EnrollmentToken, Host
 
 router = APIRouter(tags=["hosts"])
 
@@ -53,8 +54,14 @@ class EnrollResponse(BaseModel):
     ca_pem: str
 
 
+class HostGuardPoint(BaseModel):
+    path: str
+    key: str
+    state: str
+    detail: str = ""
+
+
 class HostPublic(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
     id: uuid.UUID
     hostname: str
     host_group: str
@@ -65,6 +72,17 @@ class HostPublic(BaseModel):
     enrolled_at: datetime
     last_heartbeat_at: datetime | None
     revoked_at: datetime | None
+    last_seen_ip: str | None
+    guard_points: list[HostGuardPoint] = Field(description="as the agent last reported them")
+    online: bool = Field(description="active, with a heartbeat within three heartbeat intervals")
+
+
+def host_public(h: Host, services: Services) -> HostPublic:
+    return HostPublic.model_validate({**{c: getattr(h, c) for c in _HOST_COLUMNS},
+                                      "online": services.hosts.is_online(h)})
+
+
+_HOST_COLUMNS = [f for f in HostPublic.model_fields if f != "online"]
 
 
 def token_public(t: EnrollmentToken) -> EnrollmentTokenPublic:
@@ -104,14 +122,14 @@ def enroll(body: EnrollRequest, request: Request, services: ServicesDep) -> Enro
 
 @router.get("/hosts", operation_id="listHosts", response_model=list[HostPublic])
 def list_hosts(ctx: Ctx, services: ServicesDep) -> list[HostPublic]:
-    return [HostPublic.model_validate(h) for h in services.hosts.list_hosts(ctx)]
+    return [host_public(h, services) for h in services.hosts.list_hosts(ctx)]
 
 
 @router.get("/hosts/{host_id}", operation_id="getHost", response_model=HostPublic)
 def get_host(host_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> HostPublic:
-    return HostPublic.model_validate(services.hosts.get_host(ctx, host_id))
+    return host_public(services.hosts.get_host(ctx, host_id), services)
 
 
 @router.post("/hosts/{host_id}/revoke", operation_id="revokeHost", response_model=HostPublic)
 def revoke_host(host_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> HostPublic:
-    return HostPublic.model_validate(services.hosts.revoke_host(ctx, host_id))
+    return host_public(services.hosts.revoke_host(ctx, host_id), services)

@@ -1,0 +1,106 @@
+"""The agent port: the same application, served over TLS with certificates from the
+internal CA, where enrolled hosts authenticate with their client certificates.
+
+* A host pins the internal CA and nothing else (`curl --cacert ca.pem ...`), so the
+  port's certificate is issued by that CA, for a fresh key at every start.
+* A client certificate is optional at the TLS layer: the installer, the agent package
+  and enrollment come before a host has one. Agent routes require it.
+* uvicorn does not hand the peer certificate to the application, so the connection
+  protocol here puts it into each request's scope as the ASGI TLS extension specifies
+  (`scope["extensions"]["tls"]["client_cert_chain"]`, PEM strings).
+* It runs on the main server's event loop as a sidecar: the main server owns signals
+  and the application's lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+from collections.abc import Generator
+from typing import Any
+
+import uvicorn
+
+from keyserver.core.ca import CertificateAuthority
+from keyserver.server import bind_socket
+from keyserver.services import Services
+from keyserver.tls import server_context
+
+try:  # the protocol uvicorn's "auto" would pick
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _BaseProtocol
+except ImportError:  # pragma: no cover - httptools is part of uvicorn[standard]
+    from uvicorn.protocols.http.h11_impl import H11Protocol as _BaseProtocol  # type: ignore[assignment]
+
+ASGIApp = Any
+
+
+class TlsScopeProtocol(_BaseProtocol):
+    """HTTP over TLS that tells the application which client certificate the
+    connection presented (verified against the CA by the TLS layer)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        ssl_object = transport.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        tls = {"server_cert": None, "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)] if der else [],
+               "client_cert_name": None, "client_cert_error": None, "tls_version": None, "cipher_suite": None}
+        app = self.app
+
+        async def with_tls(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            scope.setdefault("extensions", {})["tls"] = tls
+            await app(scope, receive, send)
+
+        self.app = with_tls
+
+
+class SidecarServer(uvicorn.Server):
+    """A server that leaves signal handling to the main server of its loop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def agent_tls_context(ca: CertificateAuthority, names: list[str]) -> ssl.SSLContext:
+    return server_context(ca, names, client_cert=ssl.CERT_OPTIONAL, common_name="Strongroom agent port")
+
+
+def agent_sidecar(services: Services, app: ASGIApp, uvicorn_kwargs: dict[str, Any]
+                  ) -> tuple[SidecarServer, socket.socket] | None:
+    """The agent port's server and its bound socket (None when disabled); sets
+    `services.agent_url`. Raises OSError when the port cannot be bound."""
+    s = services.settings
+    if not s.agent_enabled:
+        return None
+    sock = bind_socket(s.agent_host, s.agent_port)
+    port = sock.getsockname()[1]
+    wildcard = s.agent_host in ("0.0.0.0", "::", "")  # noqa: S104 - compared, not bound
+    url_host = socket.getfqdn() if wildcard else s.agent_host
+    url_host = f"[{url_host}]" if ":" in url_host else url_host
+    services.agent_url = (s.agent_public_url or f"https://{url_host}:{port}").rstrip("/")
+    names = [url_host.strip("[]"), *([] if wildcard else [s.agent_host]), *s.agent_server_names]
+    context = agent_tls_context(services.ca, names)
+    kwargs = {k: v for k, v in uvicorn_kwargs.items() if not k.startswith("ssl_")}
+    config = uvicorn.Config(app, http=TlsScopeProtocol, lifespan="off",
+                            ssl_context_factory=lambda _config, _default: context, **kwargs)
+    return SidecarServer(config), sock
+
+
+def run_servers(main: uvicorn.Server, sidecars: list[tuple[uvicorn.Server, socket.socket]],
+                main_sockets: list[socket.socket] | None = None) -> None:
+    with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
+        runner.run(serve_with_sidecars(main, sidecars, main_sockets))
+
+
+async def serve_with_sidecars(main: uvicorn.Server, sidecars: list[tuple[uvicorn.Server, socket.socket]],
+                              main_sockets: list[socket.socket] | None = None) -> None:
+    """Run `main` and the sidecars on one loop; when main stops, so do they."""
+    tasks = [asyncio.create_task(server.serve(sockets=[sock])) for server, sock in sidecars]
+    try:
+        await main.serve(sockets=main_sockets)
+    finally:
+        for server, _ in sidecars:
+            server.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,126 @@
+#!/bin/sh
+# Strongroom agent installer, served by the key server.
+#
+#   curl -fsS --cacert ca.pem @SERVER_URL@/install.sh | sudo sh -s -- --token TOKEN [options]
+#
+# Options:
+#   --token TOKEN       enrollment token from the console (Hosts > Enroll a host), or in
+#                       STRONGROOM_ENROLL_TOKEN
+#   --hostname NAME     the name this host enrolls under (default: its FQDN)
+#   --prefix DIR        where the agent's Python environment goes (default /opt/strongroom-agent);
+#                       with --prefix, the configuration and state default to DIR/etc and DIR/state
+#   --config-dir DIR    default /etc/strongroom-agent
+#   --state-dir DIR     the host key and certificates, mode 0700 (default /var/lib/strongroom-agent)
+#   --python PATH       Python 3.11+ to build the environment with (default python3)
+#   --no-systemd        do not install a systemd unit; run `kms-agent run` in the foreground
+#
+# The server's CA certificate is embedded below (this script came over a connection
+# verified with it) and pinned for every later call. The agent's private key is made
+# on this host and never leaves it.
+set -eu
+
+SERVER_URL='@SERVER_URL@'
+WHEEL='@WHEEL@'
+WHEEL_SHA256='@WHEEL_SHA256@'
+CA_PEM='@CA_PEM@'
+
+say() { printf '==> %s\n' "$*"; }
+die() { printf 'strongroom agent installer: %s\n' "$*" >&2; exit 1; }
+
+TOKEN="${STRONGROOM_ENROLL_TOKEN:-}"
+NAME=""
+PREFIX=""
+CONFIG_DIR=""
+STATE_DIR=""
+PYTHON=python3
+SYSTEMD=auto
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --token) [ $# -ge 2 ] || die "--token needs a value"; TOKEN=$2; shift 2 ;;
+    --token=*) TOKEN=${1#*=}; shift ;;
+    --hostname) [ $# -ge 2 ] || die "--hostname needs a value"; NAME=$2; shift 2 ;;
+    --prefix) [ $# -ge 2 ] || die "--prefix needs a value"; PREFIX=$2; shift 2 ;;
+    --config-dir) [ $# -ge 2 ] || die "--config-dir needs a value"; CONFIG_DIR=$2; shift 2 ;;
+    --state-dir) [ $# -ge 2 ] || die "--state-dir needs a value"; STATE_DIR=$2; shift 2 ;;
+    --python) [ $# -ge 2 ] || die "--python needs a value"; PYTHON=$2; shift 2 ;;
+    --no-systemd) SYSTEMD=no; shift ;;
+    -h|--help) sed -n '2,20p' "$0" 2>/dev/null || true; exit 0 ;;
+    *) die "unknown option '$1' (see the comment at the top of $SERVER_URL/install.sh)" ;;
+  esac
+done
+[ -n "$TOKEN" ] || die "an enrollment token is required: --token TOKEN (create one in the console: Hosts > Enroll a host)"
+if [ -n "$PREFIX" ]; then
+  CONFIG_DIR=${CONFIG_DIR:-$PREFIX/etc}
+  STATE_DIR=${STATE_DIR:-$PREFIX/state}
+else
+  PREFIX=/opt/strongroom-agent
+  CONFIG_DIR=${CONFIG_DIR:-/etc/strongroom-agent}
+  STATE_DIR=${STATE_DIR:-/var/lib/strongroom-agent}
+fi
+
+command -v curl >/dev/null 2>&1 || die "curl is missing: install it (apt-get install curl)"
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+  || die "Python 3.11 or newer is needed as '$PYTHON': install python3, or pass --python PATH"
+"$PYTHON" -c 'import ensurepip, venv' 2>/dev/null \
+  || die "Python's venv module is missing: apt-get install python3-venv (or pass --python PATH)"
+for d in "$PREFIX" "$CONFIG_DIR" "$STATE_DIR"; do
+  mkdir -p "$d" 2>/dev/null && [ -w "$d" ] || die "cannot write to $d: run the installer with sudo, or choose directories you own (--prefix)"
+done
+
+umask 022
+chmod 700 "$STATE_DIR"
+CA_FILE="$CONFIG_DIR/server-ca.pem"
+printf '%s\n' "$CA_PEM" > "$CA_FILE"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT INT TERM
+
+say "downloading the agent ($WHEEL) from $SERVER_URL"
+curl -fsS --cacert "$CA_FILE" -o "$tmp/$WHEEL" "$SERVER_URL/downloads/$WHEEL" \
+  || die "could not download the agent from $SERVER_URL/downloads/$WHEEL"
+got=$("$PYTHON" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$tmp/$WHEEL")
+[ "$got" = "$WHEEL_SHA256" ] || die "the downloaded agent does not match its checksum: try again, and report it if it persists"
+
+say "installing the agent into $PREFIX"
+"$PYTHON" -m venv "$PREFIX"
+"$PREFIX/bin/python" -m pip install --quiet --disable-pip-version-check "$tmp/$WHEEL" \
+  || die "pip could not install the agent and its dependencies (see above); it needs access to a Python package index"
+
+CONFIG="$CONFIG_DIR/agent.toml"
+cat > "$CONFIG" <<CONF
+# Strongroom agent configuration (written by the installer).
+server_url = "$SERVER_URL"
+ca_file = "$CA_FILE"
+state_dir = "$STATE_DIR"
+CONF
+
+say "enrolling this host"
+if [ -n "$NAME" ]; then
+  STRONGROOM_ENROLL_TOKEN="$TOKEN" "$PREFIX/bin/kms-agent" --config "$CONFIG" enroll --hostname "$NAME"
+else
+  STRONGROOM_ENROLL_TOKEN="$TOKEN" "$PREFIX/bin/kms-agent" --config "$CONFIG" enroll
+fi
+
+if [ "$SYSTEMD" = auto ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+  cat > /etc/systemd/system/strongroom-agent.service <<UNIT
+[Unit]
+Description=Strongroom host agent
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+ExecStart=$PREFIX/bin/kms-agent --config $CONFIG run
+Restart=on-failure
+RestartSec=5
+# 6: this host was revoked or is not enrolled; restarting cannot help.
+RestartPreventExitStatus=6
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+  systemctl daemon-reload
+  systemctl enable --now strongroom-agent.service
+  say "the agent runs as the systemd service strongroom-agent"
+else
+  say "start the agent in the foreground with: $PREFIX/bin/kms-agent --config $CONFIG run"
+fi
+say "done: $PREFIX/bin/kms-agent --config $CONFIG status"
