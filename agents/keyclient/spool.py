@@ -49,9 +49,11 @@ class EventSpool:
     def _segments(self) -> list[Path]:
         return sorted(self._dir.glob("*.jsonl"))
 
-    def send(self, sender: Sender) -> int:
+    def send(self, sender: Sender, *, rejected: tuple[type[Exception], ...] = ()) -> int:
         """Deliver every complete segment, oldest first; stop at the first failure
-        (the sender's exception propagates, nothing is lost). Returns events sent."""
+        (the sender's exception propagates, nothing is lost). A segment the server
+        refuses as invalid (`rejected`) would block every later one: it is set aside
+        as `*.rejected` for inspection and the rest go on. Returns events sent."""
         sent = 0
         while True:
             with self._lock:
@@ -67,6 +69,10 @@ class EventSpool:
                     events.append(json.loads(raw))
                 except ValueError:
                     continue  # a line torn by a crash mid-append: drop it, keep the rest
-            sender(events)
+            try:
+                sender(events)
+            except rejected:
+                segment.rename(segment.with_suffix(".rejected"))
+                continue
             segment.unlink()
             sent += len(events)

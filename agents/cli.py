@@ -1,0 +1,332 @@
+"""`kms-agent`: enroll this host, encrypt and decrypt files and directories, rotate them
+to a key's newest version, and run the daemon.
+
+Exit status (also in `kms-agent --help`):
+  0 done · 1 unexpected failure · 2 usage · 3 integrity failure (tampered or damaged file)
+  4 key unavailable or refused · 5 key server unreachable · 6 host not enrolled or revoked
+  7 file error (missing, not readable, not an encrypted file)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from enum import IntEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+from agents import __version__
+from agents.config import AgentConfig, ConfigError
+from agents.cryptfile import FormatError, IntegrityError, KeyUnavailable, read_header
+from agents.cryptfile.transform import TMP_PREFIX, decrypt_file, encrypt_file, is_encrypted, rekey_file, rewrap_file
+from agents.daemon import AgentDaemon, clock_skew, os_description
+from agents.keyclient.cache import ServerUnreachable
+from agents.keyclient.client import HostRevoked, ServerClient, ServerKeyring, ServerRefused
+from agents.keyclient.identity import HostIdentity, IdentityError
+from agents.keyclient.spool import EventSpool
+
+
+class Exit(IntEnum):
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    INTEGRITY = 3
+    KEY = 4
+    UNREACHABLE = 5
+    NOT_ENROLLED = 6
+    FILE = 7
+
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+err = Console(stderr=True)
+out = Console()
+_state: dict[str, Any] = {}
+
+
+class Fail(Exception):
+    def __init__(self, code: Exit, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@app.callback()
+def _main(config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="agent.toml (default: $STRONGROOM_AGENT_CONFIG or /etc/strongroom-agent/agent.toml)")]
+        = None) -> None:
+    _state["config_path"] = config
+
+
+def _config() -> AgentConfig:
+    try:
+        return AgentConfig.load(_state.get("config_path"))
+    except ConfigError as exc:
+        raise Fail(Exit.USAGE, str(exc)) from None
+
+
+def _identity(config: AgentConfig, *, enrolled: bool = True) -> HostIdentity:
+    try:
+        identity = HostIdentity.load_or_create(config.state_dir)
+    except IdentityError as exc:
+        raise Fail(Exit.NOT_ENROLLED, str(exc)) from None
+    except PermissionError:
+        raise Fail(Exit.NOT_ENROLLED, f"cannot read {config.state_dir}: run as root (sudo)") from None
+    if enrolled and not identity.enrolled:
+        raise Fail(Exit.NOT_ENROLLED, "this host is not enrolled: run `kms-agent enroll --token TOKEN` "
+                                      "with a token from the console (Hosts > Enroll a host)")
+    return identity
+
+
+def _client(config: AgentConfig) -> ServerClient:
+    return ServerClient.for_host(config.server_url, _identity(config), timeout=config.request_timeout_seconds)
+
+
+def _spool(config: AgentConfig) -> EventSpool:
+    return EventSpool(config.spool_dir)
+
+
+@contextmanager
+def _bytes_progress(total: int, label: str) -> Iterator[tuple[Progress, Any]]:
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeRemainingColumn(), console=err, transient=False, disable=not err.is_terminal) as p:
+        yield p, p.add_task(label, total=total)
+
+
+def _files(paths: list[Path]) -> list[Path]:
+    """Regular files named or under named directories (symlinks and our temporaries skipped)."""
+    found: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            for dirpath, dirnames, names in os.walk(p):
+                dirnames.sort()
+                found += [Path(dirpath) / n for n in sorted(names)
+                          if not n.startswith(TMP_PREFIX) and (Path(dirpath) / n).is_file()
+                          and not (Path(dirpath) / n).is_symlink()]
+        elif p.is_file():
+            found.append(p)
+        elif not p.exists():
+            raise Fail(Exit.FILE, f"{p}: no such file or directory")
+        else:
+            raise Fail(Exit.FILE, f"{p}: not a regular file or directory")
+    return found
+
+
+def _record(spool: EventSpool, event: str, path: Path, **fields: Any) -> None:
+    spool.append({"event": event, "path": str(path.resolve()), **fields})
+
+
+def _flush(client: ServerClient, spool: EventSpool) -> None:
+    """Ship what this command recorded; if the server is away the daemon ships it later."""
+    with suppress(ServerUnreachable, ServerRefused):
+        spool.send(client.send_events, rejected=(ServerRefused,))
+
+
+def _run_files(paths: list[Path], verb: str, work: Callable[[Path, Callable[[int], None]], str | None],
+               spool: EventSpool, client: ServerClient) -> None:
+    files = _files(paths)
+    total = sum(f.stat().st_size for f in files)
+    done = skipped = 0
+    try:
+        with _bytes_progress(total, verb) as (progress, task):
+            for f in files:
+                progress.update(task, description=f"{verb} {f.name}")
+                event = work(f, lambda n: progress.advance(task, n))
+                if event is None:
+                    skipped += 1
+                    progress.advance(task, f.stat().st_size)
+                    continue
+                done += 1
+                _record(spool, event, f)
+    finally:
+        _flush(client, spool)
+    out.print(f"{verb}: {done} file(s) done" + (f", {skipped} already in the wanted state" if skipped else ""))
+
+
+@app.command()
+def enroll(token: Annotated[str | None, typer.Option(envvar="STRONGROOM_ENROLL_TOKEN",
+                                                     help="enrollment token (or $STRONGROOM_ENROLL_TOKEN)")] = None,
+           hostname: Annotated[str | None, typer.Option(help="name to enroll under (default: FQDN)")] = None) -> None:
+    """Make this host's key pair (kept here, 0600) and enroll it with a one-time token."""
+    config = _config()
+    if not token:
+        raise Fail(Exit.USAGE, "an enrollment token is required: --token or $STRONGROOM_ENROLL_TOKEN")
+    identity = _identity(config, enrolled=False)
+    with ServerClient(config.server_url, config.ca_file, identity, timeout=config.request_timeout_seconds) as c:
+        result = c.enroll(token, hostname=hostname, os_name=os_description())
+    out.print(f"[green]enrolled[/green] as host {result['host_id']} in group [bold]{result['host_group']}[/bold]; "
+              f"certificate and CA in {config.state_dir}")
+
+
+@app.command()
+def status(as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False) -> None:
+    """This host's enrollment, the key server's view of it, and the keys it may use."""
+    config = _config()
+    identity = _identity(config)
+    spool = _spool(config)
+    with _client(config) as c:
+        beat = c.heartbeat(os_name=os_description())
+        keys = c.list_keys()
+    skew = clock_skew(beat["server_time"])
+    report = {"server_url": config.server_url, "host_id": beat["host_id"], "hostname": beat["hostname"],
+              "host_group": beat["host_group"], "state": beat["state"], "clock_skew_seconds": round(skew, 1),
+              "pending_events": spool.pending(), "state_dir": str(identity.state_dir), "keys": keys,
+              "agent_version": __version__}
+    if as_json:
+        out.print_json(json.dumps(report))
+        return
+    out.print(f"host [bold]{beat['hostname']}[/bold] ({beat['host_id']}), group {beat['host_group']}: "
+              f"[green]{beat['state']}[/green] at {config.server_url}")
+    out.print(f"clock skew {skew:+.1f} s · {report['pending_events']} event(s) waiting to be shipped")
+    table = Table("key", "id", "active version")
+    for k in keys:
+        table.add_row(k["name"], k["key_id"], str(k["active_version"] or "none"))
+    out.print(table)
+
+
+@app.command()
+def encrypt(paths: Annotated[list[Path], typer.Argument(help="files or directories (in place)")],
+            key: Annotated[str, typer.Option("--key", "-k", help="managed key name or id")],
+            output: Annotated[Path | None, typer.Option("--output", "-o", help="for one file: write here")] = None,
+            chunk_size: Annotated[int | None, typer.Option(help="bytes per chunk (default from config)")] = None,
+            ) -> None:
+    """Encrypt files under the key's Active version (write-new, fsync, rename)."""
+    config = _config()
+    if output is not None and (len(paths) != 1 or not paths[0].is_file()):
+        raise Fail(Exit.USAGE, "--output takes exactly one input file")
+    with _client(config) as c:
+        version = c.fetch(key).key
+
+        def work(f: Path, advance: Callable[[int], None]) -> str | None:
+            if output is None and is_encrypted(f):
+                return None
+            encrypt_file(f, output or f, version, chunk_size=chunk_size or config.chunk_size, progress=advance)
+            return "file.encrypt"
+
+        _run_files(paths, "encrypt", work, _spool(config), c)
+
+
+@app.command()
+def decrypt(paths: Annotated[list[Path], typer.Argument(help="files or directories (in place)")],
+            output: Annotated[Path | None, typer.Option("--output", "-o", help="for one file: write here")] = None,
+            ) -> None:
+    """Decrypt files (every chunk is authenticated before the plaintext replaces anything)."""
+    config = _config()
+    if output is not None and (len(paths) != 1 or not paths[0].is_file()):
+        raise Fail(Exit.USAGE, "--output takes exactly one input file")
+    with _client(config) as c:
+        keyring = ServerKeyring(c, ttl_seconds=config.key_cache_ttl_seconds, max_entries=config.key_cache_max_entries)
+
+        def work(f: Path, advance: Callable[[int], None]) -> str | None:
+            if not is_encrypted(f):
+                if output is not None:
+                    raise Fail(Exit.FILE, f"{f}: not an encrypted file")
+                return None
+            decrypt_file(f, output or f, keyring, progress=advance)
+            return "file.decrypt"
+
+        _run_files(paths, "decrypt", work, _spool(config), c)
+
+
+def _rotate(paths: list[Path], verb: str, rekey: bool) -> None:
+    config = _config()
+    with _client(config) as c:
+        keyring = ServerKeyring(c, ttl_seconds=config.key_cache_ttl_seconds, max_entries=config.key_cache_max_entries)
+        newest: dict[uuid.UUID, Any] = {}
+
+        def work(f: Path, advance: Callable[[int], None]) -> str | None:
+            if not is_encrypted(f):
+                return None
+            header = read_header(str(f))
+            if header.key_id not in newest:
+                newest[header.key_id] = c.fetch(header.key_id).key
+            target = newest[header.key_id]
+            if header.key_version == target.version:
+                return None
+            if rekey:
+                rekey_file(f, keyring, target, progress=advance)
+            else:
+                rewrap_file(f, keyring, target, progress=advance)
+            return f"file.{verb}"
+
+        _run_files(paths, verb, work, _spool(config), c)
+
+
+@app.command()
+def rewrap(paths: Annotated[list[Path], typer.Argument(help="encrypted files or directories")]) -> None:
+    """Rotation: re-wrap each file's key under its managed key's Active version (data untouched)."""
+    _rotate(paths, "rewrap", rekey=False)
+
+
+@app.command()
+def rekey(paths: Annotated[list[Path], typer.Argument(help="encrypted files or directories")]) -> None:
+    """Re-encrypt each file's data under a new file key and the Active version."""
+    _rotate(paths, "rekey", rekey=True)
+
+
+@app.command()
+def run() -> None:
+    """The daemon, in the foreground: heartbeats, event shipping, revocation."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    config = _config()
+    with _client(config) as c:
+        keyring = ServerKeyring(c, ttl_seconds=config.key_cache_ttl_seconds, max_entries=config.key_cache_max_entries)
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        code = AgentDaemon(c, keyring, _spool(config)).run(stop)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    """Entry point: every failure becomes one line on stderr and its exit status."""
+    try:
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else Exit.OK)
+    except Fail as exc:
+        err.print(f"[red]error[/red]: {exc}")
+        sys.exit(exc.code)
+    except HostRevoked as exc:
+        err.print(f"[red]error[/red]: the key server refuses this host ({exc.detail}); re-enroll it with "
+                  "`kms-agent enroll --token TOKEN`")
+        sys.exit(Exit.NOT_ENROLLED)
+    except ServerUnreachable as exc:
+        err.print(f"[red]error[/red]: key server unreachable: {exc}")
+        sys.exit(Exit.UNREACHABLE)
+    except ServerRefused as exc:
+        err.print(f"[red]error[/red]: the key server refused: {exc.detail} ({exc.code})")
+        sys.exit(Exit.NOT_ENROLLED if exc.code.startswith("enrollment_") else Exit.KEY)
+    except IntegrityError as exc:
+        err.print(f"[red]integrity failure[/red]: {exc}; the file is unchanged — restore it from a backup if "
+                  "this persists")
+        sys.exit(Exit.INTEGRITY)
+    except KeyUnavailable as exc:
+        err.print(f"[red]key unavailable[/red]: {exc}")
+        sys.exit(Exit.KEY)
+    except FormatError as exc:
+        err.print(f"[red]error[/red]: {exc}")
+        sys.exit(Exit.FILE)
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        err.print(f"[red]error[/red]: {exc.filename}: {exc.strerror}")
+        sys.exit(Exit.FILE)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(Exit.FAILED)
+    except Exception as exc:  # click's usage errors carry their own exit code
+        code = getattr(exc, "exit_code", None)
+        if code is not None and hasattr(exc, "show"):
+            exc.show()
+            sys.exit(code)
+        raise
