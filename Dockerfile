@@ -14,7 +14,9 @@ COPY webui/dist ./webui/dist
 RUN pip install --no-cache-dir .
 USER strongroom
 ENV STRONGROOM_DATA_DIR=/var/lib/strongroom \
-    STRONGROOM_HOST=0.0.0.0
-EXPOSE 8800 5696
+    STRONGROOM_HOST=0.0.0.0 \
+    STRONGROOM_KMIP_HOST=0.0.0.0 \
+    STRONGROOM_AGENT_HOST=0.0.0.0
+EXPOSE 8800 5696 8443
 HEALTHCHECK CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:8800/readyz')" || exit 1
 CMD ["keyserver", "serve"]

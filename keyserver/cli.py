@@ -143,12 +143,13 @@ def serve() -> None:
 def _print_agent_port(services: Services, url: str) -> None:
     from cryptography import x509
 
-    from keyserver.core.ca import fingerprint
+    from keyserver.core.ca import display_fingerprint
 
-    fp = fingerprint(x509.load_pem_x509_certificate(services.ca.certificate_pem()))
-    console.print(f"Agent port (hosts, mutual TLS) at [bold]{url}[/bold]; CA SHA-256 fingerprint {fp}\n"
+    fp = display_fingerprint(x509.load_pem_x509_certificate(services.ca.certificate_pem()))
+    # soft_wrap: the one-liner must stay copyable whatever the terminal's width
+    console.print(f"Agent port (hosts, mutual TLS) at [bold]{url}[/bold]\n  CA SHA-256 fingerprint {fp}\n"
                   f"  enroll a host: curl -fsS --cacert ca.pem {url}/install.sh | sudo sh -s -- --token TOKEN\n"
-                  "  (ca.pem from /ca.pem, a token from the console: Hosts > Enroll a host)")
+                  "  (ca.pem from /ca.pem, a token from the console: Hosts > Enroll a host)", soft_wrap=True)
 
 
 def _agent_port_failed(settings: Settings, exc: OSError) -> None:

@@ -56,6 +56,11 @@ def fingerprint(cert: x509.Certificate) -> str:
     return cert.fingerprint(hashes.SHA256()).hex()
 
 
+def display_fingerprint(cert: x509.Certificate) -> str:
+    """SHA-256, colon-separated upper-case hex: what `openssl x509 -fingerprint -sha256` prints."""
+    return cert.fingerprint(hashes.SHA256()).hex(":").upper()
+
+
 def serial_hex(cert: x509.Certificate) -> str:
     return format(cert.serial_number, "x")
 

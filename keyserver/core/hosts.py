@@ -185,10 +185,16 @@ class HostService:
                         cert_pem=cert.public_bytes(serialization.Encoding.PEM).decode(), public_key_der=der,
                         state="active", enrolled_at=now, token_id=row.id)
             row.uses += 1
+            # Re-enrollment with the same host key replaces the earlier record: one
+            # active identity per host key, the old certificate refused from now on.
+            replaced = list(s.execute(select(Host.id).where(Host.public_key_der == der, Host.state == "active"))
+                            .scalars())
+            if replaced:
+                s.execute(update(Host).where(Host.id.in_(replaced)).values(state="revoked", revoked_at=now))
             s.add(host)
             self._audit.add(s, ctx, action="host.enroll", object_type="host", object_id=str(host.id),
                             details={"hostname": hostname, "host_group": row.host_group,
-                                     "serial": host.cert_serial})
+                                     "serial": host.cert_serial, "replaces": [str(h) for h in replaced]})
         return Enrollment(host, cert.public_bytes(serialization.Encoding.PEM), self._ca.certificate_pem())
 
     # --- hosts ----------------------------------------------------------------------------

@@ -242,3 +242,20 @@ def _self_signed_pem() -> bytes:
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .sign(key, hashes.SHA256()))
     return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def test_re_enrollment_replaces_the_old_identity(tmp_path: Path, base_url: str, agent_url: str,
+                                                 admin: httpx.Client, host: Host) -> None:
+    """A revoked host comes back with a new token; so does one renewing its certificate.
+    Either way one identity per host key stays active, and the old certificate is refused."""
+    old_client = host.client
+    old_client.heartbeat(os_name="x")
+    secret = admin.post("/api/v1/enrollment-tokens", json={"host_group": host.group}).json()["secret"]
+    with ServerClient(agent_url, _ca_file(tmp_path, base_url), host.identity) as c:
+        new_id = c.enroll(secret, hostname="h.example.com")["host_id"]
+    assert new_id != host.id
+    assert admin.get(f"/api/v1/hosts/{host.id}").json()["state"] == "revoked"
+    with pytest.raises(HostRevoked):
+        old_client.heartbeat(os_name="x")
+    fresh = ServerClient.for_host(agent_url, host.identity)
+    assert fresh.heartbeat(os_name="x")["host_id"] == new_id

@@ -70,6 +70,9 @@ def test_a_new_host_from_installer_to_revocation(tmp_path: Path, base_url: str, 
     assert info["install_command"] == f"curl -fsS --cacert ca.pem {agent_url}/install.sh | sudo sh -s -- --token TOKEN"
     ca = tmp_path / "ca.pem"
     ca.write_text(info["ca_pem"])
+    openssl = subprocess.run(["openssl", "x509", "-in", str(ca), "-noout", "-fingerprint", "-sha256"],
+                             capture_output=True, text=True, check=True).stdout
+    assert openssl.strip().endswith("=" + info["ca_fingerprint_sha256"])  # what the operator compares
     prefix = tmp_path / "agent"
 
     # The one-liner, as the console shows it (no sudo: a prefix this user owns).

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 from keyserver.agentdist import agent_wheel
 from keyserver.api.deps import Ctx, ServicesDep
-from keyserver.core.ca import fingerprint
+from keyserver.core.ca import display_fingerprint
 from keyserver.core.errors import NotFound
 from keyserver.core.policy import Permission
 
@@ -28,10 +28,6 @@ class EnrollmentInfo(BaseModel):
     agent_version: str
     install_command: str | None = Field(
         description="the one-liner to run on a host, with `TOKEN` where the enrollment token goes")
-
-
-def _colon_hex(hex_digest: str) -> str:
-    return ":".join(hex_digest[i:i + 2] for i in range(0, len(hex_digest), 2)).upper()
 
 
 def _agent_url(request: Request, services: ServicesDep) -> str:
@@ -85,6 +81,6 @@ def enrollment_info(ctx: Ctx, services: ServicesDep) -> EnrollmentInfo:
     url = services.agent_url
     return EnrollmentInfo(
         agent_url=url, install_url=f"{url}/install.sh" if url else None, ca_pem=ca_pem.decode(),
-        ca_fingerprint_sha256=_colon_hex(fingerprint(x509.load_pem_x509_certificate(ca_pem))),
+        ca_fingerprint_sha256=display_fingerprint(x509.load_pem_x509_certificate(ca_pem)),
         agent_version=agent_wheel().version,
         install_command=f"curl -fsS --cacert ca.pem {url}/install.sh | sudo sh -s -- --token TOKEN" if url else None)
