@@ -20,6 +20,7 @@ from hsm.config import HsmConfig
 from keyserver.core.audit import AuditService
 from keyserver.core.ca import CertificateAuthority
 from keyserver.core.datakeys import DataKeyService
+from keyserver.core.guardpoints import GuardPointService
 from keyserver.core.hosts import HostService
 from keyserver.core.identity import IdentityService
 from keyserver.core.kek import KekService
@@ -95,6 +96,7 @@ class Services:
     kmip_clients: KmipClientService
     kmip_objects: KmipObjectService
     hosts: HostService
+    guard_points: GuardPointService
     engines: tuple[Engine, ...] = ()
     # Stopped first on close(), e.g. the KMIP listener, so no request outlives the services.
     on_close: list[Callable[[], None]] = field(default_factory=list)
@@ -174,6 +176,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                                        cert_days=settings.kmip_client_cert_days,
                                        read_session_factory=db.make_session_factory(autocommit)),
         kmip_objects=KmipObjectService(session_factory, backend, audit, policy, autocommit_engine=autocommit),
+        guard_points=GuardPointService(session_factory, audit, policy),
         hosts=HostService(session_factory, backend, audit, policy, ca, notifier,
                           cert_days=settings.kmip_client_cert_days,
                           heartbeat_seconds=settings.agent_heartbeat_seconds),

@@ -119,6 +119,11 @@ class ServerClient:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/agent/keys")
         return result
 
+    def guard_points(self) -> list[dict[str, Any]]:
+        """The guard points this host must serve, with their policies."""
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/agent/guard-points")
+        return result
+
     def fetch(self, key_ref: str | uuid.UUID, version: int | None = None) -> DeliveredKey:
         """A key version (the Active one by default), unwrapped here with the host key."""
         assert self._identity is not None

@@ -21,7 +21,20 @@ from sqlalchemy import text
 from hsm import HsmError
 from keyserver.api import problems
 from keyserver.api.deps import Ctx, ServicesDep
-from keyserver.api.routes import agent, audit, auth, datakeys, hosts, install, keys, kmip_clients, system, tokens, users
+from keyserver.api.routes import (
+    agent,
+    audit,
+    auth,
+    datakeys,
+    guardpoints,
+    hosts,
+    install,
+    keys,
+    kmip_clients,
+    system,
+    tokens,
+    users,
+)
 from keyserver.core.policy import Permission
 from keyserver.logs import request_id_var
 from keyserver.services import Services
@@ -147,6 +160,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
         app.include_router(r, prefix="/api/v1")
     app.include_router(kmip_clients.router, prefix="/api/v1")
     app.include_router(hosts.router, prefix="/api/v1")
+    app.include_router(guardpoints.router, prefix="/api/v1")
     app.include_router(agent.router, prefix="/api/v1")
     app.include_router(install.router)
 

@@ -2,8 +2,8 @@
 CA, revocation, and delivery of keys re-wrapped under each host's own public key.
 
 A host generates its RSA-2048 key pair itself and sends a CSR with its token; the private
-key never travels. Tokens are kept as SHA-256 only. Until guard-point policies exist
-(issue 5), a host may receive the keys tagged `host-group=<its group>`.
+key never travels. Tokens are kept as SHA-256 only. A host may receive the keys tagged
+`host-group=<its group>` and the keys of the guard points that apply to it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmError, WrappedKey
@@ -33,7 +33,7 @@ from keyserver.core.keys import key_filter, version_wrapped
 from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import ANONYMOUS, Principal, RequestContext
 from keyserver.core.states import DECRYPTABLE, KeyState
-from keyserver.store.models import EnrollmentToken, Host, KeyVersion, ManagedKey
+from keyserver.store.models import EnrollmentToken, GuardPoint, Host, KeyVersion, ManagedKey
 from keyserver.store.notify import Notifier
 
 TOKEN_PREFIX = "sre_"  # noqa: S105 - a public prefix, not a secret
@@ -259,11 +259,18 @@ class HostService:
         seen = host.last_heartbeat_at
         return host.state == "active" and seen is not None and self._now() - seen <= self._offline_after
 
+    @staticmethod
+    def _guard_point_keys(s: Session, host: Host) -> set[uuid.UUID]:
+        return set(s.execute(select(GuardPoint.key_id).where(
+            or_(GuardPoint.host_id == host.id, GuardPoint.host_group == host.host_group))).scalars())
+
     def allowed_keys(self, host: Host) -> list[tuple[ManagedKey, int | None]]:
-        """The keys this host may receive, each with its Active version (None if none)."""
+        """The keys this host may receive (tagged for its group, or of its guard points),
+        each with its Active version (None if none)."""
         with self._db() as s:
-            keys = list(s.execute(select(ManagedKey).where(
-                ManagedKey.tags[HOST_GROUP_TAG].as_string() == host.host_group).order_by(ManagedKey.name)).scalars())
+            keys = list(s.execute(select(ManagedKey).where(or_(
+                ManagedKey.tags[HOST_GROUP_TAG].as_string() == host.host_group,
+                ManagedKey.id.in_(self._guard_point_keys(s, host)))).order_by(ManagedKey.name)).scalars())
             rows = s.execute(select(KeyVersion.key_id, KeyVersion.version).where(
                 KeyVersion.key_id.in_([k.id for k in keys]), KeyVersion.state == KeyState.ACTIVE.value))
             active = {key_id: version for key_id, version in rows}
@@ -291,7 +298,7 @@ class HostService:
                 raise NotFound(f"no key named or with id '{key_ref}'", code="key_not_found")
             rows = s.execute(select(KeyVersion).where(KeyVersion.key_id == key.id)).scalars()
             versions = {v.version: v for v in rows}
-        allowed = key.tags.get(HOST_GROUP_TAG) == host.host_group
+            allowed = key.tags.get(HOST_GROUP_TAG) == host.host_group or key.id in self._guard_point_keys(s, host)
         if not allowed:
             self._audit.record_now(ctx, action="key.deliver", outcome="denied", object_type="key",
                                    object_id=str(key.id), details={"host": str(host.id), "name": key.name})

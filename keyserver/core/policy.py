@@ -40,6 +40,7 @@ class Permission(StrEnum):
     HOSTS_READ = "hosts:read"
     HOSTS_ENROLL = "hosts:enroll"  # create and revoke enrollment tokens
     HOSTS_REVOKE = "hosts:revoke"
+    GUARDPOINTS_MANAGE = "guardpoints:manage"  # protected directories and their access rules
 
 
 class Role(StrEnum):
@@ -55,7 +56,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
     Role.KEY_OFFICER: frozenset({
         P.KEYS_READ, P.KEYS_CREATE, P.KEYS_UPDATE, P.KEYS_ROTATE, P.KEYS_ACTIVATE,
         P.KEYS_REVOKE, P.KEYS_DESTROY, P.KEYS_EXPORT, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
-        P.AUDIT_READ, P.AUDIT_VERIFY, P.TOKENS_OWN, P.SYSTEM_READ, P.HOSTS_READ,
+        P.AUDIT_READ, P.AUDIT_VERIFY, P.TOKENS_OWN, P.SYSTEM_READ, P.HOSTS_READ, P.GUARDPOINTS_MANAGE,
     }),
     Role.OPERATOR: frozenset({
         P.KEYS_READ, P.KEYS_ROTATE, P.KEYS_EXPORT, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,

@@ -287,3 +287,25 @@ class Host(Base):
     # As the agent last reported them (heartbeat): where it calls from, its guard points.
     last_seen_ip: Mapped[str | None] = mapped_column(String(64))
     guard_points: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default="[]")
+
+
+class GuardPoint(Base):
+    """A protected directory on a host or on every host of a group: its key, chunk
+    size, mode and ordered access rules (docs/guardpoints.md)."""
+
+    __tablename__ = "guard_points"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    host_group: Mapped[str | None] = mapped_column(String(64), index=True)
+    host_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    path: Mapped[str] = mapped_column(String(1024))
+    backing_path: Mapped[str] = mapped_column(String(1024))
+    key_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("managed_keys.id", ondelete="RESTRICT"))
+    chunk_size: Mapped[int] = mapped_column(Integer)
+    mode: Mapped[str] = mapped_column(String(16))  # enforce | learn
+    rules: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    default_effect: Mapped[str] = mapped_column(String(8))  # permit | deny
+    revision: Mapped[int] = mapped_column(Integer)
+    created_by: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]

@@ -94,6 +94,13 @@ def enrollment_token(s: Services, admin: httpx.Client, a: Actor) -> dict[str, st
     return {"etoken": str(s.hosts.create_token(system_context("tests"), host_group="authz").token.id)}
 
 
+def guard_point(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    key = fresh_key(s, admin, a)["key"]
+    r = admin.post("/api/v1/guard-points", json={"host_group": unique("authz"), "path": "/srv/authz", "key": key})
+    assert r.status_code == 201, r.text
+    return {"gp": r.json()["id"], "key": key}
+
+
 def enrolled_host(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     import tempfile
     from pathlib import Path
@@ -161,13 +168,21 @@ CASES: dict[str, Case] = {
                              body={"name": "{new}", "role": "auditor"}, ok=(201,)),
     "revokeKmipClient": Case("DELETE", "/api/v1/kmip/clients/{client}", (P.KMIP_CLIENTS,), setup=kmip_client),
     "getEnrollmentInfo": Case("GET", "/api/v1/enrollment-info", (P.HOSTS_READ,)),
+    "listGuardPoints": Case("GET", "/api/v1/guard-points", (P.HOSTS_READ,)),
+    "getGuardPoint": Case("GET", "/api/v1/guard-points/{gp}", (P.HOSTS_READ,), setup=guard_point),
+    "createGuardPoint": Case("POST", "/api/v1/guard-points", (P.GUARDPOINTS_MANAGE,), setup=guard_point,
+                             body={"host_group": "{new}", "path": "/srv/new", "key": "{key}"}, ok=(201,)),
+    "updateGuardPoint": Case("PUT", "/api/v1/guard-points/{gp}", (P.GUARDPOINTS_MANAGE,), setup=guard_point,
+                             body={"host_group": "{new}", "path": "/srv/authz", "key": "{key}", "mode": "learn"}),
+    "deleteGuardPoint": Case("DELETE", "/api/v1/guard-points/{gp}", (P.GUARDPOINTS_MANAGE,), setup=guard_point,
+                             ok=(204,)),
 }
 # Reachable without a session (or acting only on the caller's own session).
 PUBLIC = {"login", "logout", "changePassword", "healthz", "readyz",
           "enrollHost",  # authenticated by its one-time enrollment token
           "getCaCertificate", "getAgentInstaller", "downloadAgent"}  # what a host needs before enrollment
 # Enrolled hosts only, by their client certificate on the agent port (tests/agents/test_agent_port.py).
-HOST_CERTIFICATE = {"agentHeartbeat", "listAgentKeys", "getAgentKey", "reportAgentEvents"}
+HOST_CERTIFICATE = {"agentHeartbeat", "listAgentKeys", "getAgentKey", "reportAgentEvents", "listAgentGuardPoints"}
 
 
 def test_matrix_names_every_operation(admin: httpx.Client) -> None:
@@ -201,7 +216,8 @@ def test_route_authorisation(op: str, role: str, actors: dict[str, Actor], servi
 def test_host_routes_refuse_users(role: str, actors: dict[str, Actor]) -> None:
     """No role reaches the agent routes: they need a host certificate, which users lack."""
     for method, path in (("POST", "/api/v1/agent/heartbeat"), ("GET", "/api/v1/agent/keys"),
-                         ("GET", "/api/v1/agent/keys/any"), ("POST", "/api/v1/agent/events")):
+                         ("GET", "/api/v1/agent/keys/any"), ("POST", "/api/v1/agent/events"),
+                         ("GET", "/api/v1/agent/guard-points")):
         r = actors[role].client.request(method, path, json={} if method == "POST" else None)
         assert r.status_code == 401 and r.json()["code"] == "client_certificate_required", (path, r.text)
 

@@ -12,8 +12,10 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field, StringConstraints
 
 from keyserver.api.deps import HostDep, ServicesDep
+from keyserver.api.routes.guardpoints import GuardPointPublic, guard_point_public
 from keyserver.api.schemas import Strict
 from keyserver.core.audit import utcnow
+from keyserver.core.guardpoints import revision_tag
 from keyserver.core.hosts import EVENT_NAME_RE, AgentEvent
 
 router = APIRouter(prefix="/agent", tags=["agent"])
@@ -23,6 +25,8 @@ EventValue = Short | int | float | bool | None
 
 
 class GuardPointReport(Strict):
+    id: uuid.UUID | None = Field(default=None, description="the server's guard point this is")
+    revision: int | None = Field(default=None, ge=1, description="the policy revision applied")
     path: str = Field(min_length=1, max_length=4096)
     key: str = Field(min_length=1, max_length=200, description="the managed key's name or id")
     state: Literal["mounted", "unmounted", "error"]
@@ -42,6 +46,7 @@ class HeartbeatResponse(BaseModel):
     state: str
     server_time: datetime = Field(description="for the agent's clock-skew check")
     heartbeat_seconds: int
+    guard_points_tag: str = Field(description="changes whenever this host's guard points do: fetch them again")
 
 
 class AgentKey(BaseModel):
@@ -81,8 +86,16 @@ def heartbeat(body: HeartbeatRequest, caller: HostDep, services: ServicesDep) ->
     host = services.hosts.heartbeat(caller.host, os_name=body.os, agent_version=body.agent_version,
                                     guard_points=[g.model_dump() for g in body.guard_points],
                                     source_ip=caller.ctx.source_ip)
+    tag = revision_tag([gp for gp, _ in services.guard_points.for_host(host)])
     return HeartbeatResponse(host_id=host.id, hostname=host.hostname, host_group=host.host_group, state=host.state,
-                             server_time=utcnow(), heartbeat_seconds=services.hosts.heartbeat_seconds)
+                             server_time=utcnow(), heartbeat_seconds=services.hosts.heartbeat_seconds,
+                             guard_points_tag=tag)
+
+
+@router.get("/guard-points", operation_id="listAgentGuardPoints", response_model=list[GuardPointPublic])
+def guard_points(caller: HostDep, services: ServicesDep) -> list[GuardPointPublic]:
+    """The guard points this host must serve, with their current policy."""
+    return [guard_point_public(gp, name) for gp, name in services.guard_points.for_host(caller.host)]
 
 
 @router.get("/keys", operation_id="listAgentKeys", response_model=list[AgentKey])

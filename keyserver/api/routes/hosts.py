@@ -55,6 +55,8 @@ class EnrollResponse(BaseModel):
 
 
 class HostGuardPoint(BaseModel):
+    id: uuid.UUID | None = None
+    revision: int | None = None
     path: str
     key: str
     state: str

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field, StringConstraints
+
+from keyserver.api.deps import Ctx, ServicesDep
+from keyserver.api.schemas import Strict
+from keyserver.core.guardpoints import GuardPointSpec
+from keyserver.store.models import GuardPoint
+
+router = APIRouter(prefix="/guard-points", tags=["guard points"])
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")]
+Exe = Annotated[str, StringConstraints(min_length=2, max_length=1024, pattern=r"^/")]
+
+
+class RuleModel(Strict):
+    """Who (users, uids, groups: any listed matches; an empty list matches everyone),
+    which program (absolute executable paths), what access, and the effect. First
+    matching rule wins."""
+
+    effect: Literal["permit", "deny"]
+    users: list[Name] = Field(default_factory=list, max_length=64)
+    uids: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field(default_factory=list, max_length=64)
+    groups: list[Name] = Field(default_factory=list, max_length=64)
+    executables: list[Exe] = Field(default_factory=list, max_length=64)
+    access: Literal["read", "write", "all"] = "all"
+    audit: bool = Field(default=False, description="record permitted accesses too (denials always are)")
+
+
+class GuardPointIn(Strict):
+    host_group: str | None = Field(default=None, max_length=64, description="every host of this group…")
+    host_id: uuid.UUID | None = Field(default=None, description="…or one host")
+    path: str = Field(min_length=2, max_length=1024, examples=["/srv/postgres"])
+    backing_path: str | None = Field(default=None, max_length=1024,
+                                     description="where the ciphertext lives; default: /parent/.name.strongroom")
+    key: str = Field(min_length=1, max_length=128, description="managed key name or id")
+    chunk_size: int = Field(default=4096, ge=512, le=1 << 20)
+    mode: Literal["enforce", "learn"] = Field(
+        default="enforce", description="learn: allow everything, audit what enforce would deny")
+    rules: list[RuleModel] = Field(default_factory=list, max_length=64)
+    default_effect: Literal["permit", "deny"] = "deny"
+
+
+class GuardPointPublic(BaseModel):
+    id: uuid.UUID
+    host_group: str | None
+    host_id: uuid.UUID | None
+    path: str
+    backing_path: str
+    key_id: uuid.UUID
+    key_name: str
+    chunk_size: int
+    mode: str
+    rules: list[RuleModel]
+    default_effect: str
+    revision: int
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+
+
+def guard_point_public(gp: GuardPoint, key_name: str) -> GuardPointPublic:
+    return GuardPointPublic(id=gp.id, host_group=gp.host_group, host_id=gp.host_id, path=gp.path,
+                            backing_path=gp.backing_path, key_id=gp.key_id, key_name=key_name,
+                            chunk_size=gp.chunk_size, mode=gp.mode, rules=[RuleModel(**r) for r in gp.rules],
+                            default_effect=gp.default_effect, revision=gp.revision, created_by=gp.created_by,
+                            created_at=gp.created_at, updated_at=gp.updated_at)
+
+
+def _spec(body: GuardPointIn) -> GuardPointSpec:
+    return GuardPointSpec(path=body.path, key=body.key, host_group=body.host_group, host_id=body.host_id,
+                          backing_path=body.backing_path, chunk_size=body.chunk_size, mode=body.mode,
+                          rules=tuple(r.model_dump() for r in body.rules), default_effect=body.default_effect)
+
+
+@router.get("", operation_id="listGuardPoints", response_model=list[GuardPointPublic])
+def list_guard_points(ctx: Ctx, services: ServicesDep) -> list[GuardPointPublic]:
+    return [guard_point_public(gp, name) for gp, name in services.guard_points.list_all(ctx)]
+
+
+@router.post("", operation_id="createGuardPoint", response_model=GuardPointPublic, status_code=201)
+def create_guard_point(body: GuardPointIn, ctx: Ctx, services: ServicesDep) -> GuardPointPublic:
+    gp = services.guard_points.create(ctx, _spec(body))
+    return guard_point_public(*services.guard_points.get(ctx, gp.id))
+
+
+@router.get("/{gp_id}", operation_id="getGuardPoint", response_model=GuardPointPublic)
+def get_guard_point(gp_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> GuardPointPublic:
+    return guard_point_public(*services.guard_points.get(ctx, gp_id))
+
+
+@router.put("/{gp_id}", operation_id="updateGuardPoint", response_model=GuardPointPublic)
+def update_guard_point(gp_id: uuid.UUID, body: GuardPointIn, ctx: Ctx, services: ServicesDep) -> GuardPointPublic:
+    """Replace mode, rules, default and chunk size (for new files); agents apply it live.
+    Path, backing path and key are fixed."""
+    services.guard_points.update(ctx, gp_id, _spec(body))
+    return guard_point_public(*services.guard_points.get(ctx, gp_id))
+
+
+@router.delete("/{gp_id}", operation_id="deleteGuardPoint", status_code=204)
+def delete_guard_point(gp_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> None:
+    """Agents unmount it; the ciphertext stays in the backing directory."""
+    services.guard_points.delete(ctx, gp_id)
