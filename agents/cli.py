@@ -32,6 +32,7 @@ from agents.config import AgentConfig, ConfigError
 from agents.cryptfile import FormatError, IntegrityError, KeyUnavailable, read_header
 from agents.cryptfile.transform import TMP_PREFIX, decrypt_file, encrypt_file, is_encrypted, rekey_file, rewrap_file
 from agents.daemon import AgentDaemon, clock_skew, os_description
+from agents.guardpoints import GuardPointManager, local_reports
 from agents.keyclient.cache import ServerUnreachable
 from agents.keyclient.client import HostRevoked, ServerClient, ServerKeyring, ServerRefused
 from agents.keyclient.identity import HostIdentity, IdentityError
@@ -181,6 +182,7 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="machine-readabl
     report = {"server_url": config.server_url, "host_id": beat["host_id"], "hostname": beat["hostname"],
               "host_group": beat["host_group"], "state": beat["state"], "clock_skew_seconds": round(skew, 1),
               "pending_events": spool.pending(), "state_dir": str(identity.state_dir), "keys": keys,
+              "guard_points": local_reports(config.state_dir),
               "agent_version": __version__}
     if as_json:
         out.print_json(json.dumps(report))
@@ -192,6 +194,10 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="machine-readabl
     for k in keys:
         table.add_row(k["name"], k["key_id"], str(k["active_version"] or "none"))
     out.print(table)
+    points = Table("guard point", "key", "state", "policy revision", "detail")
+    for g in report["guard_points"]:
+        points.add_row(g["path"], g["key"], g["state"], str(g["revision"] or "-"), g["detail"])
+    out.print(points if report["guard_points"] else "no guard points on this host")
 
 
 @app.command()
@@ -276,7 +282,7 @@ def rekey(paths: Annotated[list[Path], typer.Argument(help="encrypted files or d
 
 @app.command()
 def run() -> None:
-    """The daemon, in the foreground: heartbeats, event shipping, revocation."""
+    """The daemon, in the foreground: heartbeats, guard points, event shipping, revocation."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     config = _config()
     with _client(config) as c:
@@ -284,7 +290,11 @@ def run() -> None:
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        code = AgentDaemon(c, keyring, _spool(config)).run(stop)
+        manager = GuardPointManager(config, _state.get("config_path"))
+        try:
+            code = AgentDaemon(c, keyring, _spool(config), guard_points=manager).run(stop)
+        finally:
+            manager.stop_all()
     raise typer.Exit(code)
 
 

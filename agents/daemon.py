@@ -1,9 +1,10 @@
-"""The agent daemon (`kms-agent run`): heartbeats, event shipping, revocation.
+"""The agent daemon (`kms-agent run`): heartbeats, guard points, event shipping, revocation.
 
 Every heartbeat reports the host (OS, agent version, guard points) and ships the event
-spool. The server's answer carries its clock, checked against ours, and the interval
+spool, and keeps this host's guard points mounted as the server defines them
+(agents/guardpoints.py). The server's answer carries its clock, checked against ours, and the interval
 to beat at. When the server says this host is revoked, the daemon drops every cached
-key at once and stops (exit status 6: restarting cannot help, re-enrollment can). While
+key at once, unmounts its guard points and stops (exit status 6: restarting cannot help, re-enrollment can). While
 the server is unreachable it keeps beating, and the key cache keeps serving until its
 TTL ends.
 """
@@ -13,10 +14,10 @@ from __future__ import annotations
 import logging
 import platform
 import threading
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from agents.guardpoints import GuardPointManager
 from agents.keyclient.cache import ServerUnreachable
 from agents.keyclient.client import HostRevoked, ServerClient, ServerKeyring, ServerRefused
 from agents.keyclient.spool import EventSpool
@@ -37,11 +38,13 @@ def clock_skew(server_time: str, now: datetime | None = None) -> float:
 
 class AgentDaemon:
     def __init__(self, client: ServerClient, keyring: ServerKeyring, spool: EventSpool, *,
-                 guard_points: Callable[[], list[dict[str, Any]]] = list) -> None:
+                 guard_points: GuardPointManager | None = None) -> None:
         self._client = client
         self._keyring = keyring
         self._spool = spool
-        self._guard_points = guard_points
+        self._manager = guard_points
+        self._tag: str | None = None
+        self._definitions: list[dict[str, Any]] = []
         self.interval = 30.0
         self.revoked = False
         self.last_error: str | None = None
@@ -49,10 +52,13 @@ class AgentDaemon:
     def beat(self) -> dict[str, Any]:
         """One heartbeat and one spool flush. Raises HostRevoked (after dropping the
         cache) or ServerUnreachable."""
+        reports = self._manager.reports() if self._manager else None
         try:
-            answer = self._client.heartbeat(os_name=os_description(), guard_points=self._guard_points())
+            answer = self._client.heartbeat(os_name=os_description(), guard_points=reports)
         except HostRevoked:
             self._keyring.cache.drop_all()
+            if self._manager:
+                self._manager.stop_all()  # their processes hold keys too
             self.revoked = True
             raise
         self.interval = float(answer.get("heartbeat_seconds", self.interval))
@@ -60,6 +66,13 @@ class AgentDaemon:
         if abs(skew) > MAX_CLOCK_SKEW_SECONDS:
             log.warning("this host's clock is %.0f s %s the key server's: fix NTP, or certificates and "
                         "audit times will be wrong", abs(skew), "ahead of" if skew > 0 else "behind")
+        if self._manager is not None:
+            if answer.get("guard_points_tag") != self._tag:
+                self._definitions = self._client.guard_points()
+                self._tag = answer.get("guard_points_tag")
+            # Every beat: a rotation moves a key's Active version without touching the guard point.
+            active = {k["key_id"]: k["active_version"] for k in self._client.list_keys()}
+            self._manager.apply(self._definitions, active)
         sent = self._spool.send(self._client.send_events, rejected=(ServerRefused,))
         if sent:
             log.info("shipped %d events", sent)

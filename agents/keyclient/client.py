@@ -110,9 +110,13 @@ class ServerClient:
         self._identity.save_certificates(result["certificate_pem"].encode(), result["ca_pem"].encode())
         return result
 
-    def heartbeat(self, *, os_name: str, guard_points: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/api/v1/agent/heartbeat", json={
-            "os": os_name, "agent_version": __version__, "guard_points": list(guard_points)})
+    def heartbeat(self, *, os_name: str, guard_points: Iterable[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Report this host (and, from the daemon, its guard points: None leaves the
+        server's record of them as it is)."""
+        body: dict[str, Any] = {"os": os_name, "agent_version": __version__}
+        if guard_points is not None:
+            body["guard_points"] = list(guard_points)
+        result: dict[str, Any] = self._call("POST", "/api/v1/agent/heartbeat", json=body)
         return result
 
     def list_keys(self) -> list[dict[str, Any]]:

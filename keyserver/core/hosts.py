@@ -244,11 +244,13 @@ class HostService:
         principal = Principal(name=f"host:{host.hostname}", actor_type="host", role=None, permissions=frozenset())
         return RequestContext(principal, source_ip, request_id), host
 
-    def heartbeat(self, host: Host, *, os_name: str, agent_version: str, guard_points: list[dict[str, Any]],
+    def heartbeat(self, host: Host, *, os_name: str, agent_version: str, guard_points: list[dict[str, Any]] | None,
                   source_ip: str | None) -> Host:
         """What the agent reports about itself; its last heartbeat makes it online."""
-        values = {"last_heartbeat_at": self._now(), "os": os_name[:200], "agent_version": agent_version[:64],
-                  "guard_points": guard_points, "last_seen_ip": source_ip}
+        values: dict[str, Any] = {"last_heartbeat_at": self._now(), "os": os_name[:200],
+                                  "agent_version": agent_version[:64], "last_seen_ip": source_ip}
+        if guard_points is not None:
+            values["guard_points"] = guard_points
         with self._db.begin() as s:
             s.execute(update(Host).where(Host.id == host.id).values(**values))
             fresh = s.get(Host, host.id)

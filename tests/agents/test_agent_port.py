@@ -148,6 +148,8 @@ def test_heartbeat_makes_the_host_online_with_its_guard_points(host: Host, admin
     assert after["online"] is True and after["os"] == "Linux 6.1 (x86_64)"
     assert after["guard_points"] == [{**gp, "id": None, "revision": None}]
     assert after["last_seen_ip"] == "127.0.0.1"
+    host.client.heartbeat(os_name="Linux 6.1 (x86_64)")  # `kms-agent status`: leaves the guard points alone
+    assert admin.get(f"/api/v1/hosts/{host.id}").json()["guard_points"] == after["guard_points"]
     with pytest.raises(ServerRefused) as exc:
         host.client.heartbeat(os_name="x", guard_points=[{"path": "", "key": "k", "state": "sideways"}])
     assert exc.value.status == 422

@@ -36,7 +36,8 @@ class GuardPointReport(Strict):
 class HeartbeatRequest(Strict):
     os: str = Field(default="", max_length=200)
     agent_version: str = Field(default="", max_length=64)
-    guard_points: list[GuardPointReport] = Field(default_factory=list, max_length=256)
+    guard_points: list[GuardPointReport] | None = Field(
+        default=None, max_length=256, description="omitted: unchanged (a status check, not the daemon)")
 
 
 class HeartbeatResponse(BaseModel):
@@ -84,7 +85,8 @@ class EventsAccepted(BaseModel):
 @router.post("/heartbeat", operation_id="agentHeartbeat", response_model=HeartbeatResponse)
 def heartbeat(body: HeartbeatRequest, caller: HostDep, services: ServicesDep) -> HeartbeatResponse:
     host = services.hosts.heartbeat(caller.host, os_name=body.os, agent_version=body.agent_version,
-                                    guard_points=[g.model_dump() for g in body.guard_points],
+                                    guard_points=None if body.guard_points is None else
+                                    [g.model_dump(mode="json") for g in body.guard_points],
                                     source_ip=caller.ctx.source_ip)
     tag = revision_tag([gp for gp, _ in services.guard_points.for_host(host)])
     return HeartbeatResponse(host_id=host.id, hostname=host.hostname, host_group=host.host_group, state=host.state,

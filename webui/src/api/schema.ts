@@ -1301,8 +1301,11 @@ export interface components {
              * @default
              */
             agent_version?: string;
-            /** Guard Points */
-            guard_points?: components["schemas"]["GuardPointReport"][];
+            /**
+             * Guard Points
+             * @description omitted: unchanged (a status check, not the daemon)
+             */
+            guard_points?: components["schemas"]["GuardPointReport"][] | null;
             /**
              * Os
              * @default

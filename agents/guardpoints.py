@@ -1,0 +1,269 @@
+"""Serving the guard points the key server assigns to this host.
+
+The daemon keeps, in `state_dir/guardpoints/`, one definition file per guard point
+(`<id>.json`: the server's definition plus the key's Active version) and runs one child
+process per guard point (`serve_guard_point`): a FUSE mount is a blocking loop with its
+own signal handling, and a process per mount isolates one mount's failure from the
+others. The child watches its definition file and applies a new revision live (the
+access policy is swapped whole, no remount); when the key's Active version moves it
+re-wraps every file header to it in the background while applications keep working. It
+reports what it applied in `<id>.status.json`, which the daemon sends with each
+heartbeat. Access decisions the policy audits go to the event spool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agents.config import AgentConfig
+from agents.cryptfile import FormatError, KeyVersion, read_header
+from agents.cryptfile.transform import TMP_PREFIX, atomic_replace
+from agents.fs.policy import AccessPolicy, Effect, Mode, Rule
+
+log = logging.getLogger("strongroom.agent.guardpoints")
+WATCH_SECONDS = 1.0
+
+
+def policy_from(definition: dict[str, Any]) -> AccessPolicy:
+    """The server's definition as the mount's policy object."""
+    rules = tuple(Rule(effect=Effect(r["effect"]), users=frozenset(r.get("users", ())),
+                       uids=frozenset(r.get("uids", ())), groups=frozenset(r.get("groups", ())),
+                       executables=frozenset(r.get("executables", ())), access=r.get("access", "all"),
+                       audit=bool(r.get("audit", False)))
+                  for r in definition.get("rules", ()))
+    return AccessPolicy(mode=Mode(definition["mode"]), rules=rules, default=Effect(definition["default_effect"]))
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    with atomic_replace(path, mode=0o600) as f:
+        f.write(json.dumps(data).encode())
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except (OSError, ValueError):
+        return None
+
+
+# --- the child: one mount ---------------------------------------------------------------
+@dataclass
+class _Applied:
+    definition: dict[str, Any]
+    active: int  # the key version new files are written under
+
+
+def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> None:
+    """Child process entry: serve guard point `gp_id` until SIGTERM or unmount."""
+    from agents.fs.guardpoint import GuardPoint, serve
+    from agents.keyclient.client import ServerClient, ServerKeyring
+    from agents.keyclient.identity import HostIdentity
+    from agents.keyclient.spool import EventSpool
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s guard point {gp_id[:8]}: %(message)s")
+    config = AgentConfig.load(Path(config_path) if config_path else None)
+    folder = Path(directory)
+    definition_file, status_file = folder / f"{gp_id}.json", folder / f"{gp_id}.status.json"
+    definition = _read_json(definition_file)
+    assert definition is not None
+    client = ServerClient.for_host(config.server_url, HostIdentity.load_or_create(config.state_dir),
+                                   timeout=config.request_timeout_seconds)
+    keyring = ServerKeyring(client, ttl_seconds=config.key_cache_ttl_seconds,
+                            max_entries=config.key_cache_max_entries)
+    spool = EventSpool(config.spool_dir)
+    key_id = uuid.UUID(definition["key_id"])
+    state = _Applied(definition, int(definition["active_version"]))
+
+    def current_key() -> KeyVersion:
+        return keyring.get(key_id, state.active)
+
+    def on_event(event: dict[str, Any]) -> None:
+        spool.append({**event, "guard_point": gp_id, "path": os.path.join(definition["path"],
+                                                                           str(event.get("path", "")).lstrip("/"))})
+
+    mount, backing = definition["path"], definition["backing_path"]
+    os.makedirs(backing, mode=0o700, exist_ok=True)
+    os.makedirs(mount, exist_ok=True)
+    if os.listdir(mount):
+        _write_json(status_file, {"revision": definition["revision"], "state": "error",
+                                  "detail": f"{mount} is not empty: move its files out (or protect them with "
+                                            "kms-agent encrypt into the backing directory) before mounting"})
+        return
+    ops = GuardPoint(backing, keyring, current_key, chunk_size=int(definition["chunk_size"]),
+                     policy=policy_from(definition), on_event=on_event)
+
+    def report(detail: str = "") -> None:
+        _write_json(status_file, {"revision": state.definition["revision"], "state": "mounted", "detail": detail,
+                                  "key_version": state.active})
+
+    def rewrap_all(version: KeyVersion) -> None:
+        done = 0
+        for dirpath, _, names in os.walk(backing):
+            for name in names:
+                if name.startswith(TMP_PREFIX):
+                    continue
+                real = os.path.join(dirpath, name)
+                try:
+                    if os.path.islink(real) or read_header(real).key_version == version.version:
+                        continue
+                    if ops.rewrap("/" + os.path.relpath(real, backing), version):
+                        done += 1
+                except (FormatError, OSError) as exc:
+                    log.warning("rewrap of %s skipped: %s", real, exc)
+        spool.append({"event": "guardpoint.rewrapped", "guard_point": gp_id, "path": mount,
+                      "key_version": version.version, "files": done})
+        report()
+
+    def watch() -> None:
+        seen = definition_file.stat().st_mtime_ns
+        while True:
+            time.sleep(WATCH_SECONDS)
+            try:
+                mtime = definition_file.stat().st_mtime_ns
+            except FileNotFoundError:
+                return  # the daemon is removing this guard point
+            if mtime == seen:
+                continue
+            seen = mtime
+            new = _read_json(definition_file)
+            if new is None:
+                continue
+            if new["revision"] != state.definition["revision"]:
+                ops.policy = policy_from(new)  # swapped whole: no request sees half a policy
+                spool.append({"event": "guardpoint.policy_applied", "guard_point": gp_id, "path": mount,
+                              "revision": new["revision"]})
+            state.definition = new
+            report()
+            if int(new["active_version"]) != state.active:
+                try:
+                    version = keyring.get(key_id, int(new["active_version"]))
+                except Exception as exc:  # keep serving under the old version; retry at the next change
+                    report(f"cannot fetch key version {new['active_version']}: {exc}")
+                    continue
+                state.active = version.version
+                threading.Thread(target=rewrap_all, args=(version,), daemon=True).start()
+
+    def announce() -> None:
+        while not os.path.ismount(mount):
+            time.sleep(0.05)
+        report()
+        spool.append({"event": "guardpoint.mounted", "guard_point": gp_id, "path": mount,
+                      "revision": definition["revision"]})
+
+    threading.Thread(target=watch, daemon=True).start()
+    threading.Thread(target=announce, daemon=True).start()
+    try:
+        serve(ops, mount, allow_other=True)
+    except RuntimeError as exc:  # libfuse's exit status: a failed mount, or the end of a stopped one
+        if definition_file.exists():  # not stopped by the daemon: say what happened
+            _write_json(status_file, {"revision": state.definition["revision"], "state": "error",
+                                      "detail": f"the FUSE mount ended (status {exc}); see the agent's log"})
+    spool.append({"event": "guardpoint.unmounted", "guard_point": gp_id, "path": mount})
+
+
+# --- the parent: reconcile definitions with running mounts ---------------------------------
+@dataclass
+class _Running:
+    process: multiprocessing.process.BaseProcess
+    path: str
+
+
+class GuardPointManager:
+    def __init__(self, config: AgentConfig, config_path: Path | None) -> None:
+        self._config_path = str(config_path) if config_path else None
+        self._dir = config.state_dir / "guardpoints"
+        self._dir.mkdir(mode=0o700, exist_ok=True)
+        self._running: dict[str, _Running] = {}
+        self._definitions: dict[str, dict[str, Any]] = {}
+        self._ctx = multiprocessing.get_context("spawn")
+
+    def apply(self, definitions: list[dict[str, Any]], active_versions: dict[str, int | None]) -> None:
+        """Make the running mounts match the server's definitions."""
+        wanted = {d["id"]: {**d, "active_version": active_versions.get(d["key_id"])} for d in definitions}
+        for gp_id in set(self._running) - set(wanted):
+            self._stop(gp_id)
+        for gp_id, d in wanted.items():
+            if d["active_version"] is None:
+                self._definitions[gp_id] = d
+                _write_json(self._dir / f"{gp_id}.status.json", {
+                    "revision": d["revision"], "state": "error",
+                    "detail": f"key {d['key_name']} has no Active version"})
+                continue
+            if self._definitions.get(gp_id) != d:
+                _write_json(self._dir / f"{gp_id}.json", d)
+            self._definitions[gp_id] = d
+            running = self._running.get(gp_id)
+            if running is None or not running.process.is_alive():
+                if running is not None:
+                    log.warning("guard point %s exited (%s); restarting it", d["path"], running.process.exitcode)
+                    _unmount(running.path)
+                p = self._ctx.Process(target=serve_guard_point, args=(self._config_path, str(self._dir), gp_id),
+                                      name=f"guard-point {d['path']}", daemon=False)
+                p.start()
+                self._running[gp_id] = _Running(p, d["path"])
+
+    def reports(self) -> list[dict[str, Any]]:
+        """What each guard point applied, for the heartbeat."""
+        out = []
+        for gp_id, d in self._definitions.items():
+            status = _read_json(self._dir / f"{gp_id}.status.json") or {"state": "unmounted", "detail": "starting"}
+            running = self._running.get(gp_id)
+            state = status.get("state", "unmounted")
+            if state == "mounted" and (running is None or not running.process.is_alive()):
+                state = "unmounted"
+            out.append({"id": gp_id, "revision": status.get("revision"), "path": d["path"], "key": d["key_name"],
+                        "state": state, "detail": str(status.get("detail", ""))[:500]})
+        return out
+
+    def _stop(self, gp_id: str) -> None:
+        running = self._running.pop(gp_id)
+        self._definitions.pop(gp_id, None)
+        (self._dir / f"{gp_id}.json").unlink(missing_ok=True)
+        (self._dir / f"{gp_id}.status.json").unlink(missing_ok=True)
+        if running.process.is_alive() and running.process.pid:
+            os.kill(running.process.pid, signal.SIGTERM)
+        running.process.join(timeout=10)
+        _unmount(running.path)
+        if running.process.is_alive():
+            running.process.kill()
+            running.process.join(timeout=5)
+
+    def stop_all(self) -> None:
+        for gp_id in list(self._running):
+            self._stop(gp_id)
+
+
+def local_reports(state_dir: Path) -> list[dict[str, Any]]:
+    """The guard points as the daemon last left them (for `kms-agent status`)."""
+    out = []
+    for definition_file in sorted((state_dir / "guardpoints").glob("*-*-*-*-*.json")):
+        if definition_file.name.endswith(".status.json"):
+            continue
+        d = _read_json(definition_file)
+        if d is None:
+            continue
+        status = _read_json(definition_file.with_suffix(".status.json")) or {}
+        mounted = os.path.ismount(d["path"])
+        out.append({"path": d["path"], "key": d["key_name"], "revision": status.get("revision"),
+                    "state": "mounted" if mounted else status.get("state", "unmounted"),
+                    "detail": status.get("detail", "")})
+    return out
+
+
+def _unmount(path: str) -> None:
+    # Lazily if busy: applications holding files keep them until they close.
+    if os.path.ismount(path) and subprocess.run(["fusermount3", "-u", path], capture_output=True,
+                                                check=False).returncode != 0:
+        subprocess.run(["fusermount3", "-uz", path], capture_output=True, check=False)

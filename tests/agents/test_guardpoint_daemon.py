@@ -1,0 +1,152 @@
+"""The daemon serving a guard point defined on the server: mount, access rules enforced
+and audited, a policy change applied live and reported, a key rotation re-wrapping the
+files in the background, removal unmounting it, revocation taking it down."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agents.config import AgentConfig
+from agents.cryptfile import read_header
+from agents.daemon import AgentDaemon
+from agents.guardpoints import GuardPointManager
+from agents.keyclient.client import HostRevoked, ServerKeyring
+from agents.keyclient.spool import EventSpool
+from keyserver.services import Services
+from tests.agents.test_agent_port import Host, enroll_host
+from tests.conftest import unique
+
+CAT = shutil.which("cat") or "/usr/bin/cat"
+
+pytestmark = pytest.mark.skipif(not Path("/dev/fuse").exists(), reason="needs /dev/fuse for a FUSE mount")
+
+
+def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Wait for asynchronous work (a child process, a background re-wrap) to show."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def agent(tmp_path: Path, base_url: str, agent_url: str, admin: httpx.Client) -> Iterator[tuple[Host, AgentDaemon]]:
+    host = enroll_host(tmp_path, base_url, agent_url, admin, name="gpd")
+    config_path = tmp_path / "agent.toml"
+    config_path.write_text(f'server_url = "{agent_url}"\nca_file = "{tmp_path / "ca.pem"}"\n'
+                           f'state_dir = "{host.identity.state_dir}"\n')
+    config = AgentConfig.load(config_path)
+    manager = GuardPointManager(config, config_path)
+    keyring = ServerKeyring(host.client, ttl_seconds=300, max_entries=64)
+    daemon = AgentDaemon(host.client, keyring, EventSpool(config.spool_dir), guard_points=manager)
+    try:
+        yield host, daemon
+    finally:
+        manager.stop_all()
+
+
+def test_a_server_defined_guard_point_end_to_end(tmp_path: Path, agent: tuple[Host, AgentDaemon],
+                                                 admin: httpx.Client, services: Services) -> None:
+    host, daemon = agent
+    key = admin.post("/api/v1/keys", json={"name": unique("gpd")}).json()
+    mnt, backing = tmp_path / "protected", tmp_path / "backing"
+    rules = [{"effect": "deny", "executables": [os.path.realpath(CAT)], "access": "read"}]
+    gp = admin.post("/api/v1/guard-points", json={
+        "host_id": host.id, "path": str(mnt), "backing_path": str(backing), "key": key["name"],
+        "rules": rules, "default_effect": "permit"}).json()
+    daemon.beat()
+    eventually(lambda: os.path.ismount(mnt), "the mount")
+
+    (mnt / "notes.txt").write_text("the plaintext")
+    assert (mnt / "notes.txt").read_text() == "the plaintext"
+    stored = backing / "notes.txt"
+    assert read_header(str(stored)).key_version == 1 and b"the plaintext" not in stored.read_bytes()
+    denied = subprocess.run([CAT, str(mnt / "notes.txt")], capture_output=True, text=True, check=False)
+    assert denied.returncode != 0 and "Permission denied" in denied.stderr
+
+    # A policy change applies live, without a remount, and the host reports it.
+    r = admin.put(f"/api/v1/guard-points/{gp['id']}", json={
+        "host_id": host.id, "path": str(mnt), "backing_path": str(backing), "key": key["name"],
+        "rules": rules, "default_effect": "permit", "mode": "learn"})
+    assert r.status_code == 200 and r.json()["revision"] == 2
+    daemon.beat()
+
+    def applied() -> bool:
+        daemon.beat()
+        reported = admin.get(f"/api/v1/hosts/{host.id}").json()["guard_points"]
+        return bool(reported) and reported[0]["revision"] == 2 and reported[0]["state"] == "mounted"
+
+    eventually(applied, "revision 2 reported")
+    allowed = subprocess.run([CAT, str(mnt / "notes.txt")], capture_output=True, text=True, check=False)
+    assert allowed.returncode == 0 and allowed.stdout == "the plaintext"
+
+    # Rotation: the file's header moves to version 2 in the background; the data stays readable.
+    assert admin.post(f"/api/v1/keys/{key['name']}/rotate").status_code == 200
+    daemon.beat()
+    eventually(lambda: read_header(str(stored)).key_version == 2, "the background re-wrap")
+    assert (mnt / "notes.txt").read_text() == "the plaintext"
+
+    # The denial and the learn-mode "would deny" reached the audit log as this host.
+    daemon.beat()
+    services.audit.flush()
+    items = admin.get("/api/v1/audit/events", params={"actor": "host:gpd.example.com", "limit": 200}).json()["items"]
+    actions = {e["action"] for e in items}
+    assert {"agent.access.denied", "agent.access.would_deny", "agent.guardpoint.mounted",
+            "agent.guardpoint.policy_applied", "agent.guardpoint.rewrapped"} <= actions
+
+    # Removing the guard point unmounts it; the ciphertext stays.
+    assert admin.delete(f"/api/v1/guard-points/{gp['id']}").status_code == 204
+    daemon.beat()
+    eventually(lambda: not os.path.ismount(mnt), "the unmount")
+    daemon.beat()
+    assert stored.exists() and admin.get(f"/api/v1/hosts/{host.id}").json()["guard_points"] == []
+
+
+def test_revocation_takes_the_guard_points_down(tmp_path: Path, agent: tuple[Host, AgentDaemon],
+                                                admin: httpx.Client) -> None:
+    host, daemon = agent
+    key = admin.post("/api/v1/keys", json={"name": unique("gpr")}).json()
+    mnt = tmp_path / "p"
+    admin.post("/api/v1/guard-points", json={"host_id": host.id, "path": str(mnt),
+                                             "backing_path": str(tmp_path / "b"), "key": key["name"],
+                                             "default_effect": "permit"})
+    daemon.beat()
+    eventually(lambda: os.path.ismount(mnt), "the mount")
+    assert admin.post(f"/api/v1/hosts/{host.id}/revoke").status_code == 200
+    with pytest.raises(HostRevoked):
+        daemon.beat()
+    assert not os.path.ismount(mnt)
+
+
+def test_a_non_empty_mount_point_is_refused_with_advice(tmp_path: Path, agent: tuple[Host, AgentDaemon],
+                                                        admin: httpx.Client) -> None:
+    host, daemon = agent
+    key = admin.post("/api/v1/keys", json={"name": unique("gpe")}).json()
+    mnt = tmp_path / "busy"
+    mnt.mkdir()
+    (mnt / "plain.txt").write_text("not yet protected")
+    admin.post("/api/v1/guard-points", json={"host_id": host.id, "path": str(mnt), "backing_path": str(tmp_path / "b"),
+                                             "key": key["name"]})
+    daemon.beat()
+
+    def reported_error() -> dict[str, Any] | None:
+        daemon.beat()
+        gps = admin.get(f"/api/v1/hosts/{host.id}").json()["guard_points"]
+        return gps[0] if gps and gps[0]["state"] == "error" else None
+
+    report = eventually(reported_error, "the error report")
+    assert "not empty" in report["detail"] and not os.path.ismount(mnt)
+    assert (mnt / "plain.txt").read_text() == "not yet protected"
