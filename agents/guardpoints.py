@@ -63,6 +63,9 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 class _Applied:
     definition: dict[str, Any]
     active: int  # the key version new files are written under
+    rekeyed: int = 0  # the last re-key generation finished
+    rekeying: bool = False
+    rekey: dict[str, Any] | None = None  # progress, as reported
 
 
 def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> None:
@@ -85,6 +88,9 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
     spool = EventSpool(config.spool_dir)
     key_id = uuid.UUID(definition["key_id"])
     state = _Applied(definition, int(definition["active_version"]))
+    finished = _read_json(folder / f"{gp_id}.rekey.json")
+    if finished and finished.get("done_generation"):
+        state.rekeyed = int(finished["done_generation"])
 
     def current_key() -> KeyVersion:
         return keyring.get(key_id, state.active)
@@ -106,7 +112,7 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
 
     def report(detail: str = "") -> None:
         _write_json(status_file, {"revision": state.definition["revision"], "state": "mounted", "detail": detail,
-                                  "key_version": state.active})
+                                  "key_version": state.active, "rekey": state.rekey})
 
     def rewrap_all(version: KeyVersion) -> None:
         done = 0
@@ -125,6 +131,63 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
         spool.append({"event": "guardpoint.rewrapped", "guard_point": gp_id, "path": mount,
                       "key_version": version.version, "files": done})
         report()
+
+    rekey_file_ = folder / f"{gp_id}.rekey.json"
+
+    def rekey_all(generation: int) -> None:
+        """Re-encrypt every file that existed when re-key `generation` was asked for.
+        The list of (file, file id) is kept on disk first: a file is done when its file
+        id changed (a re-key makes a new one), so an interrupted run resumes where it
+        stopped and never re-encrypts a file twice. New files need nothing: each has a
+        fresh file key of its own."""
+        plan = _read_json(rekey_file_)
+        if plan is None or plan.get("generation") != generation:
+            files: dict[str, str] = {}
+            for dirpath, _, names in os.walk(backing):
+                for name in names:
+                    real = os.path.join(dirpath, name)
+                    if name.startswith(TMP_PREFIX) or os.path.islink(real):
+                        continue
+                    try:
+                        files[os.path.relpath(real, backing)] = read_header(real).file_id.hex()
+                    except (FormatError, OSError):
+                        continue
+            plan = {"generation": generation, "files": files}
+            _write_json(rekey_file_, plan)
+        total = len(plan["files"])
+        version = keyring.get(key_id, state.active)
+        for done, (rel, old_id) in enumerate(plan["files"].items(), start=1):
+            real = os.path.join(backing, rel)
+            try:
+                if read_header(real).file_id.hex() == old_id:
+                    ops.rekey("/" + rel, version)
+            except (FormatError, OSError) as exc:  # gone, renamed or replaced since: its key is new or gone
+                log.info("re-key of %s skipped: %s", rel, exc)
+            if done % 16 == 0 or done == total:
+                state.rekey = {"generation": generation, "done": done, "total": total, "finished": done == total}
+                report()
+        state.rekey = {"generation": generation, "done": total, "total": total, "finished": True}
+        state.rekeyed = generation
+        _write_json(rekey_file_, {**plan, "done_generation": generation})
+        report()
+        spool.append({"event": "guardpoint.rekeyed", "guard_point": gp_id, "path": mount,
+                      "generation": generation, "files": total})
+
+    def maybe_rekey(d: dict[str, Any]) -> None:
+        generation = int(d.get("rekey_generation", 0))
+        if generation > state.rekeyed and not state.rekeying:
+            state.rekeying = True
+
+            def run() -> None:
+                try:
+                    rekey_all(generation)
+                except Exception as exc:  # reported, retried at the next definition change or restart
+                    log.error("re-key generation %d failed: %s", generation, exc)
+                    report(f"re-key failed: {exc}")
+                finally:
+                    state.rekeying = False
+
+            threading.Thread(target=run, daemon=True).start()
 
     def watch() -> None:
         seen = definition_file.stat().st_mtime_ns
@@ -146,6 +209,7 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
                               "revision": new["revision"]})
             state.definition = new
             report()
+            maybe_rekey(new)
             if int(new["active_version"]) != state.active:
                 try:
                     version = keyring.get(key_id, int(new["active_version"]))
@@ -159,6 +223,7 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
         while not os.path.ismount(mount):
             time.sleep(0.05)
         report()
+        maybe_rekey(state.definition)  # a re-key asked for before (or interrupted by) a restart
         spool.append({"event": "guardpoint.mounted", "guard_point": gp_id, "path": mount,
                       "revision": definition["revision"]})
 
@@ -224,7 +289,7 @@ class GuardPointManager:
             if state == "mounted" and (running is None or not running.process.is_alive()):
                 state = "unmounted"
             out.append({"id": gp_id, "revision": status.get("revision"), "path": d["path"], "key": d["key_name"],
-                        "state": state, "detail": str(status.get("detail", ""))[:500]})
+                        "state": state, "detail": str(status.get("detail", ""))[:500], "rekey": status.get("rekey")})
         return out
 
     def _stop(self, gp_id: str) -> None:
@@ -232,6 +297,7 @@ class GuardPointManager:
         self._definitions.pop(gp_id, None)
         (self._dir / f"{gp_id}.json").unlink(missing_ok=True)
         (self._dir / f"{gp_id}.status.json").unlink(missing_ok=True)
+        (self._dir / f"{gp_id}.rekey.json").unlink(missing_ok=True)
         if running.process.is_alive() and running.process.pid:
             os.kill(running.process.pid, signal.SIGTERM)
         running.process.join(timeout=10)

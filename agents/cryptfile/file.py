@@ -257,6 +257,31 @@ class EncryptedFile:
                 on_replaced(os.fstat(fd))
             return True
 
+    def rekey(self, new_key: KeyVersion, on_replaced: Callable[[os.stat_result], None] | None = None) -> None:
+        """Re-encrypt this open file under a fresh file key (and file id) wrapped by
+        `new_key`, without closing it: every chunk is authenticated and sealed anew into
+        a new file that is fsynced and renamed over the path, then this object continues
+        on it. Readers and writers of this object wait for it (the file lock)."""
+        from agents.cryptfile.transform import atomic_replace
+
+        with self._lock:
+            file_key, file_id = os.urandom(FILE_KEY_SIZE), os.urandom(16)
+            header = seal_header(file_key, new_key, file_id=file_id, chunk_size=self._chunk)
+            cipher = ChunkCipher(file_key, file_id)
+            n = self._chunks()
+            out = bytearray(_BATCH * self._stored_chunk)
+            with atomic_replace(self.path, mode=os.fstat(self._fd).st_mode & 0o7777) as f:
+                f.write(header.encode())
+                for first in range(0, n, _BATCH):
+                    plain = self.read(first * self._chunk, _BATCH * self._chunk)
+                    written = cipher.seal_run(first, plain, self._chunk, out, final_index=n - 1)
+                    f.write(memoryview(out)[:written])
+            fd = os.open(self.path, (os.O_RDWR if self._writable else os.O_RDONLY) | getattr(os, "O_CLOEXEC", 0))
+            os.close(self._fd)
+            self._fd, self.header, self._cipher = fd, header, cipher
+            if on_replaced is not None:
+                on_replaced(os.fstat(fd))
+
     # --- lifecycle ------------------------------------------------------------------
     def fsync(self) -> None:
         os.fsync(self._fd)

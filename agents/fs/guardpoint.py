@@ -408,19 +408,41 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
     # --- rotation without downtime --------------------------------------------------------
     def rewrap(self, path: str, new_key: KeyVersion) -> bool:
         """Re-wrap one file (a path inside the mount) to `new_key`, open or not, while
-        applications keep using it. Returns False when it was already there.
+        applications keep using it. Returns False when it was already there."""
+        from agents.cryptfile import rewrap_file
+
+        return self._replace(path, lambda f, moved: f.rewrap(self._keyring, new_key, on_replaced=moved),
+                             lambda real: rewrap_file(real, self._keyring, new_key))
+
+    def rekey(self, path: str, new_key: KeyVersion) -> None:
+        """Re-encrypt one file under a fresh file key wrapped by `new_key`, open or not,
+        while applications keep using it (they wait for this file only while it is
+        sealed anew; opens on the mount wait as for a re-wrap)."""
+        from agents.cryptfile import rekey_file
+
+        def closed(real: str) -> bool:
+            rekey_file(real, self._keyring, new_key)
+            return True
+
+        def opened(f: EncryptedFile, moved: Callable[[os.stat_result], None]) -> bool:
+            f.rekey(new_key, on_replaced=moved)
+            return True
+
+        self._replace(path, opened, closed)
+
+    def _replace(self, path: str, opened: Callable[[EncryptedFile, Callable[[os.stat_result], None]], bool],
+                 closed: Callable[[str], bool]) -> bool:
+        """Replace a backing file by a transformed copy, whether it is open or not.
 
         The registry lock is held throughout, so no open can bind to the old inode while
         it is being replaced (its writes would be lost); open handles wait on the file's
         own lock for the copy. Lock order is registry, then file, as everywhere."""
-        from agents.cryptfile import rewrap_file
-
         real = self._real(path)
         with self._lock:
             st = os.stat(real)
             entry = self._open.get((st.st_dev, st.st_ino))
             if entry is None:
-                return rewrap_file(real, self._keyring, new_key)
+                return closed(real)
 
             def rekey_registry(new: os.stat_result) -> None:
                 if self._open.get(entry.key) is entry:
@@ -428,7 +450,7 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
                 entry.key = (new.st_dev, new.st_ino)
                 self._open[entry.key] = entry
 
-            return entry.file.rewrap(self._keyring, new_key, on_replaced=rekey_registry)
+            return opened(entry.file, rekey_registry)
 
     # --- mount options ---------------------------------------------------------------
     def init_with_config(self, conn_info: Any, config_3: Any) -> None:

@@ -123,7 +123,7 @@ class GuardPointService:
             self._overlapping(s, spec, spec.path, None)
             gp = GuardPoint(id=uuid.uuid4(), host_group=spec.host_group, host_id=spec.host_id, path=spec.path,
                             backing_path=backing, key_id=key.id, chunk_size=spec.chunk_size, mode=spec.mode,
-                            rules=list(spec.rules), default_effect=spec.default_effect, revision=1,
+                            rules=list(spec.rules), default_effect=spec.default_effect, revision=1, rekey_generation=0,
                             created_by=ctx.principal.name, created_at=now, updated_at=now)
             s.add(gp)
             self._audit.add(s, ctx, action="guard_point.create", object_type="guard_point", object_id=str(gp.id),
@@ -149,6 +149,23 @@ class GuardPointService:
             gp.default_effect, gp.revision, gp.updated_at = spec.default_effect, gp.revision + 1, self._now()
             self._audit.add(s, ctx, action="guard_point.update", object_type="guard_point", object_id=str(gp.id),
                             details=self._summary(gp, key))
+        return gp
+
+    def request_rekey(self, ctx: RequestContext, gp_id: uuid.UUID) -> GuardPoint:
+        """Ask the hosts to re-encrypt every file of the guard point under fresh file
+        keys wrapped by the key's Active version (after a suspected exposure), online
+        and resumably; they report progress with their heartbeats."""
+        self._policy.require(ctx, Permission.GUARDPOINTS_MANAGE, action="guard_point.rekey",
+                             object_type="guard_point", object_id=str(gp_id))
+        with self._db.begin() as s:
+            gp = s.get(GuardPoint, gp_id, with_for_update=True)
+            if gp is None:
+                raise NotFound(f"no guard point {gp_id}", code="guard_point_not_found")
+            gp.rekey_generation += 1
+            gp.revision += 1
+            gp.updated_at = self._now()
+            self._audit.add(s, ctx, action="guard_point.rekey", object_type="guard_point", object_id=str(gp.id),
+                            details={"path": gp.path, "generation": gp.rekey_generation, "revision": gp.revision})
         return gp
 
     def delete(self, ctx: RequestContext, gp_id: uuid.UUID) -> None:

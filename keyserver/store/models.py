@@ -306,6 +306,8 @@ class GuardPoint(Base):
     rules: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     default_effect: Mapped[str] = mapped_column(String(8))  # permit | deny
     revision: Mapped[int] = mapped_column(Integer)
+    # Bumped by a re-key request: hosts re-encrypt every file that existed before it.
+    rekey_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_by: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

@@ -29,6 +29,7 @@ def upgrade() -> None:
     sa.Column('rules', sa.JSON(), nullable=False),
     sa.Column('default_effect', sa.String(length=8), nullable=False),
     sa.Column('revision', sa.Integer(), nullable=False),
+    sa.Column('rekey_generation', sa.Integer(), nullable=False, server_default='0'),
     sa.Column('created_by', sa.String(length=200), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),

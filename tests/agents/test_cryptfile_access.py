@@ -211,3 +211,27 @@ def test_a_write_touches_only_the_chunks_it_covers(tmp_path: Path, key: KeyVersi
                != after[128 + i * stored:128 + (i + 1) * stored]}
     assert changed == {10, 11}
     assert after[:128] == before[:128]
+
+
+@pytest.mark.parametrize("size", [0, 1, CHUNK, 3 * CHUNK + 7, 700 * CHUNK + 1])
+def test_rekey_while_open_keeps_the_handle_working(tmp_path: Path, key: KeyVersion, size: int) -> None:
+    """Online re-key: the open object continues on the re-encrypted file (new file key,
+    new file id), and what was written before and after is all there."""
+    p = str(tmp_path / "f")
+    data = os.urandom(size)
+    v2 = KeyVersion(key.key_id, 2, os.urandom(32))
+    with EncryptedFile.create(p, key, chunk_size=CHUNK) as f:
+        f.write(0, data)
+        old_id, old_ino = f.header.file_id, os.stat(p).st_ino
+        seen: list[int] = []
+        f.rekey(v2, on_replaced=lambda st: seen.append(st.st_ino))
+        assert f.header.file_id != old_id and f.header.key_version == 2
+        assert seen == [os.stat(p).st_ino] and seen[0] != old_ino
+        assert f.read(0, size + 10) == data
+        f.write(size, b"tail")
+    with EncryptedFile.open(p, StaticKeyring([v2])) as g:
+        assert g.read(0, g.size) == data + b"tail"
+        g.verify()
+    with pytest.raises(IntegrityError):  # the old version no longer opens it
+        EncryptedFile.open(p, StaticKeyring([KeyVersion(key.key_id, 2, key.material)]))
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(TMP_PREFIX)]

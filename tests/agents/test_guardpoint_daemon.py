@@ -99,13 +99,33 @@ def test_a_server_defined_guard_point_end_to_end(tmp_path: Path, agent: tuple[Ho
     eventually(lambda: read_header(str(stored)).key_version == 2, "the background re-wrap")
     assert (mnt / "notes.txt").read_text() == "the plaintext"
 
+    # Re-key: every file re-encrypted under a fresh file key, online (this one while open),
+    # with progress reported to the server.
+    old_id = read_header(str(stored)).file_id
+    with open(mnt / "notes.txt", "r+") as held:
+        r = admin.post(f"/api/v1/guard-points/{gp['id']}/rekey")
+        assert r.status_code == 202 and r.json()["rekey_generation"] == 1
+        daemon.beat()
+        eventually(lambda: read_header(str(stored)).file_id != old_id, "the re-key")
+        assert held.read() == "the plaintext"
+        held.write(" and more")
+    assert (mnt / "notes.txt").read_text() == "the plaintext and more"
+    assert read_header(str(stored)).key_version == 2
+
+    def rekey_reported() -> bool:
+        daemon.beat()
+        progress = admin.get(f"/api/v1/hosts/{host.id}").json()["guard_points"][0]["rekey"]
+        return bool(progress) and progress == {"generation": 1, "done": 1, "total": 1, "finished": True}
+
+    eventually(rekey_reported, "re-key progress reported")
+
     # The denial and the learn-mode "would deny" reached the audit log as this host.
     daemon.beat()
     services.audit.flush()
     items = admin.get("/api/v1/audit/events", params={"actor": "host:gpd.example.com", "limit": 200}).json()["items"]
     actions = {e["action"] for e in items}
     assert {"agent.access.denied", "agent.access.would_deny", "agent.guardpoint.mounted",
-            "agent.guardpoint.policy_applied", "agent.guardpoint.rewrapped"} <= actions
+            "agent.guardpoint.policy_applied", "agent.guardpoint.rewrapped", "agent.guardpoint.rekeyed"} <= actions
 
     # Removing the guard point unmounts it; the ciphertext stays.
     assert admin.delete(f"/api/v1/guard-points/{gp['id']}").status_code == 204

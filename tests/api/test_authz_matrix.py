@@ -174,6 +174,8 @@ CASES: dict[str, Case] = {
                              body={"host_group": "{new}", "path": "/srv/new", "key": "{key}"}, ok=(201,)),
     "updateGuardPoint": Case("PUT", "/api/v1/guard-points/{gp}", (P.GUARDPOINTS_MANAGE,), setup=guard_point,
                              body={"host_group": "{new}", "path": "/srv/authz", "key": "{key}", "mode": "learn"}),
+    "rekeyGuardPoint": Case("POST", "/api/v1/guard-points/{gp}/rekey", (P.GUARDPOINTS_MANAGE,), setup=guard_point,
+                            ok=(202,)),
     "deleteGuardPoint": Case("DELETE", "/api/v1/guard-points/{gp}", (P.GUARDPOINTS_MANAGE,), setup=guard_point,
                              ok=(204,)),
 }

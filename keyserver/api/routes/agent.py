@@ -24,6 +24,13 @@ Short = Annotated[str, StringConstraints(max_length=1024)]
 EventValue = Short | int | float | bool | None
 
 
+class RekeyProgress(Strict):
+    generation: int = Field(ge=0)
+    done: int = Field(ge=0)
+    total: int = Field(ge=0)
+    finished: bool
+
+
 class GuardPointReport(Strict):
     id: uuid.UUID | None = Field(default=None, description="the server's guard point this is")
     revision: int | None = Field(default=None, ge=1, description="the policy revision applied")
@@ -31,6 +38,7 @@ class GuardPointReport(Strict):
     key: str = Field(min_length=1, max_length=200, description="the managed key's name or id")
     state: Literal["mounted", "unmounted", "error"]
     detail: str = Field(default="", max_length=500)
+    rekey: RekeyProgress | None = None
 
 
 class HeartbeatRequest(Strict):

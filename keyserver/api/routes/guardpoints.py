@@ -59,6 +59,7 @@ class GuardPointPublic(BaseModel):
     rules: list[RuleModel]
     default_effect: str
     revision: int
+    rekey_generation: int = Field(description="bumped by each re-key request")
     created_by: str
     created_at: datetime
     updated_at: datetime
@@ -68,7 +69,8 @@ def guard_point_public(gp: GuardPoint, key_name: str) -> GuardPointPublic:
     return GuardPointPublic(id=gp.id, host_group=gp.host_group, host_id=gp.host_id, path=gp.path,
                             backing_path=gp.backing_path, key_id=gp.key_id, key_name=key_name,
                             chunk_size=gp.chunk_size, mode=gp.mode, rules=[RuleModel(**r) for r in gp.rules],
-                            default_effect=gp.default_effect, revision=gp.revision, created_by=gp.created_by,
+                            default_effect=gp.default_effect, revision=gp.revision,
+                            rekey_generation=gp.rekey_generation, created_by=gp.created_by,
                             created_at=gp.created_at, updated_at=gp.updated_at)
 
 
@@ -99,6 +101,14 @@ def update_guard_point(gp_id: uuid.UUID, body: GuardPointIn, ctx: Ctx, services:
     """Replace mode, rules, default and chunk size (for new files); agents apply it live.
     Path, backing path and key are fixed."""
     services.guard_points.update(ctx, gp_id, _spec(body))
+    return guard_point_public(*services.guard_points.get(ctx, gp_id))
+
+
+@router.post("/{gp_id}/rekey", operation_id="rekeyGuardPoint", response_model=GuardPointPublic, status_code=202)
+def rekey_guard_point(gp_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> GuardPointPublic:
+    """Re-encrypt every existing file under fresh file keys, online; hosts report progress
+    in their guard points (`rekey`)."""
+    services.guard_points.request_rekey(ctx, gp_id)
     return guard_point_public(*services.guard_points.get(ctx, gp_id))
 
 

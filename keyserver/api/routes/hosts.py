@@ -54,6 +54,13 @@ class EnrollResponse(BaseModel):
     ca_pem: str
 
 
+class HostRekeyProgress(BaseModel):
+    generation: int
+    done: int
+    total: int
+    finished: bool
+
+
 class HostGuardPoint(BaseModel):
     id: uuid.UUID | None = None
     revision: int | None = None
@@ -61,6 +68,7 @@ class HostGuardPoint(BaseModel):
     key: str
     state: str
     detail: str = ""
+    rekey: HostRekeyProgress | None = None
 
 
 class HostPublic(BaseModel):

@@ -391,6 +391,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/guard-points/{gp_id}/rekey": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Rekey Guard Point
+         * @description Re-encrypt every existing file under fresh file keys, online; hosts report progress
+         *     in their guard points (`rekey`).
+         */
+        post: operations["rekeyGuardPoint"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/hosts": {
         parameters: {
             query?: never;
@@ -1254,6 +1275,11 @@ export interface components {
             mode: string;
             /** Path */
             path: string;
+            /**
+             * Rekey Generation
+             * @description bumped by each re-key request
+             */
+            rekey_generation: number;
             /** Revision */
             revision: number;
             /** Rules */
@@ -1283,6 +1309,7 @@ export interface components {
             key: string;
             /** Path */
             path: string;
+            rekey?: components["schemas"]["RekeyProgress"] | null;
             /**
              * Revision
              * @description the policy revision applied
@@ -1352,6 +1379,7 @@ export interface components {
             key: string;
             /** Path */
             path: string;
+            rekey?: components["schemas"]["HostRekeyProgress"] | null;
             /** Revision */
             revision?: number | null;
             /** State */
@@ -1397,6 +1425,17 @@ export interface components {
             revoked_at: string | null;
             /** State */
             state: string;
+        };
+        /** HostRekeyProgress */
+        HostRekeyProgress: {
+            /** Done */
+            done: number;
+            /** Finished */
+            finished: boolean;
+            /** Generation */
+            generation: number;
+            /** Total */
+            total: number;
         };
         /** KekPublic */
         KekPublic: {
@@ -1723,6 +1762,17 @@ export interface components {
             title: string;
             /** Type */
             type: string;
+        };
+        /** RekeyProgress */
+        RekeyProgress: {
+            /** Done */
+            done: number;
+            /** Finished */
+            finished: boolean;
+            /** Generation */
+            generation: number;
+            /** Total */
+            total: number;
         };
         /** RevokeRequest */
         RevokeRequest: {
@@ -4211,6 +4261,100 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    rekeyGuardPoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                gp_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["GuardPointPublic"];
+                };
             };
             /** @description Bad request */
             400: {
