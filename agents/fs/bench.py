@@ -1,11 +1,18 @@
-"""Copy benchmark of a guard point (the seed reports' test 3), docs/benchmarks.md.
+"""Guard-point benchmarks (docs/benchmarks.md), each plain vs protected side by side in
+one run on the same disk, medians of several interleaved runs with their spread:
 
-One run, same disk, side by side: a file of SIZE written with fsync and read back cold
-(page cache dropped) on a plain directory, on a guard point, and on gocryptfs (Debian's
-package) when installed. Medians of several runs with their spread; ratios against
-plain and against gocryptfs. Needs root (FUSE, drop_caches).
+* copy (the seed reports' test 3): a file of SIZE written with fsync and read back cold
+  (page cache dropped) on a plain directory, a guard point, and gocryptfs (Debian's
+  package) when installed; ratios against plain and against gocryptfs;
+* concurrent (test 4 scaled to this machine): THREADS threads each writing then reading
+  back cold their own 10 MB files;
+* oltp (test 6): pgbench's TPC-B-like and select-only mixes with PostgreSQL's whole data
+  directory (WAL included) on a guard point vs a plain directory.
 
-    python -m agents.fs.bench [--size-mib 1024] [--runs 3] [--output docs/benchmarks.md]
+Needs root (FUSE, drop_caches; the oltp suite runs PostgreSQL as the postgres user).
+
+    python -m agents.fs.bench [--suites copy,concurrent,oltp] [--size-mib 1024] [--runs 3]
+                              [--output docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -13,13 +20,16 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import re
 import shutil
+import socket
 import statistics
 import subprocess
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,7 +42,7 @@ BLOCK = 1 << 20
 def _serve(backing: str, mnt: str, key: KeyVersion) -> None:
     from agents.fs.guardpoint import mount
 
-    mount(backing, mnt, StaticKeyring([key]), lambda: key)
+    mount(backing, mnt, StaticKeyring([key]), lambda: key, allow_other=True)
 
 
 def _wait_mounted(path: Path, alive: Callable[[], bool]) -> None:
@@ -144,20 +154,192 @@ def render(results: dict[str, list[tuple[float, float]]], *, size_mib: int, runs
     return "\n".join(lines)
 
 
+def _spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})"
+
+
+# --- concurrent ------------------------------------------------------------------------
+FILE_MB = 10
+
+
+def concurrent_once(directory: Path, threads: int, files: int) -> tuple[float, float]:
+    """Aggregate MB/s: `threads` threads each writing `files` 10 MB files (fsync), then
+    reading them all back cold."""
+    data = os.urandom(FILE_MB * BLOCK)
+    total = threads * files * FILE_MB * BLOCK
+
+    def write(t: int) -> None:
+        for i in range(files):
+            with open(directory / f"t{t}-{i}", "wb", buffering=0) as f:
+                f.write(data)
+                os.fsync(f.fileno())
+
+    def read(t: int) -> None:
+        for i in range(files):
+            with open(directory / f"t{t}-{i}", "rb", buffering=0) as f:
+                while f.read(BLOCK):
+                    pass
+
+    with ThreadPoolExecutor(threads) as pool:
+        start = time.perf_counter()
+        list(pool.map(write, range(threads)))
+        w = total / (time.perf_counter() - start) / 1e6
+        drop_caches()
+        start = time.perf_counter()
+        list(pool.map(read, range(threads)))
+        r = total / (time.perf_counter() - start) / 1e6
+    for p in directory.iterdir():
+        p.unlink()
+    return w, r
+
+
+def run_concurrent(*, threads: int, files: int, runs: int) -> str:
+    base = Path(tempfile.mkdtemp(prefix="gp-bench-", dir=os.environ.get("BENCH_DIR")))
+    results: dict[str, list[tuple[float, float]]] = {"plain": [], "guard point": []}
+    try:
+        plain = base / "plain"
+        plain.mkdir()
+        with guard_point(base) as gp:
+            for _ in range(runs):
+                for name, directory in (("plain", plain), ("guard point", gp)):
+                    results[name].append(concurrent_once(directory, threads, files))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    lines = [f"{threads} threads, each writing {files} x {FILE_MB} MB files with fsync, then reading them back "
+             f"with the page cache dropped; {runs} interleaved runs, median (min-max), aggregate MB/s.", "",
+             "| | write | read | write change | read change |", "|---|---:|---:|---:|---:|"]
+    pw = statistics.median(r[0] for r in results["plain"])
+    pr = statistics.median(r[1] for r in results["plain"])
+    for name, rs in results.items():
+        w, r = [x[0] for x in rs], [x[1] for x in rs]
+        lines.append(f"| {name} | {_spread(w)} | {_spread(r)} | {statistics.median(w) / pw - 1:+.0%} "
+                     f"| {statistics.median(r) / pr - 1:+.0%} |")
+    return "\n".join(lines)
+
+
+# --- oltp ------------------------------------------------------------------------------
+PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
+
+
+def _as_postgres(*cmd: str, timeout: float = 900) -> str:
+    r = subprocess.run(["runuser", "-u", "postgres", "--", *cmd], capture_output=True, text=True, timeout=timeout,
+                       check=False)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:2])} failed: {r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return r.stdout
+
+
+class Cluster:
+    """A throwaway PostgreSQL cluster whose whole data directory is `pgdata`."""
+
+    def __init__(self, pgdata: Path, run: Path) -> None:
+        assert PG_BIN is not None
+        self.pgdata, self.run = pgdata, run
+        run.mkdir(exist_ok=True)
+        shutil.chown(run, "postgres", "postgres")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+
+    def start(self, scale: int) -> None:
+        self.pgdata.mkdir()
+        shutil.chown(self.pgdata, "postgres", "postgres")
+        _as_postgres(f"{PG_BIN}/initdb", "-A", "trust", "-U", "postgres", "-D", str(self.pgdata))
+        _as_postgres(f"{PG_BIN}/pg_ctl", "-D", str(self.pgdata), "-w", "-l", str(self.run / "pg.log"), "-o",
+                     f"-p {self.port} -k {self.run} -c listen_addresses='' -c shared_buffers=128MB", "start")
+        _as_postgres(f"{PG_BIN}/pgbench", "-h", str(self.run), "-p", str(self.port), "-i", "-q", "-s", str(scale),
+                     "postgres")
+
+    def pgbench(self, *args: str) -> float:
+        out = _as_postgres(f"{PG_BIN}/pgbench", "-h", str(self.run), "-p", str(self.port), *args, "postgres")
+        m = re.search(r"tps = ([\d.]+)", out)
+        if m is None:
+            raise SystemExit(f"no tps in pgbench's output: {out[-500:]}")
+        return float(m.group(1))
+
+    def stop(self) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", f"{PG_BIN}/pg_ctl", "-D", str(self.pgdata), "-w",
+                        "-m", "fast", "stop"], capture_output=True, check=False, timeout=120)
+
+
+def run_oltp(*, scale: int, seconds: int, clients: int, runs: int) -> str:
+    if PG_BIN is None or shutil.which("runuser") is None:
+        raise SystemExit("the oltp suite needs PostgreSQL's server binaries (apt-get install postgresql) and runuser")
+    base = Path(tempfile.mkdtemp(prefix="gp-bench-", dir=os.environ.get("BENCH_DIR")))
+    os.chmod(base, 0o755)  # noqa: S103 - the postgres user must reach both data directories
+    mixes = {"TPC-B-like": [], "select-only": ["-S"]}
+    results: dict[tuple[str, str], list[float]] = {}
+    clusters: dict[str, Cluster] = {}
+    try:
+        plain = base / "plain"
+        plain.mkdir()
+        with guard_point(base) as gp:
+            for name, directory in (("plain", plain), ("guard point", gp)):
+                clusters[name] = Cluster(directory / "pgdata", base / f"run-{name.replace(' ', '-')}")
+                clusters[name].start(scale)
+            for _ in range(runs):
+                for mix, extra in mixes.items():
+                    for name, cluster in clusters.items():  # interleaved: noise hits both alike
+                        results.setdefault((mix, name), []).append(cluster.pgbench(
+                            *extra, "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds)))
+            for cluster in clusters.values():
+                cluster.stop()
+    finally:
+        for cluster in clusters.values():
+            cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    lines = [f"pgbench scale {scale}, {clients} clients, {seconds} s per run, {runs} interleaved runs; the whole "
+             "data directory (WAL included) on the guard point; median (min-max) tps.", "",
+             "| mix | plain | guard point | change |", "|---|---:|---:|---:|"]
+    for mix in mixes:
+        p, g = results[(mix, "plain")], results[(mix, "guard point")]
+        change = statistics.median(g) / statistics.median(p) - 1
+        lines.append(f"| {mix} | {_spread(p)} | {_spread(g)} | {change:+.1%} |")
+    lines += ["", "Targets: select-only within 3 %, TPC-B-like within 10 % of plain."]
+    return "\n".join(lines)
+
+
+SECTIONS = {
+    "copy": ("guardpoint-copy-bench", "## Guard point: large file copy\n\nCommand: `python -m agents.fs.bench "
+             "--suites copy --output docs/benchmarks.md` (root). The seed reports' test 3 on this machine."),
+    "concurrent": ("guardpoint-concurrent-bench", "## Guard point: concurrent file I/O\n\nCommand: `python -m "
+                   "agents.fs.bench --suites concurrent --output docs/benchmarks.md` (root). The seed reports' "
+                   "test 4 scaled to this machine."),
+    "oltp": ("guardpoint-oltp-bench", "## Guard point: OLTP (pgbench)\n\nCommand: `python -m agents.fs.bench "
+             "--suites oltp --output docs/benchmarks.md` (root, PostgreSQL installed). The seed reports' test 6 "
+             "with PostgreSQL's own benchmark."),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--suites", default="copy", help="comma-separated: copy, concurrent, oltp")
+    parser.add_argument("--size-mib", type=int, default=1024, help="copy: file size")
+    parser.add_argument("--threads", type=int, default=8, help="concurrent: threads")
+    parser.add_argument("--files", type=int, default=4, help="concurrent: 10 MB files per thread")
+    parser.add_argument("--scale", type=int, default=10, help="oltp: pgbench scale")
+    parser.add_argument("--clients", type=int, default=4, help="oltp: pgbench clients")
+    parser.add_argument("--seconds", type=int, default=30, help="oltp: seconds per pgbench run")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root: FUSE mounts and dropping the page cache")
-    report = run(size_mib=args.size_mib, runs=args.runs)
-    print(report)
-    if args.output:
-        write_section(args.output, report, name="guardpoint-copy-bench", heading=(
-            "## Guard point: large file copy\n\nCommand: `python -m agents.fs.bench --output docs/benchmarks.md` "
-            "(root). The seed reports' test 3 on this machine."))
+    suites = [x.strip() for x in args.suites.split(",") if x.strip()]
+    unknown = set(suites) - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"unknown suite(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    for suite in suites:
+        if suite == "copy":
+            report = run(size_mib=args.size_mib, runs=args.runs)
+        elif suite == "concurrent":
+            report = run_concurrent(threads=args.threads, files=args.files, runs=args.runs)
+        else:
+            report = run_oltp(scale=args.scale, seconds=args.seconds, clients=args.clients, runs=args.runs)
+        print(report, flush=True)
+        if args.output:
+            name, heading = SECTIONS[suite]
+            write_section(args.output, report, name=name, heading=heading)
 
 
 if __name__ == "__main__":
