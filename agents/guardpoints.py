@@ -108,7 +108,7 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
                                             "kms-agent encrypt into the backing directory) before mounting"})
         return
     ops = GuardPoint(backing, keyring, current_key, chunk_size=int(definition["chunk_size"]),
-                     policy=policy_from(definition), on_event=on_event)
+                     policy=policy_from(definition), on_event=on_event, journal_dir=str(folder / f"{gp_id}.journal"))
 
     def report(detail: str = "") -> None:
         _write_json(status_file, {"revision": state.definition["revision"], "state": "mounted", "detail": detail,

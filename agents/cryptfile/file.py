@@ -179,6 +179,11 @@ class EncryptedFile:
                 keep = size - (n - 1) * self._chunk
                 tail = self._read_chunk(n - 1)[:keep] if n - 1 < self._chunks() else b""
                 sealed = self._cipher.seal(n - 1, tail, last=True)
+                # In this order a crash between the steps leaves a tail that
+                # repair_torn_tail can tell apart: whole chunks cut first (the kept
+                # final one still marked not final), then the new final chunk, then
+                # the exact end.
+                os.ftruncate(self._fd, HEADER_SIZE + n * self._stored_chunk)
                 os.pwrite(self._fd, sealed, HEADER_SIZE + (n - 1) * self._stored_chunk)
                 os.ftruncate(self._fd, stored_size(size, self._chunk))
                 self._size = size
@@ -310,3 +315,57 @@ def read_header(path: str) -> FileHeader:
     if not data:
         raise FormatError("empty file: not a Strongroom encrypted file")
     return parse_header(data)
+
+
+def repair_torn_tail(path: str, keyring: Keyring) -> int | None:
+    """After a crash of the writer (never otherwise: this is what truncation detection
+    would otherwise catch): when the file no longer ends in a chunk sealed as final, keep
+    the longest run of chunks that authenticate in place, re-seal the last of them as
+    final and cut the rest. Returns the new plaintext size, or None when the file was
+    intact. A size change is one multi-step write (re-seal the old final chunk, append,
+    or re-seal and cut), so a kill between the steps leaves such a tail; every chunk of
+    the kept run is authentic, so nothing is invented, only unsynced data is lost.
+
+    Only for files the writer's journal lists as being written when it died."""
+    fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    try:
+        header = parse_header(os.pread(fd, HEADER_SIZE, 0))
+        file_key = header.unwrap(keyring.get(header.key_id, header.key_version))
+        if file_key is None:
+            raise IntegrityError(path, "header")
+        cipher = ChunkCipher(file_key, header.file_id)
+        stored_chunk = header.chunk_size + CHUNK_OVERHEAD
+        body = os.fstat(fd).st_size - HEADER_SIZE
+        full, rest = divmod(body, stored_chunk)
+        count = full + (1 if rest else 0)
+        if count:
+            last_len = rest or stored_chunk
+            tail = os.pread(fd, last_len, HEADER_SIZE + (count - 1) * stored_chunk)
+            if len(tail) == last_len and cipher.open(count - 1, tail, last=True) is not None:
+                return None  # ends in its final chunk: intact (earlier chunks are checked on read)
+        good, plain = 0, b""
+        while good < full:
+            stored = os.pread(fd, stored_chunk, HEADER_SIZE + good * stored_chunk)
+            opened = cipher.open(good, stored, last=False)
+            if opened is None:
+                break
+            good, plain = good + 1, opened
+        if good < full:
+            # A cut that was sealed but not yet applied: chunk `good` is the new final one.
+            stored = os.pread(fd, stored_chunk, HEADER_SIZE + good * stored_chunk)
+            for length in range(CHUNK_OVERHEAD, stored_chunk + 1):
+                final = cipher.open(good, stored[:length], last=True)
+                if final is not None:
+                    os.ftruncate(fd, HEADER_SIZE + good * stored_chunk + length)
+                    os.fsync(fd)
+                    return good * header.chunk_size + len(final)
+        if good == 0:
+            plain = b""  # not one chunk survives: the file is empty again
+        index = max(good - 1, 0)
+        sealed = cipher.seal(index, plain, last=True)
+        os.pwrite(fd, sealed, HEADER_SIZE + index * stored_chunk)
+        os.ftruncate(fd, HEADER_SIZE + index * stored_chunk + len(sealed))
+        os.fsync(fd)
+        return index * header.chunk_size + len(plain)
+    finally:
+        os.close(fd)

@@ -235,3 +235,62 @@ def test_rekey_while_open_keeps_the_handle_working(tmp_path: Path, key: KeyVersi
     with pytest.raises(IntegrityError):  # the old version no longer opens it
         EncryptedFile.open(p, StaticKeyring([KeyVersion(key.key_id, 2, key.material)]))
     assert not [n for n in os.listdir(tmp_path) if n.startswith(TMP_PREFIX)]
+
+
+def _torn(tmp_path: Path, key: KeyVersion, size: int) -> tuple[str, bytes, EncryptedFile]:
+    p = str(tmp_path / "torn")
+    data = os.urandom(size)
+    f = EncryptedFile.create(p, key, chunk_size=CHUNK)
+    f.write(0, data)
+    return p, data, f
+
+
+def test_repair_of_an_extension_cut_by_a_crash(tmp_path: Path, key: KeyVersion) -> None:
+    """The old final chunk re-sealed as not final and part of the new chunks written,
+    then the writer died: the authentic prefix is kept, sealed as final."""
+    from agents.cryptfile.chunks import ChunkCipher
+    from agents.cryptfile.file import repair_torn_tail
+    from agents.cryptfile.header import HEADER_SIZE
+
+    p, data, f = _torn(tmp_path, key, 3 * CHUNK + 100)
+    assert repair_torn_tail(p, StaticKeyring([key])) is None  # intact: untouched
+    ring = StaticKeyring([key])
+    file_key = f.header.unwrap(key)
+    assert file_key is not None
+    cipher = ChunkCipher(file_key, f.header.file_id)
+    grown = data + os.urandom(2 * CHUNK)
+    stored = CHUNK + 28
+    with open(p, "r+b") as raw:  # chunk 3 grows to full and loses "last"; chunk 4 half written
+        raw.seek(HEADER_SIZE + 3 * stored)
+        raw.write(cipher.seal(3, grown[3 * CHUNK:4 * CHUNK], last=False))
+        raw.write(cipher.seal(4, grown[4 * CHUNK:5 * CHUNK], last=False)[:100])
+    f.close()
+    with pytest.raises(IntegrityError):
+        EncryptedFile.open(p, ring).verify()
+    assert repair_torn_tail(p, ring) == 4 * CHUNK
+    with EncryptedFile.open(p, ring) as g:
+        g.verify()
+        assert g.read(0, g.size) == grown[:4 * CHUNK]
+
+
+def test_repair_of_a_cut_sealed_but_not_applied(tmp_path: Path, key: KeyVersion) -> None:
+    """A truncation is: cut whole chunks, seal the new final chunk, cut to the exact end.
+    Stopped before the last step, the new final chunk is found and the rest cut."""
+    from agents.cryptfile.chunks import ChunkCipher
+    from agents.cryptfile.file import repair_torn_tail
+    from agents.cryptfile.header import HEADER_SIZE
+
+    p, data, f = _torn(tmp_path, key, 5 * CHUNK)
+    file_key = f.header.unwrap(key)
+    assert file_key is not None
+    cipher = ChunkCipher(file_key, f.header.file_id)
+    with open(p, "r+b") as raw:  # a cut to 2 chunks + 10 bytes, stopped after its second step
+        raw.truncate(HEADER_SIZE + 3 * (CHUNK + 28))
+        raw.seek(HEADER_SIZE + 2 * (CHUNK + 28))
+        raw.write(cipher.seal(2, data[2 * CHUNK:2 * CHUNK + 10], last=True))
+    f.close()
+    ring = StaticKeyring([key])
+    assert repair_torn_tail(p, ring) == 2 * CHUNK + 10
+    with EncryptedFile.open(p, ring) as g:
+        g.verify()
+        assert g.read(0, g.size) == data[:2 * CHUNK + 10]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.cryptfile import EncryptedFile, KeyVersion, StaticKeyring, read_header
+from agents.cryptfile import EncryptedFile, IntegrityError, KeyVersion, StaticKeyring, read_header
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
                                 reason="needs /dev/fuse and fusermount3 (apt-get install fuse3)")
@@ -375,3 +375,35 @@ def test_o_direct_is_served_like_any_io(gp: Mounted) -> None:
         os.close(fd)
     assert (gp.mnt / "direct").read_bytes() == aligned[:] + b"\0\0\0unaligned"
     assert b"unaligned" not in (gp.backing / "direct").read_bytes()
+
+
+def test_recovery_repairs_only_files_the_journal_lists(tmp_path: Path) -> None:
+    """A crash mid-extension leaves a tail without a final chunk. The mount repairs it
+    at the next start only when its journal says the file was being written; the same
+    tail on any other file stays an integrity error (a truncation attack)."""
+    from agents.cryptfile.chunks import ChunkCipher
+    from agents.cryptfile.header import HEADER_SIZE
+    from agents.fs.guardpoint import GuardPoint
+
+    key = KeyVersion(uuid.uuid4(), 1, os.urandom(32))
+    ring = StaticKeyring([key])
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    gp = GuardPoint(str(backing), ring, lambda: key)
+    for name in ("written", "attacked"):
+        with EncryptedFile.create(str(backing / name), key) as f:
+            f.write(0, b"x" * 10000)
+            file_key = f.header.unwrap(key)
+            assert file_key is not None
+            sealed = ChunkCipher(file_key, f.header.file_id).seal(2, b"x" * 4096, last=False)
+        with open(backing / name, "r+b") as raw:  # chunk 2 grown and no longer final; then the crash
+            raw.seek(HEADER_SIZE + 2 * (4096 + 28))
+            raw.write(sealed)
+    (Path(gp.journal_dir) / "1-2-abcd").write_text("written")
+    assert gp.recover() == ["/written"]
+    assert not os.listdir(gp.journal_dir)
+    with EncryptedFile.open(str(backing / "written"), ring) as f:
+        f.verify()
+        assert f.read(0, f.size) == b"x" * 12288
+    with EncryptedFile.open(str(backing / "attacked"), ring) as f, pytest.raises(IntegrityError):
+        f.verify()
