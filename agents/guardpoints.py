@@ -18,18 +18,21 @@ import logging
 import multiprocessing
 import os
 import signal
+import stat
 import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agents.config import AgentConfig
-from agents.cryptfile import FormatError, KeyVersion, read_header
+from agents.cryptfile import FormatError, KeyVersion, encrypt_file, read_header
 from agents.cryptfile.transform import TMP_PREFIX, atomic_replace
 from agents.fs.policy import AccessPolicy, Effect, Mode, Rule
+from agents.fs.protect import plan
 
 log = logging.getLogger("strongroom.agent.guardpoints")
 WATCH_SECONDS = 1.0
@@ -56,6 +59,52 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return data
     except (OSError, ValueError):
         return None
+
+
+# --- initial protection ------------------------------------------------------------------
+class ProtectionRefused(Exception):
+    """The directory cannot be protected as it is; the message says what to do."""
+
+
+def initial_protection(mount: str, backing: str, key: KeyVersion, *, chunk_size: int,
+                       progress: Callable[[int, int], None] | None = None) -> int:
+    """Make `mount` ready to be mounted over, protecting the plaintext it already holds.
+
+    A non-empty protected directory is moved to the backing path (one rename, on the same
+    file system) and an empty one put in its place, then every plaintext file in the
+    backing directory is encrypted in place (agents.fs.protect: write-new, fsync,
+    rename). Each step can be interrupted and is simply run again at the next start:
+    files already encrypted are skipped. Nothing is ever deleted. Returns the number of
+    files encrypted."""
+    os.makedirs(mount, exist_ok=True)
+    os.makedirs(os.path.dirname(backing), exist_ok=True)
+    if os.listdir(mount):
+        if os.path.exists(backing) and os.listdir(backing):
+            raise ProtectionRefused(f"both {mount} and its backing directory {backing} hold files: move the "
+                                    f"files of {mount} out, or empty {backing}, then the agent mounts it")
+        if os.stat(mount).st_dev != os.stat(os.path.dirname(backing) or "/").st_dev:
+            raise ProtectionRefused(f"{mount} holds files and {backing} is on another file system: encrypt them "
+                                    f"into it with `kms-agent encrypt`, or choose a backing_path beside {mount}")
+        st = os.stat(mount)
+        if os.path.exists(backing):
+            os.rmdir(backing)  # empty, checked above
+        os.rename(mount, backing)
+        os.mkdir(mount, stat.S_IMODE(st.st_mode))
+        os.chown(mount, st.st_uid, st.st_gid)
+        for parent in {os.path.dirname(mount), os.path.dirname(backing)}:  # the move, durably
+            fd = os.open(parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    os.makedirs(backing, mode=0o700, exist_ok=True)
+    os.chmod(backing, 0o700)  # ciphertext and names: the agent's alone
+    todo = plan(Path(backing), key.key_id, protect=True)
+    for done, path in enumerate(todo.files, start=1):
+        encrypt_file(path, path, key, chunk_size=chunk_size)
+        if progress is not None:
+            progress(done, len(todo.files))
+    return len(todo.files)
 
 
 # --- the child: one mount ---------------------------------------------------------------
@@ -100,13 +149,19 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
                                                                            str(event.get("path", "")).lstrip("/"))})
 
     mount, backing = definition["path"], definition["backing_path"]
-    os.makedirs(backing, mode=0o700, exist_ok=True)
-    os.makedirs(mount, exist_ok=True)
-    if os.listdir(mount):
-        _write_json(status_file, {"revision": definition["revision"], "state": "error",
-                                  "detail": f"{mount} is not empty: move its files out (or protect them with "
-                                            "kms-agent encrypt into the backing directory) before mounting"})
+
+    def status(state_name: str, detail: str, **extra: Any) -> None:
+        _write_json(status_file, {"revision": definition["revision"], "state": state_name, "detail": detail, **extra})
+
+    try:
+        protected = initial_protection(mount, backing, current_key(), chunk_size=int(definition["chunk_size"]),
+                                       progress=lambda done, total: status(
+                                           "protecting", f"initial protection: {done}/{total} files"))
+    except ProtectionRefused as exc:
+        status("error", str(exc))
         return
+    if protected:
+        spool.append({"event": "guardpoint.protected", "guard_point": gp_id, "path": mount, "files": protected})
     ops = GuardPoint(backing, keyring, current_key, chunk_size=int(definition["chunk_size"]),
                      policy=policy_from(definition), on_event=on_event, journal_dir=str(folder / f"{gp_id}.journal"))
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -151,14 +152,36 @@ def test_revocation_takes_the_guard_points_down(tmp_path: Path, agent: tuple[Hos
     assert not os.path.ismount(mnt)
 
 
-def test_a_non_empty_mount_point_is_refused_with_advice(tmp_path: Path, agent: tuple[Host, AgentDaemon],
-                                                        admin: httpx.Client) -> None:
+def test_initial_protection_of_a_directory_that_holds_data(tmp_path: Path, agent: tuple[Host, AgentDaemon],
+                                                           admin: httpx.Client) -> None:
+    """A directory already in use becomes a guard point: its files move to the backing
+    directory, are encrypted in place (resumable), and are served as before."""
     host, daemon = agent
     key = admin.post("/api/v1/keys", json={"name": unique("gpe")}).json()
-    mnt = tmp_path / "busy"
+    mnt, backing = tmp_path / "busy", tmp_path / "busy-backing"
+    (mnt / "sub").mkdir(parents=True)
+    (mnt / "plain.txt").write_text("already here")
+    (mnt / "sub" / "data.bin").write_bytes(b"\x00\x01" * 50000)
+    admin.post("/api/v1/guard-points", json={"host_id": host.id, "path": str(mnt), "backing_path": str(backing),
+                                             "key": key["name"], "default_effect": "permit"})
+    daemon.beat()
+    eventually(lambda: os.path.ismount(mnt), "the mount")
+    assert (mnt / "plain.txt").read_text() == "already here"
+    assert (mnt / "sub" / "data.bin").read_bytes() == b"\x00\x01" * 50000
+    assert read_header(str(backing / "plain.txt")).key_id == uuid.UUID(key["id"])
+    assert b"already here" not in (backing / "plain.txt").read_bytes()
+
+
+def test_protection_refused_when_both_directories_hold_files(tmp_path: Path, agent: tuple[Host, AgentDaemon],
+                                                             admin: httpx.Client) -> None:
+    host, daemon = agent
+    key = admin.post("/api/v1/keys", json={"name": unique("gpe")}).json()
+    mnt, backing = tmp_path / "busy", tmp_path / "b"
     mnt.mkdir()
+    backing.mkdir()
     (mnt / "plain.txt").write_text("not yet protected")
-    admin.post("/api/v1/guard-points", json={"host_id": host.id, "path": str(mnt), "backing_path": str(tmp_path / "b"),
+    (backing / "other").write_text("something else")
+    admin.post("/api/v1/guard-points", json={"host_id": host.id, "path": str(mnt), "backing_path": str(backing),
                                              "key": key["name"]})
     daemon.beat()
 
@@ -168,5 +191,6 @@ def test_a_non_empty_mount_point_is_refused_with_advice(tmp_path: Path, agent: t
         return gps[0] if gps and gps[0]["state"] == "error" else None
 
     report = eventually(reported_error, "the error report")
-    assert "not empty" in report["detail"] and not os.path.ismount(mnt)
+    assert "both" in report["detail"] and not os.path.ismount(mnt)
     assert (mnt / "plain.txt").read_text() == "not yet protected"
+    assert (backing / "other").read_text() == "something else"
