@@ -130,15 +130,21 @@ class GuardPointService:
                             details=self._summary(gp, key))
         return gp
 
+    @staticmethod
+    def _row(s: Session, gp_id: uuid.UUID) -> GuardPoint:
+        """The guard point, locked for the change in this transaction."""
+        gp = s.get(GuardPoint, gp_id, with_for_update=True)
+        if gp is None:
+            raise NotFound(f"no guard point {gp_id}", code="guard_point_not_found")
+        return gp
+
     def update(self, ctx: RequestContext, gp_id: uuid.UUID, spec: GuardPointSpec) -> GuardPoint:
         """Replace the definition; the revision goes up and agents apply it live. The
         backing directory cannot move (its files stay where they are)."""
         self._policy.require(ctx, Permission.GUARDPOINTS_MANAGE, action="guard_point.update",
                              object_type="guard_point", object_id=str(gp_id))
         with self._db.begin() as s:
-            gp = s.get(GuardPoint, gp_id, with_for_update=True)
-            if gp is None:
-                raise NotFound(f"no guard point {gp_id}", code="guard_point_not_found")
+            gp = self._row(s, gp_id)
             key, backing = self._validate(s, spec)
             if backing != gp.backing_path or spec.path != gp.path or key.id != gp.key_id:
                 raise Conflict("path, backing_path and key of a guard point are fixed: rotate the key instead, "
@@ -158,9 +164,7 @@ class GuardPointService:
         self._policy.require(ctx, Permission.GUARDPOINTS_MANAGE, action="guard_point.rekey",
                              object_type="guard_point", object_id=str(gp_id))
         with self._db.begin() as s:
-            gp = s.get(GuardPoint, gp_id, with_for_update=True)
-            if gp is None:
-                raise NotFound(f"no guard point {gp_id}", code="guard_point_not_found")
+            gp = self._row(s, gp_id)
             gp.rekey_generation += 1
             gp.revision += 1
             gp.updated_at = self._now()
@@ -173,9 +177,7 @@ class GuardPointService:
         self._policy.require(ctx, Permission.GUARDPOINTS_MANAGE, action="guard_point.delete",
                              object_type="guard_point", object_id=str(gp_id))
         with self._db.begin() as s:
-            gp = s.get(GuardPoint, gp_id)
-            if gp is None:
-                raise NotFound(f"no guard point {gp_id}", code="guard_point_not_found")
+            gp = self._row(s, gp_id)
             s.delete(gp)
             self._audit.add(s, ctx, action="guard_point.delete", object_type="guard_point", object_id=str(gp_id),
                             details={"path": gp.path})
