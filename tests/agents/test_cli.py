@@ -91,3 +91,50 @@ def test_unusable_setups_say_what_to_do(tmp_path: Path, monkeypatch: pytest.Monk
                         request_timeout_seconds=2)
     code, _, err = kms_agent(monkeypatch, capsys, down, "status")
     assert code == Exit.UNREACHABLE and "unreachable" in err
+
+
+def test_the_daemon_beats_stops_on_sigterm_and_on_revocation(tmp_path: Path, admin: httpx.Client,
+                                                              enrolled: tuple[Path, str], services: object) -> None:
+    """`kms-agent run` as a process: it heartbeats (the host shows online), stops with 0
+    on SIGTERM, and exits with status 6 once the host is revoked."""
+    import signal
+    import subprocess
+    import time
+
+    from keyserver.core.hosts import HostService
+
+    config, _ = enrolled
+    hosts: HostService = services.hosts  # type: ignore[attr-defined]
+    hosts.heartbeat_seconds = 5  # the server tells the agent how often to beat
+
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-c", "from agents.cli import main; main()", "--config",
+                                 str(config), "run"], stderr=subprocess.PIPE, text=True)
+
+    def wait_online(proc: subprocess.Popen[str], since: str | None) -> str:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "the daemon did not heartbeat"
+            time.sleep(0.2)
+            host = next((h for h in admin.get("/api/v1/hosts").json() if h["hostname"] == "cli.example.com"), None)
+            if host and host["online"] and host["last_heartbeat_at"] != since:
+                return str(host["id"])
+
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        procs.append(start())
+        host_id = wait_online(procs[0], None)
+        procs[0].send_signal(signal.SIGTERM)
+        assert procs[0].wait(timeout=60) == Exit.OK
+        seen = admin.get(f"/api/v1/hosts/{host_id}").json()["last_heartbeat_at"]
+        procs.append(start())
+        wait_online(procs[1], seen)
+        assert admin.post(f"/api/v1/hosts/{host_id}/revoke").status_code == 200
+        assert procs[1].wait(timeout=60) == Exit.NOT_ENROLLED
+        assert "revoked" in (procs[1].stderr.read() if procs[1].stderr else "")
+    finally:
+        hosts.heartbeat_seconds = 30
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
