@@ -153,6 +153,8 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
     def status(state_name: str, detail: str, **extra: Any) -> None:
         _write_json(status_file, {"revision": definition["revision"], "state": state_name, "detail": detail, **extra})
 
+    if _mounted(mount):  # left by an agent that died (its mount process may live on): take it over
+        _unmount(mount)
     try:
         protected = initial_protection(mount, backing, current_key(), chunk_size=int(definition["chunk_size"]),
                                        progress=lambda done, total: status(
@@ -383,8 +385,19 @@ def local_reports(state_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _mounted(path: str) -> bool:
+    """From the mount table: os.path.ismount cannot stat a mount whose process died
+    ("transport endpoint is not connected") and says False."""
+    target = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            return any(line.split()[4].replace("\\040", " ") == target for line in f)
+    except OSError:
+        return os.path.ismount(path)
+
+
 def _unmount(path: str) -> None:
     # Lazily if busy: applications holding files keep them until they close.
-    if os.path.ismount(path) and subprocess.run(["fusermount3", "-u", path], capture_output=True,
-                                                check=False).returncode != 0:
+    if _mounted(path) and subprocess.run(["fusermount3", "-u", path], capture_output=True,
+                                         check=False).returncode != 0:
         subprocess.run(["fusermount3", "-uz", path], capture_output=True, check=False)

@@ -194,3 +194,26 @@ def test_protection_refused_when_both_directories_hold_files(tmp_path: Path, age
     assert "both" in report["detail"] and not os.path.ismount(mnt)
     assert (mnt / "plain.txt").read_text() == "not yet protected"
     assert (backing / "other").read_text() == "something else"
+
+
+def test_a_killed_mount_process_is_restarted_and_loses_nothing(tmp_path: Path, agent: tuple[Host, AgentDaemon],
+                                                               admin: httpx.Client) -> None:
+    import signal
+
+    host, daemon = agent
+    key = admin.post("/api/v1/keys", json={"name": unique("gpk")}).json()
+    mnt = tmp_path / "k"
+    admin.post("/api/v1/guard-points", json={"host_id": host.id, "path": str(mnt), "backing_path": str(tmp_path / "kb"),
+                                             "key": key["name"], "default_effect": "permit"})
+    daemon.beat()
+    eventually(lambda: os.path.ismount(mnt), "the mount")
+    with open(mnt / "kept", "wb") as f:
+        f.write(b"synced" * 1000)
+        os.fsync(f.fileno())
+    running = next(iter(daemon._manager._running.values()))  # type: ignore[union-attr]
+    assert running.process.pid is not None
+    os.kill(running.process.pid, signal.SIGKILL)
+    running.process.join(10)
+    daemon.beat()  # notices, clears the dead mount, starts a new process
+    eventually(lambda: os.path.ismount(mnt) and (mnt / "kept").exists(), "the restarted mount")
+    assert (mnt / "kept").read_bytes() == b"synced" * 1000
