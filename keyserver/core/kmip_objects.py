@@ -10,6 +10,8 @@ module adds only what KMIP needs beyond it: resolving identifiers, Locate, key e
 from __future__ import annotations
 
 import base64
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ from sqlalchemy.orm import Session, joinedload, sessionmaker
 
 from hsm import HsmBackend, HsmError, HsmIntegrityError, HsmInvalidInput
 from hsm.backend import AES_KWP
-from keyserver.core.audit import AuditService, utcnow
+from keyserver.core.audit import AuditService, PendingRecord, utcnow
 from keyserver.core.errors import Conflict, IntegrityFailure, InvalidInput, NotFound, hsm_failure
 from keyserver.core.keys import UUID_RE, version_wrapped
 from keyserver.core.policy import Permission, Policy
@@ -32,6 +34,7 @@ from keyserver.core.principal import RequestContext
 from keyserver.core.states import DECRYPTABLE, KeyState
 from keyserver.store.db import retry_on_disconnect
 from keyserver.store.models import KeyVersion, KmipPublicKey, ManagedKey
+from keyserver.store.notify import Notifier
 
 MAX_LOCATE = 1000
 
@@ -81,6 +84,55 @@ class LocateQuery:
     offset_items: int = 0
 
 
+class _Slot:
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class _GroupCommit:
+    """Group commit of export records: a request's record is committed before its key
+    leaves, but concurrent requests share one INSERT of all their records. The first
+    request to arrive writes (its own and whatever queued meanwhile) while the others
+    wait for it; no extra thread, so a lone client pays nothing for the grouping."""
+
+    def __init__(self, write: Callable[[list[PendingRecord]], None]) -> None:
+        self._write = write
+        self._lock = threading.Lock()
+        self._queue: list[tuple[PendingRecord, _Slot]] = []
+        self._writing = False
+
+    def submit(self, record: PendingRecord) -> None:
+        slot = _Slot()
+        with self._lock:
+            self._queue.append((record, slot))
+            lead = not self._writing
+            self._writing = True
+        if lead:
+            self._drain()
+        slot.done.wait()
+        if slot.error is not None:
+            raise slot.error
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._queue = self._queue, []
+                if not batch:
+                    self._writing = False
+                    return
+            error: BaseException | None = None
+            try:
+                self._write([record for record, _ in batch])
+            except BaseException as exc:  # every waiter of the batch learns it failed
+                error = exc
+            for _, slot in batch:
+                slot.error = error
+                slot.done.set()
+
+
 class KmipObjectService:
     def __init__(
         self,
@@ -90,6 +142,8 @@ class KmipObjectService:
         policy: Policy,
         *,
         autocommit_engine: Engine | None = None,
+        notifier: Notifier | None = None,
+        cache_seconds: float = 30.0,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
         self._db = session_factory
@@ -102,6 +156,24 @@ class KmipObjectService:
         self._audit = audit
         self._policy = policy
         self._now = now
+        # Objects as Get needs them (state, wrapped material, length), per replica, the
+        # way DataKeyService caches active versions (decision 0004): every change to a
+        # version's state or material publishes a notification and all replicas drop the
+        # cache. Only metadata and ciphertext are cached, never unwrapped material; tags
+        # (which change without a notification) are never read from here.
+        self._notifier = notifier
+        self._cache_seconds = cache_seconds
+        self._cache: dict[str, tuple[VersionObject | KmipPublicKey, float]] = {}
+        self._cache_lock = threading.Lock()
+        self._generation = 0  # see KmipClientService: a lookup older than a clear is not cached
+        self._export_records = _GroupCommit(self._write_records)
+        if notifier is not None:
+            notifier.subscribe(self._clear_cache)
+
+    def _clear_cache(self) -> None:
+        with self._cache_lock:
+            self._generation += 1
+            self._cache.clear()
 
     @property
     def rsa_wrap_mechanism(self) -> str:
@@ -133,6 +205,30 @@ class KmipObjectService:
             found = self._version(s, uid) or self._public_key(s, uid)
         if found is None:
             raise NotFound(f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
+        return found
+
+    def resolve_for_export(self, ctx: RequestContext, uid: str) -> VersionObject | KmipPublicKey:
+        """`resolve` for Get: state, material and lengths only, from the cache when the
+        notification listener guarantees it is current."""
+        notifier = self._notifier
+        # PostgreSQL only: on SQLite another process (the CLI) could change a key unheard.
+        if notifier is None or not notifier.distributed or not notifier.healthy:
+            return self.resolve(ctx, uid)
+        self._policy.require(ctx, Permission.KEYS_READ, action="kmip.read", object_type="kmip_object",
+                             object_id=uid)
+        hit = self._cache.get(uid)
+        if hit is not None and time.monotonic() - hit[1] < self._cache_seconds:
+            return hit[0]
+        started, generation = time.monotonic(), self._generation
+        with self._read() as s:
+            found = self._version(s, uid) or self._public_key(s, uid)
+        if found is None:
+            raise NotFound(f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
+        with self._cache_lock:
+            if generation == self._generation:
+                if len(self._cache) > 10_000:
+                    self._cache.clear()
+                self._cache[uid] = (found, started)
         return found
 
     def version_object(self, ctx: RequestContext, uid: str) -> VersionObject:
@@ -189,7 +285,7 @@ class KmipObjectService:
             if wrap_under is None:
                 material, mechanism = self._hsm.unwrap_key(wrapped), None
             else:
-                target = self.resolve(ctx, wrap_under)
+                target = self.resolve_for_export(ctx, wrap_under)
                 if isinstance(target, VersionObject):
                     # AES key wrap inside the token, under an Active AES key version.
                     if KeyState(target.version.state) is not KeyState.ACTIVE:
@@ -207,20 +303,25 @@ class KmipObjectService:
         except HsmError as exc:
             raise hsm_failure("export the key", exc) from exc
         details["plaintext"] = mechanism is None
-        if self._autocommit is not None:
-            autocommit = self._autocommit
-
-            def record() -> None:
-                # begin(): a no-op transaction in autocommit (PostgreSQL), a real one on SQLite.
-                with autocommit.begin() as conn:
-                    self._audit.add(conn, ctx, action="key.export", object_type="key",
-                                    object_id=str(obj.key.id), details=details)
-
-            retry_on_disconnect(record)
-        else:
-            self._audit.record_now(ctx, action="key.export", outcome="allowed", object_type="key",
-                                   object_id=str(obj.key.id), details=details)
+        # Committed before the material is returned: no key leaves without its record.
+        self._export_records.submit(PendingRecord(ctx=ctx, action="key.export", object_type="key",
+                                                  object_id=str(obj.key.id), details=details))
         return ExportedKey(obj=obj, material=material, wrapping_mechanism=mechanism)
+
+    def _write_records(self, records: list[PendingRecord]) -> None:
+        if self._autocommit is None:
+            with self._db.begin() as s:
+                self._audit.add_many(s, records)
+            return
+        autocommit = self._autocommit
+
+        def write() -> None:
+            # begin(): a no-op transaction in autocommit (PostgreSQL), a real one on SQLite;
+            # one multi-row INSERT is atomic either way.
+            with autocommit.begin() as conn:
+                self._audit.add_many(conn, records)
+
+        retry_on_disconnect(write)
 
     # --- registered public keys -----------------------------------------------------
     def register_public_key(self, ctx: RequestContext, der: bytes, *, name: str | None) -> KmipPublicKey:

@@ -69,7 +69,7 @@ def handle(call: Call, payload: Any) -> Any:
         raise KmipFailure(R.KEY_COMPRESSION_TYPE_NOT_SUPPORTED, "key compression is not supported")
     uid = request_uid(payload)
     spec = payload.key_wrapping_specification
-    found = call.engine.objects.resolve(call.ctx, uid)
+    found = call.engine.objects.resolve_for_export(call.ctx, uid)
     if not isinstance(found, VersionObject):
         if spec is not None:
             raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "public keys are delivered unwrapped")
@@ -81,7 +81,7 @@ def handle(call: Call, payload: Any) -> Any:
                                            secret=secret)
     wrap_under = _wrapping_target(spec) if spec is not None else None
     if spec is not None and wrap_under is not None:
-        wrapping_key = call.engine.objects.resolve(call.ctx, wrap_under)
+        wrapping_key = call.engine.objects.resolve_for_export(call.ctx, wrap_under)
         _check_requested(spec.encryption_key_information.cryptographic_parameters,
                          symmetric=isinstance(wrapping_key, VersionObject),
                          rsa_mechanism=call.engine.objects.rsa_wrap_mechanism)
