@@ -173,7 +173,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                                        read_session_factory=db.make_session_factory(autocommit),
                                        notifier=notifier),
         kmip_objects=KmipObjectService(session_factory, backend, audit, policy, autocommit_engine=autocommit,
-                                       notifier=notifier),
+                                       notifier=notifier, current_kek=keks.current),
         hosts=HostService(session_factory, backend, audit, policy, ca, notifier,
                           cert_days=settings.kmip_client_cert_days),
         engines=(autocommit,),
