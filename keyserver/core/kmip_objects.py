@@ -48,6 +48,7 @@ MAX_LOCATE = 1000
 PRIVATE_KEY, SECRET_DATA, CERTIFICATE = "private-key", "secret-data", "certificate"
 SEALED_TYPES = frozenset({PRIVATE_KEY, SECRET_DATA, CERTIFICATE})
 RSA_PAIR_BITS = frozenset({2048, 3072, 4096})
+PAIR_GENERATIONS = 2  # RSA key pairs generated at once per replica
 MAX_SECRET_BYTES = 64 * 1024
 # Objects with a lifecycle of their own (not a managed key's version).
 StandaloneObject = KmipPublicKey | KmipSealedObject
@@ -189,6 +190,9 @@ class KmipObjectService:
         self._cache_lock = threading.Lock()
         self._generation = 0  # see KmipClientService: a lookup older than a clear is not cached
         self._export_records = _GroupCommit(self._write_records)
+        # RSA key generation holds a pooled HSM session for up to seconds (4096 bits):
+        # a burst of CreateKeyPair must not take every session from Get and Create.
+        self._pair_slots = threading.BoundedSemaphore(PAIR_GENERATIONS)
         if notifier is not None:
             notifier.subscribe(self._clear_cache)
 
@@ -412,7 +416,8 @@ class KmipObjectService:
         self._check_name(private_name)
         self._check_name(public_name)
         try:
-            pair = self._hsm.generate_wrapped_rsa_pair(kek_id=self._kek(), bits=bits)
+            with self._pair_slots:
+                pair = self._hsm.generate_wrapped_rsa_pair(kek_id=self._kek(), bits=bits)
         except HsmError as exc:
             raise hsm_failure("generate a key pair", exc) from exc
         now = self._now()
