@@ -10,6 +10,7 @@ from hsm.backend import (
     KekInfo,
     TokenCapabilities,
     WrappedKey,
+    WrappedKeyPair,
 )
 from hsm.errors import (
     HsmConfigError,
@@ -36,4 +37,5 @@ __all__ = [
     "KekInfo",
     "TokenCapabilities",
     "WrappedKey",
+    "WrappedKeyPair",
 ]

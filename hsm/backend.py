@@ -37,6 +37,20 @@ class WrappedKey:
 
 
 @dataclass(frozen=True, slots=True)
+class WrappedKeyPair:
+    """Added: an RSA key pair generated in the token. The private key left it only as
+    `private_key`: its PKCS#8 encoding wrapped with AES Key Wrap with Padding (`AES_KWP`)
+    under a fresh AES-256 key, `dek`, which is itself wrapped under the KEK. Some tokens
+    (SoftHSM2) zero-pad the PKCS#8 to a multiple of 8 bytes before wrapping; DER says
+    its own length, so whoever unwraps it trims by that."""
+
+    public_key_der: bytes  # SubjectPublicKeyInfo
+    dek: WrappedKey
+    private_key: bytes = field(repr=False)
+    mechanism: str = AES_KWP
+
+
+@dataclass(frozen=True, slots=True)
 class KekInfo:
     kek_id: str
     public_key_pem: bytes
@@ -124,6 +138,10 @@ class HsmBackend(Protocol):
         Wrap with Padding (RFC 5649, mechanism `AES_KWP`). Both are unwrapped under their
         KEKs and the wrap happens inside the token: the plaintext never leaves it.
         Raises HsmIntegrityError if either blob does not unwrap."""
+
+    def generate_wrapped_rsa_pair(self, *, kek_id: str, bits: int) -> WrappedKeyPair:
+        """Added: an RSA key pair (2048, 3072 or 4096 bits) generated in the token; the
+        private key leaves it only wrapped (see WrappedKeyPair)."""
 
     def forget(self, wrapped: WrappedKey) -> None:
         """Drop any cached unwrapped handle of this blob (key destroyed or re-wrapped)."""

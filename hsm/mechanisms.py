@@ -139,6 +139,26 @@ WORKING_KEY_TEMPLATE: Final = _session_secret({Attribute.ENCRYPT: True, Attribut
 EXPORT_KEY_TEMPLATE: Final = _session_secret({Attribute.SENSITIVE: False, Attribute.EXTRACTABLE: True})
 
 
+# Sizes of the RSA key pairs the token generates for clients (KMIP CreateKeyPair).
+CLIENT_RSA_BITS: Final = frozenset({2048, 3072, 4096})
+
+
+def client_rsa_templates() -> tuple[dict[Attribute, Any], dict[Attribute, Any]]:
+    """Session objects for a generated client key pair: the private half is sensitive
+    and may leave the token only wrapped, and can do nothing else while inside it."""
+    public = {Attribute.TOKEN: False, Attribute.PRIVATE: False,
+              Attribute.PUBLIC_EXPONENT: KEK_PUBLIC_EXPONENT.to_bytes(3, "big"), Attribute.ENCRYPT: False,
+              Attribute.WRAP: False, Attribute.VERIFY: False, Attribute.DERIVE: False}
+    private = {Attribute.TOKEN: False, Attribute.PRIVATE: True, Attribute.SENSITIVE: True,
+               Attribute.EXTRACTABLE: True, Attribute.DECRYPT: False, Attribute.UNWRAP: False,
+               Attribute.SIGN: False, Attribute.DERIVE: False}
+    return public, private
+
+
+# The AES key that wraps a generated private key: it wraps once, then leaves wrapped.
+PAIR_DEK_TEMPLATE: Final = _session_secret({Attribute.EXTRACTABLE: True, Attribute.WRAP: True})
+
+
 def recipient_public_template(modulus: int, exponent: int) -> dict[Attribute, Any]:
     return {
         Attribute.CLASS: ObjectClass.PUBLIC_KEY,

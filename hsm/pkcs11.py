@@ -30,10 +30,12 @@ from pkcs11 import exceptions as p11
 from hsm import capabilities as caps
 from hsm import cryptoki, faults, mechanisms
 from hsm.backend import (
+    AES_KWP,
     KekAttributes,
     KekInfo,
     TokenCapabilities,
     WrappedKey,
+    WrappedKeyPair,
 )
 from hsm.config import HsmConfig
 from hsm.errors import (
@@ -416,6 +418,41 @@ class Pkcs11Backend:
                 _destroy_quietly(key)
 
         return self._run("wrap_with_key", wrap, on_crypto=_integrity)
+
+    def generate_wrapped_rsa_pair(self, *, kek_id: str, bits: int) -> WrappedKeyPair:
+        if bits not in mechanisms.CLIENT_RSA_BITS:
+            raise HsmInvalidInput(f"RSA key pairs are {', '.join(map(str, sorted(mechanisms.CLIENT_RSA_BITS)))} "
+                                  f"bits long, not {bits}")
+        scheme = self._wrap_scheme
+
+        def generate(lease: _Lease) -> WrappedKeyPair:
+            session = lease.session
+            kek = self._kek(session, kek_id)
+            public_template, private_template = mechanisms.client_rsa_templates()
+            public, private = session.generate_keypair(
+                KeyType.RSA, bits, store=False, capabilities=0,
+                public_template=public_template, private_template=private_template)
+            try:
+                dek = session.generate_key(KeyType.AES, mechanisms.DATA_KEY_BITS, capabilities=0,
+                                           template=dict(mechanisms.PAIR_DEK_TEMPLATE))
+                try:
+                    wrapped_private = bytes(_AesWrapView(session, dek.handle).wrap_key(
+                        private, mechanism=Mechanism.AES_KEY_WRAP_PAD))
+                    dek_blob = self._wrap(session, kek.public_handle, dek, scheme)
+                finally:
+                    _destroy_quietly(dek)
+                n = int.from_bytes(bytes(public[Attribute.MODULUS]), "big")
+                e = int.from_bytes(bytes(public[Attribute.PUBLIC_EXPONENT]), "big")
+            finally:
+                _destroy_quietly(private)
+                _destroy_quietly(public)
+            der = rsa.RSAPublicNumbers(e, n).public_key().public_bytes(
+                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+            return WrappedKeyPair(public_key_der=der,
+                                  dek=WrappedKey(wrapping_key_id=kek_id, mechanism=scheme.name, ciphertext=dek_blob),
+                                  private_key=wrapped_private, mechanism=AES_KWP)
+
+        return self._run("generate_wrapped_rsa_pair", generate, on_crypto=_refused)
 
     def forget(self, wrapped: WrappedKey) -> None:
         self._cache.forget(_cache_key(wrapped))

@@ -1,6 +1,6 @@
 """The agent package a host installs: a wheel of `agents/`, built by the key server from
 its own copy of the agent's sources, so the agent a host downloads always matches the
-server that serves it (docs/decisions/0007-agent-distribution.md).
+server that serves it (docs/decisions/0007-agent-port-and-distribution.md).
 
 The wheel is assembled in memory, reproducibly (sorted entries, fixed timestamps): every
 worker serves the same bytes, and the installer checks them against the SHA-256 it was

@@ -321,6 +321,7 @@ def bench_kmip(
         "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
     connections: Annotated[str, typer.Option(help="comma-separated concurrent connection counts")] = "1,50",
     duration: Annotated[float, typer.Option(min=1, help="seconds per measurement")] = 5,
+    repeats: Annotated[int, typer.Option(min=1, help="interleaved rounds per figure (median and spread)")] = 3,
     output: Annotated[Path | None, typer.Option(help="Markdown file whose KMIP section is rewritten")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="raw results as JSON")] = None,
 ) -> None:
@@ -328,7 +329,7 @@ def bench_kmip(
     from keyserver.kmip.bench import run
 
     run(postgres=postgres, connections=[int(c) for c in connections.split(",")], duration=duration,
-        output=output, json_out=json_out)
+        output=output, json_out=json_out, repeats=repeats)
 
 
 @app.command()

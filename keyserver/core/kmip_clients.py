@@ -1,14 +1,18 @@
 """KMIP client identities: certificates from the internal CA, each mapped to a role.
 
-A client is known by its certificate serial. The serial is looked up on every
+A client is known by its certificate serial. The serial is checked on every
 connection and on every request, so revoking a client refuses it at once, on every
-replica (no cache: a primary-key lookup is cheap next to a KMIP operation).
+replica. The lookup is cached per replica the way API tokens are (decision 0004):
+revocation executes NOTIFY in its own transaction and every replica drops the cache;
+while the notification listener is down, every request reads the database.
 """
 
 from __future__ import annotations
 
 import hmac
 import re
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +30,7 @@ from keyserver.core.errors import Conflict, Forbidden, InvalidInput, NotFound, U
 from keyserver.core.policy import Permission, Policy, Role, permissions_for
 from keyserver.core.principal import Principal, RequestContext
 from keyserver.store.models import KmipClient
+from keyserver.store.notify import Notifier
 
 # Also a DNS name: it goes into the certificate's subjectAltName.
 CLIENT_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
@@ -56,6 +61,8 @@ class KmipClientService:
         *,
         cert_days: int = 365,
         read_session_factory: sessionmaker[Session] | None = None,
+        notifier: Notifier | None = None,
+        cache_seconds: float = 30.0,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
         self._db = session_factory
@@ -66,6 +73,22 @@ class KmipClientService:
         self._ca = ca
         self._cert_days = cert_days
         self._now = now
+        # Known, unrevoked clients by certificate DER: (principal, cached_at).
+        # Without a notifier (no way to hear another replica's revocation) nothing is cached.
+        self._notifier = notifier
+        self._cache_seconds = cache_seconds
+        self._cache: dict[bytes, tuple[Principal, float]] = {}
+        self._cache_lock = threading.Lock()
+        # Bumped by every invalidation: a lookup that started before one must not cache
+        # what it read, or a revocation racing it would be forgotten for the whole TTL.
+        self._generation = 0
+        if notifier is not None:
+            notifier.subscribe(self._clear_cache)
+
+    def _clear_cache(self) -> None:
+        with self._cache_lock:
+            self._generation += 1
+            self._cache.clear()
 
     def create(self, ctx: RequestContext, *, name: str, role: str, csr_pem: str | None = None) -> IssuedClient:
         self._policy.require(ctx, Permission.KMIP_CLIENTS, action="kmip_client.create",
@@ -135,6 +158,8 @@ class KmipClientService:
                 raise NotFound(f"no KMIP client with id '{client_id}'", code="kmip_client_not_found")
             if client.revoked_at is None:
                 client.revoked_at = self._now()
+                if self._notifier is not None:
+                    self._notifier.publish(s)  # every replica drops its cached principals
                 self._audit.add(s, ctx, action="kmip_client.revoke", object_type="kmip_client",
                                 object_id=str(client.id), details={"name": client.name, "serial": client.serial})
         return client
@@ -142,6 +167,15 @@ class KmipClientService:
     def authenticate(self, cert: x509.Certificate, *, source_ip: str | None = None) -> Principal:
         """The principal behind a TLS client certificate (already chain-verified by the
         TLS layer against our CA). Unknown or revoked → refused, and revoked is audited."""
+        der = cert.public_bytes(serialization.Encoding.DER)
+        notifier = self._notifier
+        # Only with PostgreSQL's notifications: on SQLite another process (the CLI) may
+        # revoke a client and nothing would tell this one.
+        if notifier is not None and notifier.distributed and notifier.healthy:
+            hit = self._cache.get(der)
+            if hit is not None and time.monotonic() - hit[1] < self._cache_seconds:
+                return hit[0]
+        started, generation = time.monotonic(), self._generation
         serial = serial_hex(cert)
         with self._read() as s:
             client = s.execute(select(KmipClient).where(KmipClient.serial == serial)).scalar_one_or_none()
@@ -154,4 +188,12 @@ class KmipClientService:
                                    object_type="kmip_client", object_id=str(client.id),
                                    details={"name": client.name, "reason": "revoked"})
             raise Forbidden(f"KMIP client '{client.name}' is revoked", code="kmip_client_revoked")
-        return principal_for(client)
+        principal = principal_for(client)
+        if notifier is not None and notifier.distributed:
+            with self._cache_lock:
+                if generation == self._generation:
+                    if len(self._cache) > 10_000:
+                        self._cache.clear()
+                    # Keyed by the whole certificate: a hit is exactly the certificate checked above.
+                    self._cache[der] = (principal, started)
+        return principal

@@ -10,6 +10,8 @@ module adds only what KMIP needs beyond it: resolving identifiers, Locate, key e
 from __future__ import annotations
 
 import base64
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,18 +24,34 @@ from sqlalchemy import Select, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, joinedload, sessionmaker
 
-from hsm import HsmBackend, HsmError, HsmIntegrityError, HsmInvalidInput
+from hsm import HsmBackend, HsmError, HsmIntegrityError, HsmInvalidInput, WrappedKey
 from hsm.backend import AES_KWP
-from keyserver.core.audit import AuditService, utcnow
-from keyserver.core.errors import Conflict, IntegrityFailure, InvalidInput, NotFound, hsm_failure
-from keyserver.core.keys import UUID_RE, version_wrapped
+from keyserver.core.audit import AuditService, PendingRecord, utcnow
+from keyserver.core.errors import (
+    Conflict,
+    IntegrityFailure,
+    InvalidInput,
+    NotFound,
+    ServiceUnavailable,
+    hsm_failure,
+)
+from keyserver.core.keys import COMPROMISE_REASONS, REVOCATION_REASONS, UUID_RE, version_wrapped
+from keyserver.core.kmip_sealed import UnsealError, seal, unseal
 from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import RequestContext
-from keyserver.core.states import DECRYPTABLE, KeyState
+from keyserver.core.states import DECRYPTABLE, DESTROYED_STATES, KeyState, check_transition
 from keyserver.store.db import retry_on_disconnect
-from keyserver.store.models import KeyVersion, KmipPublicKey, ManagedKey
+from keyserver.store.models import KeyVersion, KmipPublicKey, KmipSealedObject, ManagedKey
+from keyserver.store.notify import Notifier
 
 MAX_LOCATE = 1000
+PRIVATE_KEY, SECRET_DATA, CERTIFICATE = "private-key", "secret-data", "certificate"
+SEALED_TYPES = frozenset({PRIVATE_KEY, SECRET_DATA, CERTIFICATE})
+RSA_PAIR_BITS = frozenset({2048, 3072, 4096})
+PAIR_GENERATIONS = 2  # RSA key pairs generated at once per replica
+MAX_SECRET_BYTES = 64 * 1024
+# Objects with a lifecycle of their own (not a managed key's version).
+StandaloneObject = KmipPublicKey | KmipSealedObject
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +89,69 @@ class ExportedKey:
 
 
 @dataclass(frozen=True, slots=True)
+class CreatedPair:
+    private: KmipSealedObject
+    public: KmipPublicKey
+
+
+@dataclass(frozen=True, slots=True)
 class LocateQuery:
     name: str | None = None
-    object_type: str | None = None  # "symmetric-key" | "public-key"
+    object_type: str | None = None  # "symmetric-key" | "public-key" | one of SEALED_TYPES
     state: KeyState | None = None
     algorithm: str | None = None
     length_bits: int | None = None
     maximum_items: int | None = None
     offset_items: int = 0
+
+
+class _Slot:
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class _GroupCommit:
+    """Group commit of export records: a request's record is committed before its key
+    leaves, but concurrent requests share one INSERT of all their records. The first
+    request to arrive writes (its own and whatever queued meanwhile) while the others
+    wait for it; no extra thread, so a lone client pays nothing for the grouping."""
+
+    def __init__(self, write: Callable[[list[PendingRecord]], None]) -> None:
+        self._write = write
+        self._lock = threading.Lock()
+        self._queue: list[tuple[PendingRecord, _Slot]] = []
+        self._writing = False
+
+    def submit(self, record: PendingRecord) -> None:
+        slot = _Slot()
+        with self._lock:
+            self._queue.append((record, slot))
+            lead = not self._writing
+            self._writing = True
+        if lead:
+            self._drain()
+        slot.done.wait()
+        if slot.error is not None:
+            raise slot.error
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._queue = self._queue, []
+                if not batch:
+                    self._writing = False
+                    return
+            error: BaseException | None = None
+            try:
+                self._write([record for record, _ in batch])
+            except BaseException as exc:  # every waiter of the batch learns it failed
+                error = exc
+            for _, slot in batch:
+                slot.error = error
+                slot.done.set()
 
 
 class KmipObjectService:
@@ -90,9 +163,13 @@ class KmipObjectService:
         policy: Policy,
         *,
         autocommit_engine: Engine | None = None,
+        notifier: Notifier | None = None,
+        cache_seconds: float = 30.0,
+        current_kek: Callable[[], str] | None = None,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
         self._db = session_factory
+        self._current_kek = current_kek
         # Reads in autocommit: no BEGIN/ROLLBACK round trips around each lookup.
         self._read = session_factory if autocommit_engine is None else sessionmaker(
             autocommit_engine, expire_on_commit=False)
@@ -102,6 +179,27 @@ class KmipObjectService:
         self._audit = audit
         self._policy = policy
         self._now = now
+        # Objects as Get needs them (state, wrapped material, length), per replica, the
+        # way DataKeyService caches active versions (decision 0004): every change to a
+        # version's state or material publishes a notification and all replicas drop the
+        # cache. Only metadata and ciphertext are cached, never unwrapped material; tags
+        # (which change without a notification) are never read from here.
+        self._notifier = notifier
+        self._cache_seconds = cache_seconds
+        self._cache: dict[str, tuple[VersionObject | StandaloneObject, float]] = {}
+        self._cache_lock = threading.Lock()
+        self._generation = 0  # see KmipClientService: a lookup older than a clear is not cached
+        self._export_records = _GroupCommit(self._write_records)
+        # RSA key generation holds a pooled HSM session for up to seconds (4096 bits):
+        # a burst of CreateKeyPair must not take every session from Get and Create.
+        self._pair_slots = threading.BoundedSemaphore(PAIR_GENERATIONS)
+        if notifier is not None:
+            notifier.subscribe(self._clear_cache)
+
+    def _clear_cache(self) -> None:
+        with self._cache_lock:
+            self._generation += 1
+            self._cache.clear()
 
     @property
     def rsa_wrap_mechanism(self) -> str:
@@ -126,19 +224,51 @@ class KmipObjectService:
             return None
         return s.get(KmipPublicKey, uuid.UUID(uid))
 
-    def resolve(self, ctx: RequestContext, uid: str) -> VersionObject | KmipPublicKey:
+    def _sealed(self, s: Session, uid: str) -> KmipSealedObject | None:
+        if not UUID_RE.match(uid):
+            return None
+        return s.get(KmipSealedObject, uuid.UUID(uid))
+
+    def _find(self, s: Session, uid: str) -> VersionObject | StandaloneObject | None:
+        return self._version(s, uid) or self._public_key(s, uid) or self._sealed(s, uid)
+
+    def resolve(self, ctx: RequestContext, uid: str) -> VersionObject | StandaloneObject:
         self._policy.require(ctx, Permission.KEYS_READ, action="kmip.read", object_type="kmip_object",
                              object_id=uid)
         with self._read() as s:
-            found = self._version(s, uid) or self._public_key(s, uid)
+            found = self._find(s, uid)
         if found is None:
             raise NotFound(f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
+        return found
+
+    def resolve_for_export(self, ctx: RequestContext, uid: str) -> VersionObject | StandaloneObject:
+        """`resolve` for Get: state, material and lengths only, from the cache when the
+        notification listener guarantees it is current."""
+        notifier = self._notifier
+        # PostgreSQL only: on SQLite another process (the CLI) could change a key unheard.
+        if notifier is None or not notifier.distributed or not notifier.healthy:
+            return self.resolve(ctx, uid)
+        self._policy.require(ctx, Permission.KEYS_READ, action="kmip.read", object_type="kmip_object",
+                             object_id=uid)
+        hit = self._cache.get(uid)
+        if hit is not None and time.monotonic() - hit[1] < self._cache_seconds:
+            return hit[0]
+        started, generation = time.monotonic(), self._generation
+        with self._read() as s:
+            found = self._find(s, uid)
+        if found is None:
+            raise NotFound(f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
+        with self._cache_lock:
+            if generation == self._generation:
+                if len(self._cache) > 10_000:
+                    self._cache.clear()
+                self._cache[uid] = (found, started)
         return found
 
     def version_object(self, ctx: RequestContext, uid: str) -> VersionObject:
         found = self.resolve(ctx, uid)
         if not isinstance(found, VersionObject):
-            raise Conflict("the object is a public key; this operation needs a symmetric key",
+            raise Conflict(f"the object is a {object_type_of(found)}; this operation needs a symmetric key",
                            code="wrong_object_type")
         return found
 
@@ -162,14 +292,28 @@ class KmipObjectService:
                 stmt = stmt.order_by(ManagedKey.name, KeyVersion.version.desc())
                 limit = q.offset_items + (q.maximum_items if q.maximum_items else MAX_LOCATE)
                 uids.extend(str(v.id) for v in s.execute(stmt.limit(limit)).scalars())
-            if q.object_type in (None, "public-key") and q.algorithm in (None, "RSA") and q.state in (
-                    None, KeyState.ACTIVE):
+            if q.object_type in (None, "public-key") and q.algorithm in (None, "RSA"):
                 pstmt = select(KmipPublicKey.id).order_by(KmipPublicKey.created_at)
+                if q.state is not None:
+                    pstmt = pstmt.where(KmipPublicKey.state == q.state.value)
                 if q.name is not None:
                     pstmt = pstmt.where(KmipPublicKey.name == q.name)
                 if q.length_bits is not None:
                     pstmt = pstmt.where(KmipPublicKey.length_bits == q.length_bits)
                 uids.extend(str(i) for i in s.execute(pstmt.limit(MAX_LOCATE)).scalars())
+            if q.object_type is None or q.object_type in SEALED_TYPES:
+                sstmt = select(KmipSealedObject.id).order_by(KmipSealedObject.created_at)
+                if q.object_type is not None:
+                    sstmt = sstmt.where(KmipSealedObject.object_type == q.object_type)
+                if q.name is not None:
+                    sstmt = sstmt.where(KmipSealedObject.name == q.name)
+                if q.state is not None:
+                    sstmt = sstmt.where(KmipSealedObject.state == q.state.value)
+                if q.algorithm is not None:
+                    sstmt = sstmt.where(KmipSealedObject.algorithm == q.algorithm)
+                if q.length_bits is not None:
+                    sstmt = sstmt.where(KmipSealedObject.length_bits == q.length_bits)
+                uids.extend(str(i) for i in s.execute(sstmt.limit(MAX_LOCATE)).scalars())
         end = q.offset_items + (q.maximum_items if q.maximum_items else MAX_LOCATE)
         return uids[q.offset_items:end]
 
@@ -189,16 +333,20 @@ class KmipObjectService:
             if wrap_under is None:
                 material, mechanism = self._hsm.unwrap_key(wrapped), None
             else:
-                target = self.resolve(ctx, wrap_under)
+                target = self.resolve_for_export(ctx, wrap_under)
                 if isinstance(target, VersionObject):
                     # AES key wrap inside the token, under an Active AES key version.
                     if KeyState(target.version.state) is not KeyState.ACTIVE:
                         raise Conflict("the wrapping key must be active", code="illegal_state")
                     material = self._hsm.wrap_with_key(wrapped, wrapping=version_wrapped(target.version))
                     mechanism = AES_KWP
-                else:
+                elif isinstance(target, KmipPublicKey):
+                    if KeyState(target.state) is not KeyState.ACTIVE:
+                        raise Conflict("the wrapping key must be active", code="illegal_state")
                     rewrapped = self._hsm.rewrap_for_public_key(wrapped, public_key_der=target.der)
                     material, mechanism = rewrapped.ciphertext, rewrapped.mechanism
+                else:
+                    raise Conflict(f"a {object_type_of(target)} cannot wrap keys", code="wrong_object_type")
                 details.update(wrapped_under=wrap_under, mechanism=mechanism)
         except HsmIntegrityError:
             raise IntegrityFailure() from None
@@ -207,20 +355,25 @@ class KmipObjectService:
         except HsmError as exc:
             raise hsm_failure("export the key", exc) from exc
         details["plaintext"] = mechanism is None
-        if self._autocommit is not None:
-            autocommit = self._autocommit
-
-            def record() -> None:
-                # begin(): a no-op transaction in autocommit (PostgreSQL), a real one on SQLite.
-                with autocommit.begin() as conn:
-                    self._audit.add(conn, ctx, action="key.export", object_type="key",
-                                    object_id=str(obj.key.id), details=details)
-
-            retry_on_disconnect(record)
-        else:
-            self._audit.record_now(ctx, action="key.export", outcome="allowed", object_type="key",
-                                   object_id=str(obj.key.id), details=details)
+        # Committed before the material is returned: no key leaves without its record.
+        self._export_records.submit(PendingRecord(ctx=ctx, action="key.export", object_type="key",
+                                                  object_id=str(obj.key.id), details=details))
         return ExportedKey(obj=obj, material=material, wrapping_mechanism=mechanism)
+
+    def _write_records(self, records: list[PendingRecord]) -> None:
+        if self._autocommit is None:
+            with self._db.begin() as s:
+                self._audit.add_many(s, records)
+            return
+        autocommit = self._autocommit
+
+        def write() -> None:
+            # begin(): a no-op transaction in autocommit (PostgreSQL), a real one on SQLite;
+            # one multi-row INSERT is atomic either way.
+            with autocommit.begin() as conn:
+                self._audit.add_many(conn, records)
+
+        retry_on_disconnect(write)
 
     # --- registered public keys -----------------------------------------------------
     def register_public_key(self, ctx: RequestContext, der: bytes, *, name: str | None) -> KmipPublicKey:
@@ -233,13 +386,202 @@ class KmipObjectService:
         if not isinstance(key, rsa.RSAPublicKey) or key.key_size < 2048:
             raise InvalidInput("only RSA public keys of at least 2048 bits can be registered")
         spki = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        now = self._now()
         row = KmipPublicKey(id=uuid.uuid4(), name=name, owner=ctx.principal.name, der=spki,
-                            length_bits=key.key_size, state=KeyState.ACTIVE.value, created_at=self._now())
+                            length_bits=key.key_size, state=KeyState.ACTIVE.value, created_at=now,
+                            activation_date=now)
         with self._db.begin() as s:
             s.add(row)
             self._audit.add(s, ctx, action="kmip.register", object_type="public_key", object_id=str(row.id),
                             details={"name": name, "bits": key.key_size})
         return row
+
+
+    # --- key pairs, secret data, certificates ---------------------------------------
+    def _kek(self) -> str:
+        if self._current_kek is None:
+            raise ServiceUnavailable("this server was built without a KEK source")
+        return self._current_kek()
+
+    def create_key_pair(
+        self, ctx: RequestContext, *, bits: int, private_name: str | None, public_name: str | None,
+        activation_date: datetime | None,
+    ) -> CreatedPair:
+        """An RSA key pair generated in the HSM; the private key leaves it only sealed.
+        Both halves are Pre-Active unless `activation_date` is not in the future."""
+        self._policy.require(ctx, Permission.KEYS_CREATE, action="kmip.create_key_pair",
+                             object_type="private_key", object_id=private_name)
+        if bits not in RSA_PAIR_BITS:
+            raise InvalidInput(f"RSA key pairs are {', '.join(map(str, sorted(RSA_PAIR_BITS)))} bits long")
+        self._check_name(private_name)
+        self._check_name(public_name)
+        try:
+            with self._pair_slots:
+                pair = self._hsm.generate_wrapped_rsa_pair(kek_id=self._kek(), bits=bits)
+        except HsmError as exc:
+            raise hsm_failure("generate a key pair", exc) from exc
+        now = self._now()
+        state, activated = self._initial_state(now, activation_date)
+        private_id, public_id = uuid.uuid4(), uuid.uuid4()
+        private = KmipSealedObject(
+            id=private_id, object_type=PRIVATE_KEY, name=private_name, owner=ctx.principal.name, algorithm="RSA",
+            length_bits=bits, data_type="pkcs8", state=state.value, public_key_id=public_id,
+            dek_wrapping_key_id=pair.dek.wrapping_key_id, dek_mechanism=pair.dek.mechanism,
+            dek_ciphertext=pair.dek.ciphertext, mechanism=pair.mechanism, material=pair.private_key,
+            created_at=now, updated_at=now, activation_date=activated)
+        public = KmipPublicKey(id=public_id, name=public_name, owner=ctx.principal.name, der=pair.public_key_der,
+                               length_bits=bits, state=state.value, created_at=now, private_key_id=private_id,
+                               activation_date=activated)
+        with self._db.begin() as s:
+            s.add_all([private, public])
+            self._audit.add(s, ctx, action="kmip.create_key_pair", object_type="private_key",
+                            object_id=str(private_id),
+                            details={"public_key": str(public_id), "bits": bits, "state": state.value,
+                                     "private_name": private_name, "public_name": public_name})
+        return CreatedPair(private=private, public=public)
+
+    def register_object(
+        self, ctx: RequestContext, *, object_type: str, material: bytes, name: str | None,
+        data_type: str | None = None, algorithm: str | None = None, length_bits: int | None = None,
+        activation_date: datetime | None = None,
+    ) -> KmipSealedObject:
+        """Register a private key (PKCS#8 DER), secret data, or a certificate (DER).
+        Secret material is sealed at once; the caller validated its format."""
+        self._policy.require(ctx, Permission.KEYS_CREATE, action="kmip.register",
+                             object_type=object_type.replace("-", "_"), object_id=name)
+        if object_type not in SEALED_TYPES:
+            raise InvalidInput(f"cannot register a {object_type}")
+        if not 1 <= len(material) <= MAX_SECRET_BYTES:
+            raise InvalidInput(f"the object must be 1 to {MAX_SECRET_BYTES} bytes long")
+        self._check_name(name)
+        now = self._now()
+        state, activated = self._initial_state(now, activation_date)
+        row = KmipSealedObject(id=uuid.uuid4(), object_type=object_type, name=name, owner=ctx.principal.name,
+                               algorithm=algorithm, length_bits=length_bits, data_type=data_type,
+                               state=state.value, created_at=now, updated_at=now, activation_date=activated)
+        if object_type == CERTIFICATE:
+            row.material, row.mechanism = material, None  # public: kept as it is
+        else:
+            try:
+                sealed = seal(self._hsm, material, kek_id=self._kek())
+            except HsmError as exc:
+                raise hsm_failure("seal the object", exc) from exc
+            row.dek_wrapping_key_id, row.dek_mechanism = sealed.dek.wrapping_key_id, sealed.dek.mechanism
+            row.dek_ciphertext, row.mechanism, row.material = sealed.dek.ciphertext, sealed.mechanism, sealed.material
+        with self._db.begin() as s:
+            s.add(row)
+            self._audit.add(s, ctx, action="kmip.register", object_type=object_type.replace("-", "_"),
+                            object_id=str(row.id),
+                            details={"name": name, "bytes": len(material), "state": state.value,
+                                     **({"type": data_type} if data_type else {})})
+        return row
+
+    def export_object(self, ctx: RequestContext, obj: KmipSealedObject) -> bytes:
+        """A sealed object's plaintext (private key: PKCS#8 DER), or a certificate's DER.
+        Secret material needs keys:export and is always audited, like key export."""
+        audit_type = obj.object_type.replace("-", "_")
+        if obj.object_type != CERTIFICATE:
+            self._policy.require(ctx, Permission.KEYS_EXPORT, action="key.export", object_type=audit_type,
+                                 object_id=str(obj.id))
+        state = KeyState(obj.state)
+        if state not in DECRYPTABLE and not (obj.object_type == CERTIFICATE and state is KeyState.PRE_ACTIVE):
+            raise Conflict(f"the {obj.object_type} is {state.value}; only active or deactivated objects can be "
+                           "retrieved", code="illegal_state")
+        if obj.material is None:
+            raise Conflict(f"the {obj.object_type} has no material (destroyed)", code="key_destroyed")
+        if obj.object_type == CERTIFICATE:
+            return obj.material
+        assert obj.dek_wrapping_key_id and obj.dek_mechanism and obj.dek_ciphertext and obj.mechanism
+        dek = WrappedKey(wrapping_key_id=obj.dek_wrapping_key_id, mechanism=obj.dek_mechanism,
+                         ciphertext=obj.dek_ciphertext)
+        try:
+            plain = unseal(self._hsm, dek, obj.material, mechanism=obj.mechanism,
+                           der=obj.object_type == PRIVATE_KEY)
+        except (HsmIntegrityError, UnsealError):
+            raise IntegrityFailure() from None
+        except HsmError as exc:
+            raise hsm_failure("open the object", exc) from exc
+        self._export_records.submit(PendingRecord(
+            ctx=ctx, action="key.export", object_type=audit_type, object_id=str(obj.id),
+            details={"name": obj.name, "plaintext": True}))
+        return plain
+
+    def transition(
+        self, ctx: RequestContext, uid: str, *, operation: str, reason: str | None = None, message: str = "",
+        compromise_date: datetime | None = None,
+    ) -> StandaloneObject:
+        """Activate, revoke or destroy a public key, private key, secret data or certificate.
+        Each object has its own lifecycle (as in KMIP): revoking a private key does not
+        revoke its public key. Revoke with a compromise reason → Compromised, otherwise
+        Deactivated; Destroy needs a revoked (or never activated) object and erases sealed
+        material."""
+        permission = {"activate": Permission.KEYS_ACTIVATE, "revoke": Permission.KEYS_REVOKE,
+                      "destroy": Permission.KEYS_DESTROY}[operation]
+        self._policy.require(ctx, permission, action=f"kmip.{operation}", object_type="kmip_object", object_id=uid)
+        if operation == "revoke" and reason not in REVOCATION_REASONS:
+            raise InvalidInput(f"reason must be one of: {', '.join(sorted(REVOCATION_REASONS))}")
+        now = self._now()
+        with self._db.begin() as s:
+            obj: StandaloneObject | None = None
+            if UUID_RE.match(uid):
+                wanted = uuid.UUID(uid)
+                obj = (s.get(KmipPublicKey, wanted, with_for_update=True)
+                       or s.get(KmipSealedObject, wanted, with_for_update=True))
+            if obj is None:
+                raise NotFound(f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
+            current = KeyState(obj.state)
+            what = f"{object_type_of(obj)} {uid}"
+            if operation == "activate":
+                target = KeyState.ACTIVE
+            elif operation == "revoke":
+                if reason in COMPROMISE_REASONS:
+                    target = (KeyState.DESTROYED_COMPROMISED if current in DESTROYED_STATES
+                              else KeyState.COMPROMISED)
+                else:
+                    target = KeyState.DEACTIVATED
+            else:
+                target = KeyState.DESTROYED_COMPROMISED if current is KeyState.COMPROMISED else KeyState.DESTROYED
+            check_transition(current, target, what=what)
+            obj.state = target.value
+            if target is KeyState.ACTIVE:
+                obj.activation_date = now
+            elif target is KeyState.DEACTIVATED:
+                obj.deactivation_date = now
+            elif target in (KeyState.COMPROMISED, KeyState.DESTROYED_COMPROMISED) and operation == "revoke":
+                obj.compromise_date = compromise_date or now
+            else:
+                obj.destroy_date = now
+                if isinstance(obj, KmipSealedObject) and obj.object_type != CERTIFICATE:
+                    obj.material = obj.dek_ciphertext = None
+            if operation == "revoke":
+                obj.revocation_reason = reason
+            if isinstance(obj, KmipSealedObject):
+                obj.updated_at = now
+            if self._notifier is not None:
+                self._notifier.publish(s)  # replicas drop what Get cached of it
+            self._audit.add(s, ctx, action=f"kmip.{operation}", object_type=object_type_of(obj).replace("-", "_"),
+                            object_id=uid, details={"state": target.value, "from": current.value,
+                                                    **({"reason": reason, "message": message[:200]}
+                                                       if operation == "revoke" else {})})
+        return obj
+
+    def _initial_state(self, now: datetime, activation_date: datetime | None) -> tuple[KeyState, datetime | None]:
+        if activation_date is not None and activation_date <= now:
+            return KeyState.ACTIVE, now
+        return KeyState.PRE_ACTIVE, activation_date
+
+    @staticmethod
+    def _check_name(name: str | None) -> None:
+        if name is not None and not 1 <= len(name) <= 128:
+            raise InvalidInput("a name is 1 to 128 characters long")
+
+
+def object_type_of(obj: VersionObject | StandaloneObject) -> str:
+    if isinstance(obj, VersionObject):
+        return "symmetric-key"
+    if isinstance(obj, KmipPublicKey):
+        return "public-key"
+    return obj.object_type
 
 
 def _load_public_der(der: bytes) -> object:

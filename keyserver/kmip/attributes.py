@@ -13,10 +13,10 @@ from typing import Any
 from kmip.core import enums
 from kmip.core.factories.attributes import AttributeFactory
 
-from keyserver.core.kmip_objects import VersionObject
+from keyserver.core.kmip_objects import PRIVATE_KEY, SECRET_DATA, VersionObject
 from keyserver.core.states import KeyState
 from keyserver.kmip.errors import KmipFailure
-from keyserver.store.models import KmipPublicKey
+from keyserver.store.models import KmipPublicKey, KmipSealedObject
 
 A = enums.AttributeType
 _factory = AttributeFactory()
@@ -33,10 +33,17 @@ KMIP_TO_STATE = {v: KeyState(k) for k, v in STATE_TO_KMIP.items()}
 SYMMETRIC_USAGE = [enums.CryptographicUsageMask.ENCRYPT, enums.CryptographicUsageMask.DECRYPT,
                    enums.CryptographicUsageMask.WRAP_KEY, enums.CryptographicUsageMask.UNWRAP_KEY]
 PUBLIC_USAGE = [enums.CryptographicUsageMask.ENCRYPT, enums.CryptographicUsageMask.WRAP_KEY]
+PAIR_PUBLIC_USAGE = [enums.CryptographicUsageMask.VERIFY, enums.CryptographicUsageMask.ENCRYPT,
+                     enums.CryptographicUsageMask.WRAP_KEY]
+PRIVATE_USAGE = [enums.CryptographicUsageMask.SIGN, enums.CryptographicUsageMask.DECRYPT,
+                 enums.CryptographicUsageMask.UNWRAP_KEY]
+OBJECT_TYPES = {PRIVATE_KEY: enums.ObjectType.PRIVATE_KEY, SECRET_DATA: enums.ObjectType.SECRET_DATA,
+                "certificate": enums.ObjectType.CERTIFICATE}
 # Links as custom attributes: PyKMIP 0.11 cannot decode the standard Link attribute, so
 # a client built on it would fail to read any attribute list that held one.
 X_KEY_ID, X_KEY_VERSION = "x-strongroom-key-id", "x-strongroom-key-version"
 X_REPLACED, X_REPLACEMENT = "x-strongroom-replaced-object", "x-strongroom-replacement-object"
+X_LINKED_PUBLIC, X_LINKED_PRIVATE = "x-strongroom-linked-public-key", "x-strongroom-linked-private-key"
 
 
 def _ts(t: datetime | None) -> int | None:
@@ -83,6 +90,17 @@ def tag_of(attribute_name: str) -> str:
     return attribute_name[2:]
 
 
+def _lifecycle(obj: KmipPublicKey | KmipSealedObject) -> dict[str, Any]:
+    return {
+        A.STATE.value: STATE_TO_KMIP[obj.state],
+        A.INITIAL_DATE.value: _ts(obj.created_at),
+        A.ACTIVATION_DATE.value: _ts(obj.activation_date),
+        A.DEACTIVATION_DATE.value: _ts(obj.deactivation_date),
+        A.COMPROMISE_DATE.value: _ts(obj.compromise_date),
+        A.DESTROY_DATE.value: _ts(obj.destroy_date),
+    }
+
+
 def public_key_values(pk: KmipPublicKey) -> dict[str, Any]:
     values: dict[str, Any] = {
         A.UNIQUE_IDENTIFIER.value: str(pk.id),
@@ -90,15 +108,35 @@ def public_key_values(pk: KmipPublicKey) -> dict[str, Any]:
         A.CRYPTOGRAPHIC_ALGORITHM.value: enums.CryptographicAlgorithm.RSA,
         A.CRYPTOGRAPHIC_LENGTH.value: pk.length_bits,
         A.NAME.value: pk.name,
-        A.STATE.value: enums.State.ACTIVE,
-        A.CRYPTOGRAPHIC_USAGE_MASK.value: PUBLIC_USAGE,
-        A.INITIAL_DATE.value: _ts(pk.created_at),
+        A.CRYPTOGRAPHIC_USAGE_MASK.value: PUBLIC_USAGE if pk.private_key_id is None else PAIR_PUBLIC_USAGE,
+        **_lifecycle(pk),
+        X_LINKED_PRIVATE: str(pk.private_key_id) if pk.private_key_id is not None else None,
     }
     return {name: value for name, value in values.items() if value is not None}
 
 
-def values_of(obj: VersionObject | KmipPublicKey) -> dict[str, Any]:
-    return version_values(obj) if isinstance(obj, VersionObject) else public_key_values(obj)
+def sealed_values(obj: KmipSealedObject) -> dict[str, Any]:
+    private = obj.object_type == PRIVATE_KEY
+    values: dict[str, Any] = {
+        A.UNIQUE_IDENTIFIER.value: str(obj.id),
+        A.OBJECT_TYPE.value: OBJECT_TYPES[obj.object_type],
+        A.CRYPTOGRAPHIC_ALGORITHM.value: enums.CryptographicAlgorithm.RSA if obj.algorithm == "RSA" else None,
+        A.CRYPTOGRAPHIC_LENGTH.value: obj.length_bits,
+        A.NAME.value: obj.name,
+        A.CRYPTOGRAPHIC_USAGE_MASK.value: PRIVATE_USAGE if private else None,
+        **_lifecycle(obj),
+        A.LAST_CHANGE_DATE.value: _ts(obj.updated_at),
+        X_LINKED_PUBLIC: str(obj.public_key_id) if obj.public_key_id is not None else None,
+    }
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def values_of(obj: VersionObject | KmipPublicKey | KmipSealedObject) -> dict[str, Any]:
+    if isinstance(obj, VersionObject):
+        return version_values(obj)
+    if isinstance(obj, KmipPublicKey):
+        return public_key_values(obj)
+    return sealed_values(obj)
 
 
 def build(values: dict[str, Any], names: list[str] | None = None) -> list[Any]:

@@ -246,6 +246,50 @@ class KmipPublicKey(Base):
     length_bits: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime]
+    # Added in 0005: the public half of a pair made by CreateKeyPair, and a lifecycle of
+    # its own (registered public keys are Active from the start).
+    private_key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    activation_date: Mapped[datetime | None]
+    deactivation_date: Mapped[datetime | None]
+    compromise_date: Mapped[datetime | None]
+    destroy_date: Mapped[datetime | None]
+    revocation_reason: Mapped[str | None] = mapped_column(String(64))
+
+
+class KmipSealedObject(Base):
+    """A KMIP object that is not a managed AES key: a private key (generated in the HSM by
+    CreateKeyPair, or registered), secret data, or a certificate.
+
+    Secret material (private keys, secret data) is stored only sealed: `material` is
+    RFC 5649 AES Key Wrap with Padding (`mechanism` = AES-KWP) under a per-object AES-256
+    key, `dek_*`, that exists outside the HSM only wrapped under a KEK. Certificates are
+    public: their DER is stored as it is (`mechanism` NULL). Destroy clears material and key.
+    """
+
+    __tablename__ = "kmip_sealed_objects"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    object_type: Mapped[str] = mapped_column(String(32), index=True)  # private-key | secret-data | certificate
+    name: Mapped[str | None] = mapped_column(String(128), index=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    algorithm: Mapped[str | None] = mapped_column(String(16))  # RSA for private keys
+    length_bits: Mapped[int | None] = mapped_column(Integer)
+    # The KMIP sub-type: Secret Data Type (password, seed) or Certificate Type (x509).
+    data_type: Mapped[str | None] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(32))
+    public_key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    dek_wrapping_key_id: Mapped[str | None] = mapped_column(String(128))
+    dek_mechanism: Mapped[str | None] = mapped_column(String(32))
+    dek_ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary)
+    mechanism: Mapped[str | None] = mapped_column(String(32))
+    material: Mapped[bytes | None] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    activation_date: Mapped[datetime | None]
+    deactivation_date: Mapped[datetime | None]
+    compromise_date: Mapped[datetime | None]
+    destroy_date: Mapped[datetime | None]
+    revocation_reason: Mapped[str | None] = mapped_column(String(64))
 
 
 class EnrollmentToken(Base):

@@ -62,10 +62,10 @@ def test_unknown_operation_is_not_supported(officer_files: ClientFiles, tight: K
         assert roundtrip(conn, query_request()).batch_items[0].result_status.value == enums.ResultStatus.SUCCESS
 
 
-def test_create_key_pair_is_not_supported(officer_files: ClientFiles, tight: KmipListener) -> None:
+def test_create_key_pair_without_templates_is_missing_data(officer_files: ClientFiles, tight: KmipListener) -> None:
     with connect(officer_files, tight.port) as conn:
         r = roundtrip(conn, request([(enums.Operation.CREATE_KEY_PAIR, payloads.CreateKeyPairRequestPayload())]))
-        assert _reason(r) == enums.ResultReason.OPERATION_NOT_SUPPORTED
+        assert _reason(r) == enums.ResultReason.MISSING_DATA
 
 
 def test_wrong_tag_and_garbage(officer_files: ClientFiles, tight: KmipListener) -> None:

@@ -11,7 +11,9 @@ from kmip.core import enums
 from keyserver.kmip.context import Call
 from keyserver.kmip.operations import (
     activate,
+    add_attribute,
     create,
+    create_key_pair,
     delete_attribute,
     destroy,
     discover_versions,
@@ -28,7 +30,7 @@ from keyserver.kmip.operations import (
 
 Handler = Callable[[Call, Any], Any]
 _MODULES: tuple[ModuleType, ...] = (
-    discover_versions, query, create, get, get_attributes, get_attribute_list, locate, activate,
-    revoke, destroy, rekey, register, modify_attribute, delete_attribute,
+    discover_versions, query, create, create_key_pair, get, get_attributes, get_attribute_list, locate, activate,
+    revoke, destroy, rekey, register, add_attribute, modify_attribute, delete_attribute,
 )
 REGISTRY: dict[enums.Operation, Handler] = {m.OPERATION: m.handle for m in _MODULES}

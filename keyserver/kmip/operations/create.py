@@ -31,7 +31,7 @@ def activation_of(values: dict[str, Any]) -> tuple[bool, datetime | None]:
 def handle(call: Call, payload: Any) -> Any:
     if payload.object_type != enums.ObjectType.SYMMETRIC_KEY:
         raise KmipFailure(enums.ResultReason.INVALID_FIELD, "Create makes symmetric keys only "
-                          "(public keys are registered; CreateKeyPair is not supported)")
+                          "(RSA key pairs come from CreateKeyPair)")
     values = attributes.template_values(payload.template_attribute)
     algorithm = values.get(A.CRYPTOGRAPHIC_ALGORITHM.value, enums.CryptographicAlgorithm.AES)
     if algorithm != enums.CryptographicAlgorithm.AES:

@@ -1,5 +1,5 @@
-"""Destroy: erase one key version's material (metadata stays). An Active version must
-be revoked first (KMIP 1.4 §4.21)."""
+"""Destroy: erase one key version's material, or a private key's or secret data's
+(metadata stays). An Active object must be revoked first (KMIP 1.4 §4.21)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from kmip.core import enums
 from kmip.core.attributes import UniqueIdentifier
 from kmip.core.messages import payloads
 
+from keyserver.core.kmip_objects import VersionObject
 from keyserver.kmip.context import Call, request_uid
 
 OPERATION = enums.Operation.DESTROY
@@ -16,6 +17,9 @@ OPERATION = enums.Operation.DESTROY
 
 def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
-    obj = call.engine.objects.version_object(call.ctx, uid)
+    obj = call.engine.objects.resolve(call.ctx, uid)
+    if not isinstance(obj, VersionObject):
+        call.engine.objects.transition(call.ctx, uid, operation="destroy")
+        return payloads.DestroyResponsePayload(unique_identifier=UniqueIdentifier(uid))
     call.engine.keys.destroy(call.ctx, str(obj.key.id), version=obj.version.version)
     return payloads.DestroyResponsePayload(unique_identifier=UniqueIdentifier(uid))

@@ -1,19 +1,24 @@
 """Get: a key version's material, in plaintext (needs keys:export, audited) or wrapped
-inside the HSM under a registered RSA public key (RSA-OAEP; the token's mechanism)."""
+inside the HSM under a registered RSA public key (RSA-OAEP; the token's mechanism) or an
+AES key (RFC 5649). Public keys (X.509) and certificates come as they are; private keys
+(PKCS#8, or PKCS#1 on request) and secret data need keys:export and are audited."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
 from kmip.core import enums, objects
 from kmip.core.factories.secrets import SecretFactory
 from kmip.core.messages import payloads
 
 from hsm import RSA_OAEP_SHA1
 from hsm.backend import AES_KWP
-from keyserver.core.kmip_objects import VersionObject
+from keyserver.core.kmip_objects import CERTIFICATE, PRIVATE_KEY, VersionObject
+from keyserver.core.states import DESTROYED_STATES, KeyState
 from keyserver.kmip.context import Call, request_uid
 from keyserver.kmip.errors import KmipFailure
+from keyserver.store.models import KmipPublicKey, KmipSealedObject
 
 OPERATION = enums.Operation.GET
 R = enums.ResultReason
@@ -62,26 +67,73 @@ def _wrapping_target(spec: Any) -> str:
     return str(info.unique_identifier)
 
 
+SECRET_DATA_TYPES = {"password": enums.SecretDataType.PASSWORD, "seed": enums.SecretDataType.SEED}
+
+
+def _public_key(uid: str, found: KmipPublicKey, fmt: Any) -> Any:
+    if fmt not in (None, enums.KeyFormatType.X_509, enums.KeyFormatType.PKCS_1):
+        raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "public keys are delivered in X.509 or PKCS#1 format")
+    if KeyState(found.state) in DESTROYED_STATES:
+        raise KmipFailure(R.ILLEGAL_OPERATION, f"the public key is {found.state}")
+    der = found.der
+    if fmt == enums.KeyFormatType.PKCS_1:
+        der = serialization.load_der_public_key(der).public_bytes(serialization.Encoding.DER,
+                                                                   serialization.PublicFormat.PKCS1)
+    secret = _secrets.create(enums.ObjectType.PUBLIC_KEY, {
+        "cryptographic_algorithm": enums.CryptographicAlgorithm.RSA, "cryptographic_length": found.length_bits,
+        "key_format_type": fmt or enums.KeyFormatType.X_509, "key_value": der})
+    return payloads.GetResponsePayload(object_type=enums.ObjectType.PUBLIC_KEY, unique_identifier=uid, secret=secret)
+
+
+def _sealed(call: Call, uid: str, found: KmipSealedObject, fmt: Any) -> Any:
+    if found.object_type == PRIVATE_KEY:
+        if fmt not in (None, enums.KeyFormatType.PKCS_8, enums.KeyFormatType.PKCS_1):
+            raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "private keys are delivered in PKCS#8 or PKCS#1 format")
+    elif fmt is not None and not (found.object_type != CERTIFICATE and fmt == enums.KeyFormatType.OPAQUE):
+        raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, f"a {found.object_type} has no key format to choose")
+    material = call.engine.objects.export_object(call.ctx, found)
+    if found.object_type == CERTIFICATE:
+        secret = _secrets.create(enums.ObjectType.CERTIFICATE, {
+            "certificate_type": enums.CertificateType.X_509, "certificate_value": material})
+        return payloads.GetResponsePayload(object_type=enums.ObjectType.CERTIFICATE, unique_identifier=uid,
+                                           secret=secret)
+    if found.object_type == PRIVATE_KEY:
+        if fmt == enums.KeyFormatType.PKCS_1:
+            material = serialization.load_der_private_key(material, None).private_bytes(
+                serialization.Encoding.DER, serialization.PrivateFormat.TraditionalOpenSSL,
+                serialization.NoEncryption())
+        secret = _secrets.create(enums.ObjectType.PRIVATE_KEY, {
+            "cryptographic_algorithm": enums.CryptographicAlgorithm.RSA,
+            "cryptographic_length": found.length_bits,
+            "key_format_type": fmt or enums.KeyFormatType.PKCS_8, "key_value": material})
+        return payloads.GetResponsePayload(object_type=enums.ObjectType.PRIVATE_KEY, unique_identifier=uid,
+                                           secret=secret)
+    secret = _secrets.create(enums.ObjectType.SECRET_DATA, {
+        "secret_data_type": SECRET_DATA_TYPES.get(found.data_type or "", enums.SecretDataType.PASSWORD),
+        "key_format_type": enums.KeyFormatType.OPAQUE, "key_value": material})
+    return payloads.GetResponsePayload(object_type=enums.ObjectType.SECRET_DATA, unique_identifier=uid,
+                                       secret=secret)
+
+
 def handle(call: Call, payload: Any) -> Any:
-    if payload.key_format_type not in (None, enums.KeyFormatType.RAW):
-        raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "symmetric keys are delivered in Raw format only")
     if payload.key_compression_type is not None:
         raise KmipFailure(R.KEY_COMPRESSION_TYPE_NOT_SUPPORTED, "key compression is not supported")
     uid = request_uid(payload)
     spec = payload.key_wrapping_specification
-    found = call.engine.objects.resolve(call.ctx, uid)
+    fmt = payload.key_format_type
+    found = call.engine.objects.resolve_for_export(call.ctx, uid)
     if not isinstance(found, VersionObject):
         if spec is not None:
-            raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "public keys are delivered unwrapped")
-        secret = _secrets.create(enums.ObjectType.PUBLIC_KEY, {
-            "cryptographic_algorithm": enums.CryptographicAlgorithm.RSA,
-            "cryptographic_length": found.length_bits,
-            "key_format_type": enums.KeyFormatType.X_509, "key_value": found.der})
-        return payloads.GetResponsePayload(object_type=enums.ObjectType.PUBLIC_KEY, unique_identifier=uid,
-                                           secret=secret)
+            raise KmipFailure(R.FEATURE_NOT_SUPPORTED,
+                              "only symmetric keys are delivered wrapped; other objects come as they are")
+        if isinstance(found, KmipPublicKey):
+            return _public_key(uid, found, fmt)
+        return _sealed(call, uid, found, fmt)
+    if fmt not in (None, enums.KeyFormatType.RAW):
+        raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "symmetric keys are delivered in Raw format only")
     wrap_under = _wrapping_target(spec) if spec is not None else None
     if spec is not None and wrap_under is not None:
-        wrapping_key = call.engine.objects.resolve(call.ctx, wrap_under)
+        wrapping_key = call.engine.objects.resolve_for_export(call.ctx, wrap_under)
         _check_requested(spec.encryption_key_information.cryptographic_parameters,
                          symmetric=isinstance(wrapping_key, VersionObject),
                          rsa_mechanism=call.engine.objects.rsa_wrap_mechanism)

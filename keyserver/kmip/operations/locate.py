@@ -15,7 +15,9 @@ from keyserver.kmip.errors import KmipFailure
 
 OPERATION = enums.Operation.LOCATE
 A = enums.AttributeType
-OBJECT_TYPES = {enums.ObjectType.SYMMETRIC_KEY: "symmetric-key", enums.ObjectType.PUBLIC_KEY: "public-key"}
+OBJECT_TYPES = {enums.ObjectType.SYMMETRIC_KEY: "symmetric-key", enums.ObjectType.PUBLIC_KEY: "public-key",
+                enums.ObjectType.PRIVATE_KEY: "private-key", enums.ObjectType.SECRET_DATA: "secret-data",
+                enums.ObjectType.CERTIFICATE: "certificate"}
 ALGORITHMS = {enums.CryptographicAlgorithm.AES: "AES", enums.CryptographicAlgorithm.RSA: "RSA"}
 SUPPORTED = {A.NAME.value, A.OBJECT_TYPE.value, A.STATE.value, A.CRYPTOGRAPHIC_ALGORITHM.value,
              A.CRYPTOGRAPHIC_LENGTH.value}

@@ -1,15 +1,22 @@
-"""Register: AES keys (they become managed keys, wrapped under the KEK at once) and RSA
-public keys (>= 2048 bits, so that Get can deliver keys wrapped under them)."""
+"""Register: AES keys (they become managed keys, wrapped under the KEK at once), RSA
+public keys (>= 2048 bits, so that Get can deliver keys wrapped under them), RSA private
+keys (PKCS#8 or PKCS#1, >= 2048 bits) and secret data (Password or Seed, sealed at once
+under their own AES key wrapped under the KEK), and X.509 certificates (stored as they
+are: they are public)."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from kmip.core import enums
 from kmip.core.messages import payloads
 
 from keyserver.core.keys import KeySpec
+from keyserver.core.kmip_objects import CERTIFICATE, MAX_SECRET_BYTES, PRIVATE_KEY, SECRET_DATA
 from keyserver.kmip import attributes
 from keyserver.kmip.context import Call
 from keyserver.kmip.errors import KmipFailure
@@ -18,32 +25,110 @@ from keyserver.kmip.operations.create import activation_of
 OPERATION = enums.Operation.REGISTER
 R = enums.ResultReason
 A = enums.AttributeType
+SECRET_DATA_TYPES = {enums.SecretDataType.PASSWORD: "password", enums.SecretDataType.SEED: "seed"}
+REGISTRABLE = (enums.ObjectType.SYMMETRIC_KEY, enums.ObjectType.PUBLIC_KEY, enums.ObjectType.PRIVATE_KEY,
+               enums.ObjectType.SECRET_DATA, enums.ObjectType.CERTIFICATE)
+
+
+def _enum(value: Any) -> Any:
+    return getattr(value, "value", value)
 
 
 def handle(call: Call, payload: Any) -> Any:
-    if payload.object_type not in (enums.ObjectType.SYMMETRIC_KEY, enums.ObjectType.PUBLIC_KEY):
-        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "only AES keys and RSA public keys can be registered")
-    block = payload.managed_object.key_block
+    if payload.object_type not in REGISTRABLE:
+        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, f"{payload.object_type.name} objects cannot be registered")
+    values = attributes.template_values(payload.template_attribute)
+    name = values.get(A.NAME.value)
+    obj = payload.managed_object
+    if payload.object_type == enums.ObjectType.CERTIFICATE:
+        return _certificate(call, obj, name, values)
+    block = obj.key_block
     if block.key_wrapping_data is not None:
         raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "wrapped keys cannot be registered")
-    values = attributes.template_values(payload.template_attribute)
     material = bytes(block.key_value.key_material.value)
+    fmt = _enum(block.key_format_type)
     if payload.object_type == enums.ObjectType.PUBLIC_KEY:
-        if block.key_format_type.value not in (enums.KeyFormatType.X_509, enums.KeyFormatType.PKCS_1):
+        if fmt not in (enums.KeyFormatType.X_509, enums.KeyFormatType.PKCS_1):
             raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED,
                               "public keys are registered in X.509 (SubjectPublicKeyInfo) or PKCS#1 format")
-        row = call.engine.objects.register_public_key(call.ctx, material, name=values.get(A.NAME.value))
+        row = call.engine.objects.register_public_key(call.ctx, material, name=name)
         return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
-    if block.key_format_type.value != enums.KeyFormatType.RAW:
+    if payload.object_type == enums.ObjectType.PRIVATE_KEY:
+        return _private_key(call, material, fmt, block, name, values)
+    if payload.object_type == enums.ObjectType.SECRET_DATA:
+        return _secret_data(call, obj, material, name, values)
+    if fmt != enums.KeyFormatType.RAW:
         raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "symmetric keys are registered in Raw format")
-    algorithm = block.cryptographic_algorithm.value if block.cryptographic_algorithm is not None else None
+    algorithm = _enum(block.cryptographic_algorithm) if block.cryptographic_algorithm is not None else None
     if algorithm not in (None, enums.CryptographicAlgorithm.AES):
         raise KmipFailure(R.INVALID_FIELD, "only AES keys can be registered")
     if len(material) not in (16, 24, 32):
         raise KmipFailure(R.INVALID_FIELD, "AES keys are 16, 24 or 32 bytes long")
     activate, activation_date = activation_of(values)
     key = call.engine.keys.create(call.ctx, KeySpec(
-        name=values.get(A.NAME.value) or f"kmip-{uuid.uuid4().hex[:16]}", description="registered over KMIP",
+        name=name or f"kmip-{uuid.uuid4().hex[:16]}", description="registered over KMIP",
         owner=call.ctx.principal.name, activate=activate, activation_date=activation_date,
         length_bits=len(material) * 8, material=material))
     return payloads.RegisterResponsePayload(unique_identifier=str(key.versions[-1].id))
+
+
+def _private_key(call: Call, material: bytes, fmt: Any, block: Any, name: str | None,
+                 values: dict[str, Any]) -> Any:
+    if fmt not in (enums.KeyFormatType.PKCS_8, enums.KeyFormatType.PKCS_1):
+        raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "private keys are registered in PKCS#8 or PKCS#1 format")
+    algorithm = _enum(block.cryptographic_algorithm) if block.cryptographic_algorithm is not None else None
+    if algorithm not in (None, enums.CryptographicAlgorithm.RSA):
+        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "only RSA private keys can be registered")
+    if len(material) > MAX_SECRET_BYTES:
+        raise KmipFailure(R.INVALID_FIELD, "the private key is too large")
+    try:
+        key = serialization.load_der_private_key(material, None)
+    except (ValueError, TypeError):
+        raise KmipFailure(R.INVALID_FIELD, "the private key is not DER in the stated format "
+                          "(unencrypted PKCS#8 or PKCS#1)") from None
+    if not isinstance(key, rsa.RSAPrivateKey):
+        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "only RSA private keys can be registered")
+    if key.key_size < 2048:
+        raise KmipFailure(R.INVALID_FIELD, "RSA private keys must have at least 2048 bits")
+    length = block.cryptographic_length
+    if length is not None and int(_enum(length)) != key.key_size:
+        raise KmipFailure(R.INVALID_FIELD, "the Cryptographic Length does not match the key")
+    pkcs8 = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption())
+    _, activation_date = activation_of(values)
+    row = call.engine.objects.register_object(call.ctx, object_type=PRIVATE_KEY, material=pkcs8, name=name,
+                                              data_type="pkcs8", algorithm="RSA", length_bits=key.key_size,
+                                              activation_date=activation_date)
+    return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
+
+
+def _secret_data(call: Call, obj: Any, material: bytes, name: str | None, values: dict[str, Any]) -> Any:
+    kind = SECRET_DATA_TYPES.get(_enum(obj.secret_data_type))
+    if kind is None:
+        raise KmipFailure(R.INVALID_FIELD, "secret data is of type Password or Seed")
+    if not 1 <= len(material) <= MAX_SECRET_BYTES:
+        raise KmipFailure(R.INVALID_FIELD, f"secret data is 1 to {MAX_SECRET_BYTES} bytes long")
+    _, activation_date = activation_of(values)
+    row = call.engine.objects.register_object(call.ctx, object_type=SECRET_DATA, material=material, name=name,
+                                              data_type=kind, activation_date=activation_date)
+    return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
+
+
+def _certificate(call: Call, obj: Any, name: str | None, values: dict[str, Any]) -> Any:
+    if _enum(obj.certificate_type) != enums.CertificateType.X_509:
+        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "only X.509 certificates can be registered")
+    der = bytes(_enum(obj.certificate_value))
+    if len(der) > MAX_SECRET_BYTES:
+        raise KmipFailure(R.INVALID_FIELD, "the certificate is too large")
+    try:
+        cert = x509.load_der_x509_certificate(der)
+    except ValueError:
+        raise KmipFailure(R.INVALID_FIELD, "the certificate is not DER-encoded X.509") from None
+    public = cert.public_key()
+    algorithm = "RSA" if isinstance(public, rsa.RSAPublicKey) else None
+    _, activation_date = activation_of(values)
+    row = call.engine.objects.register_object(
+        call.ctx, object_type=CERTIFICATE, material=der, name=name, data_type="x509", algorithm=algorithm,
+        length_bits=public.key_size if isinstance(public, rsa.RSAPublicKey) else None,
+        activation_date=activation_date)
+    return payloads.RegisterResponsePayload(unique_identifier=str(row.id))

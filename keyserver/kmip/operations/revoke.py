@@ -1,6 +1,7 @@
 """Revoke: with a compromise reason every version becomes Compromised; otherwise the
 usable versions are deactivated. Revocation applies to the whole managed key (all its
-versions), as the REST `revoke` does, so the two protocols never disagree."""
+versions), as the REST `revoke` does, so the two protocols never disagree. Key pairs,
+secret data and certificates are revoked one object at a time, as KMIP has it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from kmip.core import enums
 from kmip.core.attributes import UniqueIdentifier
 from kmip.core.messages import payloads
 
+from keyserver.core.kmip_objects import VersionObject
 from keyserver.kmip.context import Call, request_uid
 from keyserver.kmip.errors import KmipFailure
 
@@ -28,10 +30,15 @@ def handle(call: Call, payload: Any) -> Any:
     if reason is None:
         raise KmipFailure(enums.ResultReason.MISSING_DATA, "Revoke needs a revocation reason")
     uid = request_uid(payload)
-    obj = call.engine.objects.version_object(call.ctx, uid)
+    obj = call.engine.objects.resolve(call.ctx, uid)
     message = str(reason.revocation_message.value) if reason.revocation_message is not None else ""
     occurred = payload.compromise_occurrence_date
-    call.engine.keys.revoke(
-        call.ctx, str(obj.key.id), reason=REASONS[reason.revocation_code.value], message=message[:1000],
-        compromise_date=(datetime.fromtimestamp(int(occurred.value), UTC) if occurred is not None else None))
+    when = datetime.fromtimestamp(int(occurred.value), UTC) if occurred is not None else None
+    code = REASONS[reason.revocation_code.value]
+    if not isinstance(obj, VersionObject):
+        call.engine.objects.transition(call.ctx, uid, operation="revoke", reason=code, message=message[:1000],
+                                       compromise_date=when)
+    else:
+        call.engine.keys.revoke(call.ctx, str(obj.key.id), reason=code, message=message[:1000],
+                                compromise_date=when)
     return payloads.RevokeResponsePayload(unique_identifier=UniqueIdentifier(uid))

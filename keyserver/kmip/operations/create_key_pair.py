@@ -1,0 +1,47 @@
+"""CreateKeyPair: an RSA key pair (2048, 3072 or 4096 bits) generated inside the HSM.
+The private key leaves the token only sealed (AES Key Wrap with Padding under its own
+AES key, which is wrapped under the KEK); the public key is stored as it is and can be
+fetched with Get and used to wrap keys. Both halves are Pre-Active unless the templates
+carry an Activation Date not in the future, and each names the other in a custom
+attribute (x-strongroom-linked-public-key / x-strongroom-linked-private-key)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kmip.core import enums
+from kmip.core.messages import payloads
+
+from keyserver.kmip import attributes
+from keyserver.kmip.context import Call
+from keyserver.kmip.errors import KmipFailure
+from keyserver.kmip.operations.create import activation_of
+
+OPERATION = enums.Operation.CREATE_KEY_PAIR
+A = enums.AttributeType
+R = enums.ResultReason
+
+
+def handle(call: Call, payload: Any) -> Any:
+    common = attributes.template_values(payload.common_template_attribute)
+    private = {**common, **attributes.template_values(payload.private_key_template_attribute)}
+    public = {**common, **attributes.template_values(payload.public_key_template_attribute)}
+    for values in (private, public):
+        algorithm = values.get(A.CRYPTOGRAPHIC_ALGORITHM.value)
+        if algorithm is None:
+            raise KmipFailure(R.MISSING_DATA, "CreateKeyPair needs a Cryptographic Algorithm (RSA)")
+        if algorithm != enums.CryptographicAlgorithm.RSA:
+            raise KmipFailure(R.INVALID_FIELD, "only RSA key pairs can be created")
+    if private.get(A.CRYPTOGRAPHIC_LENGTH.value) != public.get(A.CRYPTOGRAPHIC_LENGTH.value):
+        raise KmipFailure(R.INVALID_FIELD, "the two halves of a key pair have one Cryptographic Length")
+    length = private.get(A.CRYPTOGRAPHIC_LENGTH.value)
+    if length is None:
+        raise KmipFailure(R.MISSING_DATA, "CreateKeyPair needs a Cryptographic Length (2048, 3072 or 4096)")
+    if int(length) not in (2048, 3072, 4096):
+        raise KmipFailure(R.INVALID_FIELD, "RSA key pairs are 2048, 3072 or 4096 bits long")
+    _, activation_date = activation_of(private)
+    pair = call.engine.objects.create_key_pair(
+        call.ctx, bits=int(length), private_name=private.get(A.NAME.value), public_name=public.get(A.NAME.value),
+        activation_date=activation_date)
+    return payloads.CreateKeyPairResponsePayload(private_key_unique_identifier=str(pair.private.id),
+                                                 public_key_unique_identifier=str(pair.public.id))

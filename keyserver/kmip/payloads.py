@@ -1,0 +1,146 @@
+"""Payloads PyKMIP 0.11's codec lacks, written the way its own are (kmip.core.messages.
+payloads): typed properties over PyKMIP primitives, read/write of a Request/Response
+Payload structure, and a registration with PyKMIP's payload factories so that its
+message decoder builds them like any other.
+
+AddAttribute (KMIP 1.x, §4.13): request = Unique Identifier (optional) + Attribute;
+response = Unique Identifier + Attribute. KMIP 2.0's form is not served (see discovery).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kmip.core import enums, exceptions, objects, primitives, utils
+from kmip.core.factories.payloads.request import RequestPayloadFactory
+from kmip.core.factories.payloads.response import ResponsePayloadFactory
+from kmip.core.messages.payloads import base
+
+
+class _UidAndAttribute:
+    """Unique Identifier (optional on requests) and one Attribute, KMIP 1.x."""
+
+    _unique_identifier: Any
+    _attribute: Any
+    length: int
+    _uid_required = False
+    _name = ""
+
+    @property
+    def unique_identifier(self) -> str | None:
+        return str(self._unique_identifier.value) if self._unique_identifier is not None else None
+
+    @unique_identifier.setter
+    def unique_identifier(self, value: str | None) -> None:
+        if value is None:
+            self._unique_identifier = None
+        elif isinstance(value, str):
+            self._unique_identifier = primitives.TextString(value, tag=enums.Tags.UNIQUE_IDENTIFIER)
+        else:
+            raise TypeError("The unique identifier must be a string.")
+
+    @property
+    def attribute(self) -> Any:
+        return self._attribute
+
+    @attribute.setter
+    def attribute(self, value: Any) -> None:
+        if value is not None and not isinstance(value, objects.Attribute):
+            raise TypeError("The attribute must be an Attribute object.")
+        self._attribute = value
+
+    def _read_fields(self, input_buffer: Any, kmip_version: enums.KMIPVersion) -> None:
+        if kmip_version >= enums.KMIPVersion.KMIP_2_0:
+            raise exceptions.InvalidKmipEncoding(f"{self._name} is implemented for KMIP 1.x only.")
+        local = utils.BytearrayStream(input_buffer.read(self.length))
+        if self.is_tag_next(enums.Tags.UNIQUE_IDENTIFIER, local):  # type: ignore[attr-defined]
+            self._unique_identifier = primitives.TextString(tag=enums.Tags.UNIQUE_IDENTIFIER)
+            self._unique_identifier.read(local, kmip_version=kmip_version)
+        elif self._uid_required:
+            raise exceptions.InvalidKmipEncoding(f"The {self._name} encoding is missing the unique identifier.")
+        else:
+            self._unique_identifier = None
+        if not self.is_tag_next(enums.Tags.ATTRIBUTE, local):  # type: ignore[attr-defined]
+            raise exceptions.InvalidKmipEncoding(f"The {self._name} encoding is missing the attribute.")
+        self._attribute = objects.Attribute()
+        self._attribute.read(local, kmip_version=kmip_version)
+        self.is_oversized(local)  # type: ignore[attr-defined]
+
+    def _write_fields(self, kmip_version: enums.KMIPVersion) -> utils.BytearrayStream:
+        if kmip_version >= enums.KMIPVersion.KMIP_2_0:
+            raise exceptions.InvalidField(f"{self._name} is implemented for KMIP 1.x only.")
+        local = utils.BytearrayStream()
+        if self._unique_identifier is not None:
+            self._unique_identifier.write(local, kmip_version=kmip_version)
+        elif self._uid_required:
+            raise exceptions.InvalidField(f"The {self._name} is missing the unique identifier field.")
+        if self._attribute is None:
+            raise exceptions.InvalidField(f"The {self._name} is missing the attribute field.")
+        self._attribute.write(local, kmip_version=kmip_version)
+        return local
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, _UidAndAttribute)
+        return self.unique_identifier == other.unique_identifier and self.attribute == other.attribute
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(unique_identifier={self.unique_identifier!r}, "
+                f"attribute={self.attribute!r})")
+
+
+class AddAttributeRequestPayload(_UidAndAttribute, base.RequestPayload):  # type: ignore[misc]
+    _name = "AddAttribute request payload"
+
+    def __init__(self, unique_identifier: str | None = None, attribute: Any = None) -> None:
+        base.RequestPayload.__init__(self)
+        self.unique_identifier = unique_identifier
+        self.attribute = attribute
+
+    def read(self, input_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        base.RequestPayload.read(self, input_buffer, kmip_version=kmip_version)
+        self._read_fields(input_buffer, kmip_version)
+
+    def write(self, output_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        local = self._write_fields(kmip_version)
+        self.length = local.length()
+        base.RequestPayload.write(self, output_buffer, kmip_version=kmip_version)
+        output_buffer.write(local.buffer)
+
+
+class AddAttributeResponsePayload(_UidAndAttribute, base.ResponsePayload):  # type: ignore[misc]
+    _name = "AddAttribute response payload"
+    _uid_required = True
+
+    def __init__(self, unique_identifier: str | None = None, attribute: Any = None) -> None:
+        base.ResponsePayload.__init__(self)
+        self.unique_identifier = unique_identifier
+        self.attribute = attribute
+
+    def read(self, input_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        base.ResponsePayload.read(self, input_buffer, kmip_version=kmip_version)
+        self._read_fields(input_buffer, kmip_version)
+
+    def write(self, output_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        local = self._write_fields(kmip_version)
+        self.length = local.length()
+        base.ResponsePayload.write(self, output_buffer, kmip_version=kmip_version)
+        output_buffer.write(local.buffer)
+
+
+def register() -> None:
+    """Teach PyKMIP's payload factories (hence its message decoder) our payloads. The
+    factories raise NotImplementedError for these operations, so nothing is overridden
+    that PyKMIP implements."""
+    RequestPayloadFactory._create_add_attribute_payload = lambda self: AddAttributeRequestPayload()
+    ResponsePayloadFactory._create_add_attribute_payload = lambda self: AddAttributeResponsePayload()
+
+
+register()

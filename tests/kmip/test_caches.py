@@ -1,0 +1,159 @@
+"""The listener's per-replica caches (client principals, objects for Get) never outlive
+a change made by another replica, and concurrent Gets share audit commits without
+losing a record. "Another replica" is a separate PostgreSQL connection that changes a
+row and sends the notification in the same transaction, as every replica's commit does."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from kmip.core import enums
+from kmip.pie.exceptions import KmipOperationFailure
+from sqlalchemy.engine import make_url
+
+from keyserver.kmip.listener import KmipListener
+from keyserver.services import Services
+from keyserver.store.notify import CHANNEL
+from tests.conftest import unique
+from tests.kmip.conftest import ClientFiles, make_client
+from tests.kmip.raw import connect, query_request, roundtrip
+
+
+def _other_replica(services: Services, sql: str, params: tuple[Any, ...]) -> None:
+    u = make_url(services.settings.effective_database_url)
+    with psycopg.connect(host=u.host, port=u.port or 5432, user=u.username, password=u.password,
+                         dbname=u.database, autocommit=False) as conn:
+        conn.execute(sql, params)  # type: ignore[arg-type]
+        conn.execute(f"NOTIFY {CHANNEL}")
+        conn.commit()
+
+
+def _eventually(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_client_revoked_by_another_replica_is_refused(services: Services, kmip_listener: KmipListener,
+                                                         kmip_files: Callable[[str], ClientFiles]) -> None:
+    assert services.notifier.distributed and services.notifier.healthy
+    files = kmip_files("operator")
+    with connect(files, kmip_listener.port) as conn:
+        for _ in range(3):  # the principal is cached now
+            assert roundtrip(conn, query_request()).batch_items[0].result_status.value == enums.ResultStatus.SUCCESS
+        _other_replica(services, "UPDATE kmip_clients SET revoked_at = now() WHERE id = %s",
+                       (uuid.UUID(files.client_id),))
+
+        def refused() -> bool:
+            answer = roundtrip(conn, query_request()).batch_items[0]
+            return answer.result_status.value != enums.ResultStatus.SUCCESS
+
+        assert _eventually(refused)
+
+
+def test_a_key_destroyed_by_another_replica_is_not_served_from_the_cache(services: Services, kmip: Any) -> None:
+    uid = kmip.create(enums.CryptographicAlgorithm.AES, 256, name=unique("cached"))
+    kmip.activate(uid)
+    assert len(kmip.get(uid).value) == 32
+    assert len(kmip.get(uid).value) == 32  # from the cache
+    _other_replica(services, "UPDATE key_versions SET state = 'destroyed', wrapped_key = NULL, "
+                   "destroy_date = now() WHERE id = %s", (uuid.UUID(uid),))
+
+    def refused() -> bool:
+        try:
+            kmip.get(uid)
+        except KmipOperationFailure as exc:
+            return bool(exc.reason == enums.ResultReason.ILLEGAL_OPERATION)
+        return False
+
+    assert _eventually(refused)
+
+
+def test_concurrent_gets_each_leave_an_audit_record(services: Services, kmip: Any, officer_files: ClientFiles,
+                                                    kmip_listener: KmipListener) -> None:
+    uid = kmip.create(enums.CryptographicAlgorithm.AES, 256, name=unique("grouped"))
+    kmip.activate(uid)
+    services.audit.flush()
+    before = _exports(services, uid)
+    threads, per_thread, errors = 8, 5, []
+    start = threading.Barrier(threads)
+
+    def worker() -> None:
+        try:
+            with make_client(officer_files, kmip_listener.port) as client:
+                start.wait()
+                for _ in range(per_thread):
+                    assert len(client.get(uid).value) == 32
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(60)
+    assert not errors
+    services.audit.flush()
+    assert _exports(services, uid) - before == threads * per_thread
+
+
+def _exports(services: Services, uid: str) -> int:
+    from sqlalchemy import func, select
+
+    from keyserver.store.models import AuditEvent, KeyVersion
+
+    with services.db() as s:
+        key_id = s.execute(select(KeyVersion.key_id).where(KeyVersion.id == uuid.UUID(uid))).scalar_one()
+        return int(s.execute(select(func.count()).select_from(AuditEvent).where(
+            AuditEvent.action == "key.export", AuditEvent.object_id == str(key_id))).scalar_one())
+
+
+@pytest.fixture(autouse=True)
+def _listener_connected(services: Services) -> None:
+    # The caches are used only while the notification listener is connected.
+    assert _eventually(lambda: services.notifier.healthy)
+
+
+def test_group_commit_writes_each_record_once_and_fails_every_waiter() -> None:
+    from keyserver.core.audit import PendingRecord
+    from keyserver.core.kmip_objects import _GroupCommit
+    from keyserver.core.principal import system_context
+
+    ctx = system_context("tests")
+    written: list[list[str]] = []
+    gate = threading.Event()
+
+    def write(records: list[PendingRecord]) -> None:
+        gate.wait(5)  # hold the first writer so that the others queue behind it
+        written.append([str(r.object_id) for r in records])
+
+    group = _GroupCommit(write)
+    threads = [threading.Thread(target=group.submit, args=(PendingRecord(ctx=ctx, action="t", object_id=str(i)),))
+               for i in range(20)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    gate.set()
+    for t in threads:
+        t.join(10)
+    flat = [x for batch in written for x in batch]
+    assert sorted(flat, key=int) == [str(i) for i in range(20)]
+    assert len(written) < 20  # grouped
+
+    def broken(records: list[PendingRecord]) -> None:
+        raise RuntimeError("database gone")
+
+    failing = _GroupCommit(broken)
+    with pytest.raises(RuntimeError):
+        failing.submit(PendingRecord(ctx=ctx, action="t"))
+    with pytest.raises(RuntimeError):  # and the next caller is not stuck behind a dead leader
+        failing.submit(PendingRecord(ctx=ctx, action="t"))
