@@ -184,7 +184,7 @@ class CertificateAuthority:
 
     def issue_server(
         self, names: Iterable[str], *, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | None = None,
-        common_name: str = "Strongroom KMIP server",
+        common_name: str,
     ) -> tuple[bytes, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey]:
         """A certificate for a listener (KMIP, the agent port) with a fresh key (or
         `key`, for a peer server in the benchmark), both in memory."""

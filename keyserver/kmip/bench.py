@@ -218,8 +218,8 @@ def run(*, postgres: str, connections: list[int], duration: float, output: Path 
         services.initialize()
         issued = services.kmip_clients.create(system_context("bench"), name="bench-client", role="key-officer")
         # PyKMIP's TLS 1.2 suite offers RSA key exchange only: its server needs an RSA key.
-        cert_pem, key = services.ca.issue_server([], key=rsa.generate_private_key(public_exponent=65537,
-                                                                                  key_size=2048))
+        cert_pem, key = services.ca.issue_server([], common_name="PyKMIP server (benchmark peer)",
+                                                 key=rsa.generate_private_key(public_exponent=65537, key_size=2048))
         # The token's own ceiling, same run, same token kind: each plaintext Get is one
         # RSA-2048 unwrap under the KEK, so no Get figure can pass it.
         from hsm.bench import measure_unwrap_ceiling

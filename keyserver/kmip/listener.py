@@ -23,17 +23,16 @@ from dataclasses import dataclass
 from cryptography import x509
 from kmip.core import enums
 
-from keyserver.core.ca import CertificateAuthority, load_into_context
+from keyserver.core.ca import CertificateAuthority
 from keyserver.core.errors import CoreError
 from keyserver.core.kmip_clients import KmipClientService
 from keyserver.core.principal import Principal
 from keyserver.kmip.dispatcher import Dispatcher
+from keyserver.tls import server_context
 
 log = logging.getLogger(__name__)
 HEADER = 8
 REQUEST_MESSAGE_PREFIX = struct.pack("!I", enums.Tags.REQUEST_MESSAGE.value << 8 | 0x01)
-# ECDHE key exchange only (forward secrecy), AEAD ciphers only, for TLS 1.2.
-TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 HANDSHAKE_TIMEOUT = 10.0
 
 
@@ -46,19 +45,6 @@ class ListenerLimits:
 
 class _Closed(Exception):
     """The peer went away, idled out, or broke framing: close without an answer."""
-
-
-def server_context(ca: CertificateAuthority, names: list[str]) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.maximum_version = ssl.TLSVersion.TLSv1_3
-    ctx.set_ciphers(TLS12_CIPHERS)
-    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION | ssl.OP_CIPHER_SERVER_PREFERENCE
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    ctx.load_verify_locations(cadata=ca.certificate_pem().decode())
-    cert_pem, key = ca.issue_server(names)
-    load_into_context(ctx, cert_pem, key)
-    return ctx
 
 
 class KmipListener:
@@ -93,7 +79,8 @@ class KmipListener:
     # --- life cycle ------------------------------------------------------------------
     def start(self) -> int:
         self._ca.ensure()
-        self._ssl = server_context(self._ca, [self._host, *self._names])
+        self._ssl = server_context(self._ca, [self._host, *self._names], client_cert=ssl.CERT_REQUIRED,
+                                   common_name="Strongroom KMIP server")
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
