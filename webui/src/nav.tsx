@@ -1,4 +1,4 @@
-import { IconDashboard, IconKey, IconListDetails, IconTicket, IconUsers } from "@tabler/icons-react";
+import { IconDashboard, IconShieldLock, IconKey, IconListDetails, IconTicket, IconUsers } from "@tabler/icons-react";
 import type { ComponentType } from "react";
 import type { Permission } from "./auth";
 
@@ -16,6 +16,7 @@ export interface NavItem {
 export const NAV: NavItem[] = [
   { to: "/", label: "Dashboard", icon: IconDashboard },
   { to: "/keys", label: "Keys", icon: IconKey, perm: "keys:read" },
+  { to: "/guard-points", label: "Guard points", icon: IconShieldLock },
   { to: "/audit", label: "Audit log", icon: IconListDetails, perm: "audit:read" },
   { to: "/users", label: "Users", icon: IconUsers, perm: "users:read" },
   { to: "/tokens", label: "API tokens", icon: IconTicket, perm: "tokens:own" },

@@ -4,6 +4,7 @@ import { useAuth, type Permission } from "./auth";
 import { EmptyState } from "./components/bits";
 import { AuditPage } from "./pages/Audit";
 import { DashboardPage } from "./pages/Dashboard";
+import { GuardPointsPage } from "./pages/GuardPoints";
 import { KeyDetailPage } from "./pages/KeyDetail";
 import { KeysPage } from "./pages/Keys";
 import { ChangePasswordPage, SignInPage } from "./pages/SignIn";
@@ -30,6 +31,7 @@ export const router = createHashRouter([
       { index: true, element: <DashboardPage /> },
       { path: "keys", element: <Need perm="keys:read"><KeysPage /></Need> },
       { path: "keys/:keyRef", element: <Need perm="keys:read"><KeyDetailPage /></Need> },
+      { path: "guard-points", element: <GuardPointsPage /> },
       { path: "audit", element: <Need perm="audit:read"><AuditPage /></Need> },
       { path: "users", element: <Need perm="users:read"><UsersPage /></Need> },
       { path: "tokens", element: <Need perm="tokens:own"><TokensPage /></Need> },

@@ -9,7 +9,8 @@ import { theme } from "../theme";
 
 export const ROLE_PERMS: Record<string, string[]> = {
   admin: ["keys:read", "keys:create", "keys:update", "keys:rotate", "keys:activate", "keys:revoke", "keys:destroy",
-          "audit:read", "audit:verify", "users:read", "users:manage", "tokens:own", "tokens:all", "system:read"],
+          "audit:read", "audit:verify", "users:read", "users:manage", "tokens:own", "tokens:all", "system:read",
+          "guardpoints:manage"],
   operator: ["keys:read", "keys:rotate", "datakeys:generate", "datakeys:decrypt", "tokens:own", "system:read"],
   auditor: ["keys:read", "audit:read", "audit:verify", "users:read", "tokens:own", "system:read"],
 };

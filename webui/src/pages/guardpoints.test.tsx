@@ -1,0 +1,53 @@
+import { fireEvent, screen, within } from "@testing-library/react";
+import { useState } from "react";
+import { describe, expect, it } from "vitest";
+import { renderWith } from "../test/render";
+import { bodyFrom, describeRule, draftFrom, emptyRule, RulesEditor, type GuardPoint, type Rule } from "./GuardPoints";
+
+function Harness({ initial, onRules }: { initial: Rule[]; onRules: (r: Rule[]) => void }) {
+  const [rules, setRules] = useState(initial);
+  return <RulesEditor rules={rules} onChange={(r) => { setRules(r); onRules(r); }} />;
+}
+
+const gp: GuardPoint = {
+  id: "5b1f7c1e-8a0f-4a53-9f4e-0d7b2f0c1a11", host_group: "db", host_id: null, path: "/srv/pg",
+  backing_path: "/srv/.pg.strongroom", key_id: "6603c18c-39c3-4619-bb48-e05423636617", key_name: "pg-data",
+  chunk_size: 4096, mode: "enforce", default_effect: "deny", revision: 3, rekey_generation: 0, created_by: "admin",
+  created_at: "2026-11-22T00:00:00Z", updated_at: "2026-11-22T00:01:00Z",
+  rules: [{ effect: "permit", users: ["postgres"], uids: [], groups: [], executables: ["/usr/bin/postgres"], access: "all", audit: false }],
+};
+
+describe("guard point policy editing", () => {
+  it("rules read as sentences", () => {
+    expect(describeRule(gp.rules[0])).toBe("permit read and write to postgres via /usr/bin/postgres");
+    expect(describeRule({ ...emptyRule(), effect: "deny", access: "write", uids: [1001], audit: true }))
+      .toBe("deny write to uid 1001 (audited)");
+  });
+
+  it("rules are added, reordered and removed in order", () => {
+    let last: Rule[] = [];
+    renderWith(<Harness initial={[{ ...emptyRule(), users: ["a"] }]} onRules={(r) => { last = r; }} />);
+    fireEvent.click(screen.getByRole("button", { name: "Add rule" }));
+    expect(screen.getAllByTestId("rule")).toHaveLength(2);
+    fireEvent.click(screen.getByRole("button", { name: "Move rule 2 up" }));
+    expect(last.map((r) => r.users)).toEqual([[], ["a"]]);
+    fireEvent.click(screen.getByRole("button", { name: "Remove rule 1" }));
+    expect(last).toHaveLength(1);
+    expect(within(screen.getByTestId("rule")).getByText(/Rule 1 — permit read and write to a/)).toBeInTheDocument();
+  });
+
+  it("a read-only editor offers no changes", () => {
+    renderWith(<RulesEditor rules={gp.rules} onChange={() => undefined} readOnly />);
+    expect(screen.queryByRole("button", { name: "Add rule" })).toBeNull();
+    expect(screen.queryByRole("button", { name: /Remove rule/ })).toBeNull();
+  });
+
+  it("an edited guard point round-trips to the request body; one target only", () => {
+    const body = bodyFrom(draftFrom(gp));
+    expect(body).toMatchObject({ host_group: "db", host_id: null, path: "/srv/pg", key: "pg-data", chunk_size: 4096,
+                                 mode: "enforce", default_effect: "deny" });
+    expect(body.rules).toEqual(gp.rules);
+    const fresh = bodyFrom({ ...draftFrom(), target: "host", host_id: "h1", host_group: "ignored", path: " /data ", key: "k" });
+    expect(fresh).toMatchObject({ host_group: null, host_id: "h1", path: "/data", backing_path: null, mode: "learn" });
+  });
+});
