@@ -6,7 +6,8 @@ import { ApiError, api, call, onAuthProblem, readCookie, type Me } from "./api/c
 export type Permission =
   | "keys:read" | "keys:create" | "keys:update" | "keys:rotate" | "keys:activate" | "keys:revoke"
   | "keys:destroy" | "datakeys:generate" | "datakeys:decrypt" | "audit:read" | "audit:verify"
-  | "users:read" | "users:manage" | "tokens:own" | "tokens:all" | "system:read" | "system:kek";
+  | "users:read" | "users:manage" | "tokens:own" | "tokens:all" | "system:read" | "system:kek"
+  | "keys:export" | "kmip:clients" | "hosts:read" | "hosts:enroll" | "hosts:revoke";
 
 export interface AuthState {
   me: Me | null;
