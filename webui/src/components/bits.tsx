@@ -43,7 +43,7 @@ export function TokenStateBadge({ state }: { state: TokenState }) {
 /** A guard point as the agent reports it: mounted, unmounted or error. */
 export function GuardPointStateBadge({ state }: { state: string }) {
   const color = state === "mounted" ? "teal" : state === "error" ? "red" : "gray";
-  return <Badge color={color} variant="light" radius="sm" data-state={state}>{state}</Badge>;
+  return <Badge color={color} variant="light" radius="sm" data-state={state} style={{ overflow: "visible" }}>{state}</Badge>;
 }
 
 export function Loading({ label = "Loading…" }: { label?: string }) {

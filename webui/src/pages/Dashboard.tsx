@@ -19,11 +19,11 @@ export function DashboardPage() {
     <Stack gap="lg">
       <PageHeader title="Dashboard" subtitle={`Signed in as ${me?.username} (${me?.role})`} />
       <Grid gutter="lg">
-        {can("keys:read") && <Grid.Col span={{ base: 12, md: 7 }}><KeysByState /></Grid.Col>}
-        {can("hosts:read") && <Grid.Col span={{ base: 12, md: 5 }}><HostsSummary /></Grid.Col>}
-        {can("audit:verify") && <Grid.Col span={{ base: 12, md: 4 }}><ChainStatus /></Grid.Col>}
-        {can("keys:read") && <Grid.Col span={{ base: 12, md: 4 }}><RotationsDue /></Grid.Col>}
-        {can("audit:read") && <Grid.Col span={{ base: 12, md: 4 }}><RecentDenied /></Grid.Col>}
+        {can("keys:read") && <Grid.Col span={{ base: 12, md: 6, lg: 5 }}><KeysByState /></Grid.Col>}
+        {can("hosts:read") && <Grid.Col span={{ base: 12, md: 6, lg: 4 }}><HostsSummary /></Grid.Col>}
+        {can("audit:verify") && <Grid.Col span={{ base: 12, md: 6, lg: 3 }}><ChainStatus /></Grid.Col>}
+        {can("keys:read") && <Grid.Col span={{ base: 12, md: 6 }}><RotationsDue /></Grid.Col>}
+        {can("audit:read") && <Grid.Col span={{ base: 12, md: 6 }}><RecentDenied /></Grid.Col>}
       </Grid>
     </Stack>
   );
@@ -124,13 +124,13 @@ export function HostsSummary() {
           {attention.length === 0 ? (
             <Text size="sm" c="dimmed">Every active host is online, with no guard point in error.</Text>
           ) : (
-            <Stack gap={4} data-testid="hosts-attention">
+            <Stack gap={6} data-testid="hosts-attention">
               <Text size="sm" fw={600}>Needs attention</Text>
               {attention.slice(0, ATTENTION_SHOWN).map(({ h, why }) => (
-                <Group key={h.id} gap="xs" wrap="nowrap">
-                  <Anchor component={Link} to={`/hosts/${h.id}`} size="sm">{h.hostname}</Anchor>
-                  <Text size="sm" c="dimmed" lineClamp={1}>{why}</Text>
-                </Group>
+                <Stack key={h.id} gap={0}>
+                  <Anchor component={Link} to={`/hosts/${h.id}`} size="sm" truncate="end">{h.hostname}</Anchor>
+                  <Text size="xs" c={why.includes("error") ? "red.8" : "orange.8"}>{why}</Text>
+                </Stack>
               ))}
               {attention.length > ATTENTION_SHOWN && (
                 <Text size="xs" c="dimmed">and {attention.length - ATTENTION_SHOWN} more</Text>

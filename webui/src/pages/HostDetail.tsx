@@ -145,7 +145,8 @@ function GuardPoints({ h }: { h: Host }) {
         {h.guard_points.map((g) => (
           <Table.Tr key={g.path}>
             <Table.Td><Text size="sm" ff="monospace">{g.path}</Text></Table.Td>
-            <Table.Td><Anchor component={Link} to={`/keys/${encodeURIComponent(g.key)}`} size="sm">{g.key}</Anchor></Table.Td>
+            <Table.Td style={{ whiteSpace: "nowrap" }}>
+              <Anchor component={Link} to={`/keys/${encodeURIComponent(g.key)}`} size="sm">{g.key}</Anchor></Table.Td>
             <Table.Td><GuardPointStateBadge state={g.state} /></Table.Td>
             <Table.Td><Text size="sm" c={g.state === "error" ? "red.8" : "dimmed"}>{g.detail || "—"}</Text></Table.Td>
           </Table.Tr>
@@ -199,6 +200,8 @@ function GroupKeys({ h }: { h: Host }) {
 function HostEvents({ h }: { h: Host }) {
   // The host's own calls are recorded with actor host:<hostname>; what was done to it
   // (enrollment, revocation, refused certificates) names it as the object: ask for both.
+  // The API has no filter on details.host, so a page of the actor's records may hold
+  // fewer than EVENTS_SHOWN of this host's when an earlier host had the same name.
   const queries = [{ actor: hostActor(h.hostname) }, { object_id: h.id }];
   const results = useQueries({
     queries: queries.map((f) => ({
@@ -208,6 +211,9 @@ function HostEvents({ h }: { h: Host }) {
   });
   const error = results.find((r) => r.error)?.error;
   const events = results.flatMap((r) => r.data?.items ?? [])
+    // Hostnames are not unique (a machine enrolled again is a new host with the same
+    // name): drop records that say they are about another host.
+    .filter((e) => { const other = e.details?.host; return typeof other !== "string" || other === h.id; })
     .filter((e, i, all) => all.findIndex((x) => x.seq === e.seq) === i)
     .sort((a, b) => b.seq - a.seq).slice(0, EVENTS_SHOWN);
   return (

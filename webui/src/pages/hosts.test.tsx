@@ -294,7 +294,11 @@ describe("Host detail", () => {
         items: url.searchParams.get("actor") === `host:${H.hostname}`
           ? [{ seq: 42, time: ago(30), actor: `host:${H.hostname}`, actor_type: "host", action: "key.deliver",
                object_type: "key", object_id: "payments-db-id", outcome: "allowed", source_ip: "10.0.4.22",
-               request_id: null, details: {}, prev_hash: "00", hash: "11" }]
+               request_id: null, details: { host: H.id, version: 2 }, prev_hash: "00", hash: "11" },
+             // An earlier host enrolled under the same name: its records are not this host's.
+             { seq: 5, time: ago(90_000), actor: `host:${H.hostname}`, actor_type: "host", action: "agent.access.denied",
+               object_type: "file", object_id: "/srv/a/x", outcome: "denied", source_ip: "10.0.4.9",
+               request_id: null, details: { host: "00000000-0000-4000-8000-000000000000" }, prev_hash: "00", hash: "33" }]
           : [{ seq: 7, time: ago(86_400), actor: `enrolling:${H.hostname}`, actor_type: "host", action: "host.enroll",
                object_type: "host", object_id: H.id, outcome: "allowed", source_ip: "10.0.4.22", request_id: null,
                details: {}, prev_hash: "00", hash: "22" }],
@@ -303,7 +307,7 @@ describe("Host detail", () => {
     });
   }
 
-  it("shows identity, guard points, the keys its group receives and its audit events", async () => {
+  it("shows identity, guard points, the keys its group receives and its own audit events", async () => {
     const server = detailServer();
     renderWith(<HostDetailPage />, { at: `/hosts/${H.id}`, path: "/hosts/:hostId", me: meAs("auditor") });
     expect(await screen.findByTestId("host-name")).toHaveTextContent(H.hostname);
@@ -377,6 +381,7 @@ describe("Dashboard hosts panel", () => {
     expect(screen.getByRole("link", { name: "2 offline hosts" })).toHaveAttribute("href", "/hosts?status=offline");
     const attention = screen.getByTestId("hosts-attention");
     expect(attention).toHaveTextContent("db-02.prod.example.comno heartbeat for 2 hours; 1 guard point in error");
+    expect(within(attention).getByRole("link", { name: "web-01.example.com" })).toHaveAttribute("href", `/hosts/${HOSTS[2].id}`);
     expect(attention).toHaveTextContent("web-01.example.comnever sent a heartbeat");
     expect(attention).not.toHaveTextContent("old-db");
   });
