@@ -147,7 +147,7 @@ function GuardPoints({ h }: { h: Host }) {
             <Table.Td><Text size="sm" ff="monospace">{g.path}</Text></Table.Td>
             <Table.Td style={{ whiteSpace: "nowrap" }}>
               <Anchor component={Link} to={`/keys/${encodeURIComponent(g.key)}`} size="sm">{g.key}</Anchor></Table.Td>
-            <Table.Td><GuardPointStateBadge state={g.state} /></Table.Td>
+            <Table.Td style={{ minWidth: 104 }}><GuardPointStateBadge state={g.state} /></Table.Td>
             <Table.Td><Text size="sm" c={g.state === "error" ? "red.8" : "dimmed"}>{g.detail || "—"}</Text></Table.Td>
           </Table.Tr>
         ))}

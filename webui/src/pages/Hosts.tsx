@@ -135,7 +135,7 @@ function HostsTable({ hosts }: { hosts: Host[] }) {
                   <Anchor component={Link} to={`/hosts/${h.id}`} fw={600} size="sm">{h.hostname}</Anchor>
                   {h.last_seen_ip && <Text size="xs" c="dimmed" ff="monospace">{h.last_seen_ip}</Text>}
                 </Table.Td>
-                <Table.Td title={st === "revoked" ? `revoked ${fmtTime(h.revoked_at)}` : undefined}>
+                <Table.Td title={st === "revoked" ? `revoked ${fmtTime(h.revoked_at)}` : undefined} style={{ minWidth: 90 }}>
                   <HostStatusBadge status={st} />
                 </Table.Td>
                 <Table.Td title={fmtTime(h.last_heartbeat_at)} style={{ whiteSpace: "nowrap" }}>
@@ -216,7 +216,7 @@ export function EnrollmentTokensSection() {
                       <Table.Td><Text size="sm" ff="monospace">{t.prefix}…</Text></Table.Td>
                       <Table.Td><Text size="sm" ff="monospace">{t.host_group}</Text></Table.Td>
                       <Table.Td>{t.uses} / {t.max_uses}</Table.Td>
-                      <Table.Td><TokenStateBadge state={st} /></Table.Td>
+                      <Table.Td style={{ minWidth: 96 }}><TokenStateBadge state={st} /></Table.Td>
                       <Table.Td>{t.created_by}</Table.Td>
                       <Table.Td title={fmtTime(t.created_at)} style={{ whiteSpace: "nowrap" }}>{fmtRelative(t.created_at)}</Table.Td>
                       <Table.Td title={fmtTime(t.expires_at)} style={{ whiteSpace: "nowrap" }}>
