@@ -5,7 +5,8 @@
 // The admin signs in once (first-run password change included); later tests reuse the
 // stored browser state. Screenshots of each main page go to SCREENSHOT_DIR.
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { X509Certificate } from "node:crypto";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
@@ -152,11 +153,15 @@ test("enroll a host: create an enrollment token and read the one-liner", async (
   assert.equal(command, `curl -fsS --cacert ca.pem ${AGENT_URL}/install.sh | sudo sh -s -- --token ${secret}`);
   assert.equal(await dialog.getByTestId("ca-fingerprint").textContent(), CA_FINGERPRINT);
   await dialog.getByText("shown only once", { exact: false }).waitFor();
-  // What the dialog points at is real: the CA download and the installer behind the one-liner.
+  // What the dialog points at is real: the CA download is the certificate whose
+  // fingerprint it shows, and the installer behind the one-liner is served.
   assert.equal(await dialog.getByTestId("download-ca").getAttribute("href"), "/ca.pem");
-  const ca = await context.request.get("/ca.pem");
-  assert.equal(ca.status(), 200);
-  assert.match(await ca.text(), /^-----BEGIN CERTIFICATE-----/);
+  const [download] = await Promise.all([page.waitForEvent("download"), dialog.getByTestId("download-ca").click()]);
+  const pem = readFileSync(await download.path(), "utf8");
+  assert.equal(new X509Certificate(pem).fingerprint256, CA_FINGERPRINT);
+  // The server names the file (content-disposition) strongroom-ca.pem, the one-liner wants
+  // ca.pem: the dialog says to rename it. Fails here when the server's name changes.
+  assert.equal(download.suggestedFilename(), "strongroom-ca.pem");
   const installer = await context.request.get(`${AGENT_URL}/install.sh`, { ignoreHTTPSErrors: true });
   assert.equal(installer.status(), 200);
   assert.ok((await installer.text()).includes(`SERVER_URL='${AGENT_URL}'`));

@@ -155,8 +155,8 @@ function InstallSteps({ info, secret }: { info: EnrollmentInfo; secret: string }
     <Stack gap="md">
       <Step n={1} title="Put the CA certificate on the host">
         <Text size="sm">Save it as <Code>ca.pem</Code> in the directory where you will run the command: curl
-          checks with it that it is talking to this key server. (Browsers may save it as <Code>strongroom-ca.pem</Code>:
-          rename it.)</Text>
+          checks with it that it is talking to this key server. The download is named <Code>strongroom-ca.pem</Code>:
+          rename it to <Code>ca.pem</Code>.</Text>
         <Group gap="xs">
           <Button component="a" href={CA_PEM_URL} download="ca.pem" variant="default" size="xs"
                   leftSection={<IconDownload size={14} />} data-testid="download-ca">
