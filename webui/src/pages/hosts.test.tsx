@@ -7,6 +7,7 @@ import { meAs, renderWith } from "../test/render";
 import { hostStatus, installCommand, tokenState } from "../hosts";
 import { HostsSummary, hostAttention } from "./Dashboard";
 import { HostDetailPage } from "./HostDetail";
+import { KeyDetailPage } from "./KeyDetail";
 import { HostsPage } from "./Hosts";
 
 const ago = (seconds: number) => new Date(Date.now() - seconds * 1000).toISOString();
@@ -390,5 +391,17 @@ describe("Dashboard hosts panel", () => {
     expect(hostAttention(HOSTS[3])).toBeNull();
     expect(hostAttention(HOSTS[0])).toBeNull();
     expect(hostAttention({ ...HOSTS[0], guard_points: HOSTS[1].guard_points })).toBe("1 guard point in error");
+  });
+});
+
+describe("Key detail", () => {
+  it("a key tagged for a host group links to that group's hosts", async () => {
+    fakeApi({
+      "GET /api/v1/keys/:ref": () => key("payments-db"),
+      "GET /api/v1/audit/events": { items: [], total: 0, next_before_seq: null },
+    });
+    renderWith(<KeyDetailPage />, { at: "/keys/payments-db", path: "/keys/:keyRef", me: meAs("auditor") });
+    expect(await screen.findByTestId("key-hosts")).toHaveAttribute("href", "/hosts?group=db");
+    expect(screen.getByTestId("key-hosts")).toHaveTextContent("hosts of group db");
   });
 });
