@@ -39,9 +39,10 @@ function TokenForm({ groups, onCancel, onCreated }: {
   const g = group.trim();
   const groupError = g && !HOST_GROUP_RE.test(g)
     ? "1–64 characters: lower-case letters, digits and . _ - (starting with a letter or digit)" : null;
+  const ready = !!g && !groupError && uses !== "" && hours !== "";
   const create = useMutation({
     mutationFn: () => call(api.POST("/api/v1/enrollment-tokens", { body: {
-      host_group: g, max_uses: Number(uses) || 1, expires_in_hours: Number(hours) || 24,
+      host_group: g, max_uses: Number(uses), expires_in_hours: Number(hours),
     } })),
     onSuccess: (c) => {
       void qc.invalidateQueries({ queryKey: qk.enrollmentTokens });
@@ -49,7 +50,7 @@ function TokenForm({ groups, onCancel, onCreated }: {
     },
   });
   return (
-    <form onSubmit={(e) => { e.preventDefault(); if (g && !groupError) create.mutate(); }} aria-label="Create an enrollment token">
+    <form onSubmit={(e) => { e.preventDefault(); if (ready) create.mutate(); }} aria-label="Create an enrollment token">
       <Stack gap="sm">
         <Text size="sm">A one-time token lets new hosts join a host group. Each host then receives the keys
           tagged <Code>{hostGroupTag(g || "<group>")}</Code>.</Text>
@@ -68,7 +69,7 @@ function TokenForm({ groups, onCancel, onCreated }: {
         <ErrorAlert error={create.error} title="Token not created" />
         <Group justify="flex-end">
           <Button variant="default" onClick={onCancel}>Cancel</Button>
-          <Button type="submit" color="dark" loading={create.isPending} disabled={!g || !!groupError}
+          <Button type="submit" color="dark" loading={create.isPending} disabled={!ready}
                   data-testid="create-enrollment-token">Create token</Button>
         </Group>
       </Stack>

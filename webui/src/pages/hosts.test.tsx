@@ -239,7 +239,7 @@ describe("Enroll a host", () => {
     await waitFor(() => expect(screen.queryByRole("dialog")).toBeNull());
   });
 
-  it("refuses a malformed group before asking the server, and warns of a group without keys", async () => {
+  it("refuses a malformed group or an empty count before asking the server, and warns of a group without keys", async () => {
     const server = enrollServer();
     renderWith(<HostsPage />);
     await userEvent.click(await screen.findByRole("button", { name: "Enroll a host" }));
@@ -251,6 +251,9 @@ describe("Enroll a host", () => {
     await userEvent.clear(group);
     await userEvent.type(group, "web");
     expect(await within(dialog).findByTestId("group-keys")).toHaveTextContent("No key is tagged host-group=web yet");
+    expect(within(dialog).getByTestId("create-enrollment-token")).toBeEnabled();
+    await userEvent.clear(within(dialog).getByLabelText(/^Uses/)); // no silent default
+    expect(within(dialog).getByTestId("create-enrollment-token")).toBeDisabled();
     expect(server.calls("POST /api/v1/enrollment-tokens")).toHaveLength(0);
   });
 
