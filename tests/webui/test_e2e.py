@@ -30,7 +30,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
-from agents.keyclient.client import HostRevoked, ServerClient
+from agents.keyclient.client import HostRevoked, ServerClient, ServerRefused
 from agents.keyclient.identity import HostIdentity
 from keyserver.core.principal import system_context
 from keyserver.services import Services
@@ -148,6 +148,7 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
                             tmp_path: Path) -> None:
     node = _require_prerequisites(base_url)
     hosts = _prepare_hosts(tmp_path, base_url, agent_url, admin)
+    spare = _token(admin, "web", 5)  # revoked in the console
     ca = x509.load_pem_x509_certificate(httpx.get(f"{base_url}/ca.pem").content)
     out = tmp_path / "e2e-out"
     out.mkdir()
@@ -165,7 +166,7 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
         "ADMIN_USER": admin_user, "ADMIN_OTP": otp,
         "AUDITOR_USER": auditor_user, "AUDITOR_PASSWORD": auditor_password,
         "AGENT_URL": agent_url, "CA_FINGERPRINT": ca.fingerprint(hashes.SHA256()).hex(":").upper(),
-        "HOST_GROUP": GROUP, "E2E_OUT": str(out),
+        "HOST_GROUP": GROUP, "E2E_OUT": str(out), "SPARE_TOKEN": "_".join(spare.split("_")[:2]),
         **{f"HOST_{name.upper()}": h.hostname for name, h in hosts.items()},
     }
     # As in production, the chainer appends audit records in the background.
@@ -188,6 +189,10 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
     secret = (out / "enrollment-token.txt").read_text().strip()
     fresh = _enroll(tmp_path, agent_url, tmp_path / "ca.pem", secret, f"pg-03.{DOMAIN}")
     assert fresh.client.heartbeat(os_name=OS_NAME)["host_group"] == GROUP
+    # The token revoked in the console enrolls nobody.
+    with pytest.raises(ServerRefused) as refused:
+        _enroll(tmp_path, agent_url, tmp_path / "ca.pem", spare, f"web-02.{DOMAIN}")
+    assert refused.value.code == "enrollment_revoked"
     # The host revoked in the console is refused at its next call.
     with pytest.raises(HostRevoked):
         hosts["old"].beat()

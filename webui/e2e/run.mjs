@@ -30,6 +30,7 @@ const CA_FINGERPRINT = env("CA_FINGERPRINT");
 const HOST_GROUP = env("HOST_GROUP");
 const HOST = { db1: env("HOST_DB1"), db2: env("HOST_DB2"), web: env("HOST_WEB"), old: env("HOST_OLD") };
 const E2E_OUT = env("E2E_OUT");
+const SPARE_TOKEN = env("SPARE_TOKEN"); // the prefix of an unused enrollment token, to revoke
 const KEY = `payments-db-${Date.now().toString(36)}`;
 const TOKEN = `rotation-bot-${Date.now().toString(36)}`;
 const TIMEOUT = 15_000;
@@ -177,6 +178,21 @@ test("enroll a host: create an enrollment token and read the one-liner", async (
   const row = page.getByTestId("enrollment-tokens-table").locator(`tr[data-token="${prefix}"]`);
   await row.getByText("0 / 3").waitFor();
   assert.equal(await row.locator("[data-state]").textContent(), "active");
+
+  // Revoke another, unused token: after a confirmation, it leaves the active list.
+  const tokens = page.getByTestId("enrollment-tokens-table");
+  const spare = tokens.locator(`tr[data-token="${SPARE_TOKEN}"]`);
+  await spare.getByRole("button", { name: `Revoke enrollment token ${SPARE_TOKEN}` }).click();
+  const confirm = page.getByRole("dialog", { name: `Revoke enrollment token ${SPARE_TOKEN}…` });
+  await confirm.getByText(/Hosts that already enrolled with it keep working/).waitFor();
+  await confirm.getByRole("button", { name: "Revoke token" }).click();
+  await confirm.waitFor({ state: "detached" });
+  await spare.waitFor({ state: "detached" });
+  // The switch, by keyboard (its input is visually hidden, as a switch's is).
+  await page.getByRole("switch", { name: /Show used, expired and revoked/ }).focus();
+  await page.keyboard.press("Space");
+  await until(async () => (await spare.locator("[data-state]").textContent().catch(() => null)) === "revoked",
+              () => "the revoked token is listed as revoked");
   await done();
 });
 
