@@ -3,12 +3,14 @@ import react from "@vitejs/plugin-react";
 import { defineConfig } from "vite";
 
 // The keyserver serves dist/ at "/"; during development, `npm run dev` proxies the API
-// to a keyserver on STRONGROOM_URL (default http://127.0.0.1:8800).
+// (and the CA certificate download) to a keyserver on STRONGROOM_URL (default
+// http://127.0.0.1:8800).
+const upstream = process.env.STRONGROOM_URL ?? "http://127.0.0.1:8800";
 export default defineConfig({
   plugins: [react()],
   build: { chunkSizeWarningLimit: 1500, sourcemap: false },
   server: {
-    proxy: { "/api": process.env.STRONGROOM_URL ?? "http://127.0.0.1:8800" },
+    proxy: { "/api": upstream, "/ca.pem": upstream },
   },
   test: {
     environment: "jsdom",
@@ -16,5 +18,7 @@ export default defineConfig({
     include: ["src/**/*.test.{ts,tsx}"],
     css: false,
     globals: true,
+    // Dialog flows typed key by key in jsdom take a few seconds; more on a busy machine.
+    testTimeout: 20_000,
   },
 });

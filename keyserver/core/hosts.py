@@ -127,8 +127,9 @@ class HostService:
             token = s.get(EnrollmentToken, token_id)
             if token is None:
                 raise NotFound(f"no enrollment token {token_id}", code="enrollment_token_not_found")
-            if token.revoked_at is None:
-                token.revoked_at = self._now()
+            if token.revoked_at is not None:
+                raise Conflict("this enrollment token is already revoked", code="enrollment_token_revoked")
+            token.revoked_at = self._now()
             self._audit.add(s, ctx, action="enrollment_token.revoke", object_type="enrollment_token",
                             object_id=str(token_id))
         return token

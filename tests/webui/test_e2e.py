@@ -4,19 +4,34 @@ download) against the real keyserver of the test session (PostgreSQL + SoftHSM2)
 Builds nothing: it needs webui/dist (scripts/test runs `npm run build` before pytest;
 the `base_url` server mounts the console only if dist existed when it was created)
 and webui/node_modules. Set STRONGROOM_UPDATE_SCREENSHOTS=1 to refresh the screenshots
-in docs/screenshots/ (otherwise they go to a temporary directory)."""
+in docs/screenshots/ (otherwise they go to a temporary directory).
+
+Hosts are real: enrolled on the agent port with the agent's own client (a CSR of a key
+made on the "host"), heartbeating while the browser runs, one fetching its group's key
+and reporting a refusal; the enrollment token the console shows is then used to enroll
+one more host, and the host revoked in the console is refused at its next call."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 
+from agents.keyclient.client import HostRevoked, ServerClient, ServerRefused
+from agents.keyclient.identity import HostIdentity
 from keyserver.core.principal import system_context
 from keyserver.services import Services
 from tests.conftest import REPO
@@ -44,9 +59,99 @@ def _require_prerequisites(base_url: str) -> str:
     return node
 
 
+DOMAIN = "corp.example.net"
+GROUP = "db-servers"
+OS_NAME = "Debian GNU/Linux 13 (trixie)"
+
+
+@dataclass
+class FakeHost:
+    """A machine that ran the installer: its own key pair and certificate, its client."""
+
+    hostname: str
+    id: str
+    identity: HostIdentity
+    client: ServerClient
+    guard_points: list[dict[str, Any]]
+
+    def beat(self) -> None:
+        self.client.heartbeat(os_name=OS_NAME, guard_points=self.guard_points)
+
+
+def _enroll(tmp_path: Path, agent_url: str, ca_file: Path, secret: str, hostname: str,
+            guard_points: list[dict[str, Any]] | None = None) -> FakeHost:
+    identity = HostIdentity.load_or_create(tmp_path / "hosts" / hostname)
+    with ServerClient(agent_url, ca_file, identity) as c:
+        result = c.enroll(secret, hostname=hostname, os_name=OS_NAME)
+    return FakeHost(hostname, result["host_id"], identity, ServerClient.for_host(agent_url, identity),
+                    guard_points or [])
+
+
+def _token(admin: httpx.Client, group: str, max_uses: int) -> str:
+    r = admin.post("/api/v1/enrollment-tokens", json={"host_group": group, "max_uses": max_uses})
+    assert r.status_code == 201, r.text
+    return str(r.json()["secret"])
+
+
+def _prepare_hosts(tmp_path: Path, base_url: str, agent_url: str, admin: httpx.Client) -> dict[str, FakeHost]:
+    """Two online database hosts (one with a guard point in error), a web host that never
+    sent a heartbeat, and one to revoke from the console; keys for the database group."""
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_bytes(httpx.get(f"{base_url}/ca.pem").content)
+    for name in ("pg-main", "pg-wal"):
+        r = admin.post("/api/v1/keys", json={"name": name, "description": f"PostgreSQL {name[3:]} volume",
+                                             "tags": {"host-group": GROUP, "env": "prod"}})
+        assert r.status_code == 201, r.text
+    db = _token(admin, GROUP, 3)
+    hosts = {
+        "db1": _enroll(tmp_path, agent_url, ca_file, db, f"pg-01.{DOMAIN}", [
+            {"path": "/srv/postgresql/16/main", "key": "pg-main", "state": "mounted"},
+            {"path": "/srv/postgresql/wal", "key": "pg-wal", "state": "mounted"}]),
+        "db2": _enroll(tmp_path, agent_url, ca_file, db, f"pg-02.{DOMAIN}", [
+            {"path": "/srv/postgresql/16/main", "key": "pg-main", "state": "mounted"},
+            {"path": "/srv/backup", "key": "pg-backup", "state": "error",
+             "detail": "no key named or with id 'pg-backup'"}]),
+        "old": _enroll(tmp_path, agent_url, ca_file, db, f"pg-old.{DOMAIN}",
+                       [{"path": "/srv/postgresql/12/main", "key": "pg-main", "state": "unmounted"}]),
+        "web": _enroll(tmp_path, agent_url, ca_file, _token(admin, "web", 1), f"web-01.{DOMAIN}"),
+    }
+    for name in ("db1", "db2", "old"):
+        hosts[name].beat()
+    assert hosts["db1"].client.fetch("pg-main").key.version == 1  # audited as key.deliver by host:pg-01…
+    hosts["db2"].client.send_events([{  # as a guard point reports a refused reader
+        "event": "access.denied", "time": time.time(), "path": "/srv/postgresql/16/main/base", "access": "read",
+        "uid": 1001, "user": "backup", "pid": 4242, "exe": "/usr/bin/tar", "rule": "default", "mode": "enforce"}])
+    return hosts
+
+
+@contextmanager
+def _heartbeating(hosts: list[FakeHost], every: float = 5.0) -> Iterator[None]:
+    """The agents keep reporting while the browser runs, so they stay online."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(every):
+            for h in hosts:
+                h.beat()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
 @pytest.mark.slow
-def test_console_end_to_end(base_url: str, services: Services, tmp_path: Path) -> None:
+def test_console_end_to_end(base_url: str, agent_url: str, services: Services, admin: httpx.Client,
+                            tmp_path: Path) -> None:
     node = _require_prerequisites(base_url)
+    hosts = _prepare_hosts(tmp_path, base_url, agent_url, admin)
+    spare = _token(admin, "web", 5)  # revoked in the console
+    ca = x509.load_pem_x509_certificate(httpx.get(f"{base_url}/ca.pem").content)
+    out = tmp_path / "e2e-out"
+    out.mkdir()
     ctx = system_context("tests")
     admin_user = f"e2e-admin-{uuid.uuid4().hex[:6]}"
     _, otp = services.identity.create_user(ctx, username=admin_user, role="admin")
@@ -60,18 +165,36 @@ def test_console_end_to_end(base_url: str, services: Services, tmp_path: Path) -
         "BASE_URL": base_url, "CHROMIUM": CHROMIUM, "SCREENSHOT_DIR": str(shots),
         "ADMIN_USER": admin_user, "ADMIN_OTP": otp,
         "AUDITOR_USER": auditor_user, "AUDITOR_PASSWORD": auditor_password,
+        "AGENT_URL": agent_url, "CA_FINGERPRINT": ca.fingerprint(hashes.SHA256()).hex(":").upper(),
+        "HOST_GROUP": GROUP, "E2E_OUT": str(out), "SPARE_TOKEN": "_".join(spare.split("_")[:2]),
+        **{f"HOST_{name.upper()}": h.hostname for name, h in hosts.items()},
     }
     # As in production, the chainer appends audit records in the background.
     services.audit.start(poll_seconds=0.1)
     try:
-        proc = subprocess.run([node, "e2e/run.mjs"], cwd=WEBUI, env=env, capture_output=True, text=True,
-                              timeout=240)
+        with _heartbeating([hosts["db1"], hosts["db2"]]):
+            proc = subprocess.run([node, "e2e/run.mjs"], cwd=WEBUI, env=env, capture_output=True, text=True,
+                                  timeout=300)
     finally:
         services.audit.stop()
-    out = proc.stdout + proc.stderr
-    summary = [line for line in out.splitlines() if line.startswith(("ok ", "not ok ", "# pass", "# fail"))]
+    log = proc.stdout + proc.stderr
+    summary = [line for line in log.splitlines() if line.startswith(("ok ", "not ok ", "# pass", "# fail"))]
     print("\n".join(summary))
-    assert proc.returncode == 0, f"browser tests failed (exit {proc.returncode}):\n{out[-12000:]}"
-    assert "# fail 0" in out and "# pass 0" not in out, out[-4000:]
+    assert proc.returncode == 0, f"browser tests failed (exit {proc.returncode}):\n{log[-12000:]}"
+    assert "# fail 0" in log and "# pass 0" not in log, log[-4000:]
     assert sorted(p.name for p in shots.glob("*.png")) == sorted(
-        f"{n}.png" for n in ("sign-in", "dashboard", "keys", "key-detail", "audit", "users", "tokens"))
+        f"{n}.png" for n in ("sign-in", "dashboard", "keys", "key-detail", "audit", "users", "tokens",
+                             "hosts", "host-detail", "enroll", "guard-points", "guard-point-editor"))
+    # The token read from the console enrolls a real host, into the group chosen there.
+    secret = (out / "enrollment-token.txt").read_text().strip()
+    fresh = _enroll(tmp_path, agent_url, tmp_path / "ca.pem", secret, f"pg-03.{DOMAIN}")
+    assert fresh.client.heartbeat(os_name=OS_NAME)["host_group"] == GROUP
+    # The token revoked in the console enrolls nobody.
+    with pytest.raises(ServerRefused) as refused:
+        _enroll(tmp_path, agent_url, tmp_path / "ca.pem", spare, f"web-02.{DOMAIN}")
+    assert refused.value.code == "enrollment_revoked"
+    # The host revoked in the console is refused at its next call.
+    with pytest.raises(HostRevoked):
+        hosts["old"].beat()
+    for h in [*hosts.values(), fresh]:
+        h.client.close()

@@ -5,7 +5,8 @@
 // The admin signs in once (first-run password change included); later tests reuse the
 // stored browser state. Screenshots of each main page go to SCREENSHOT_DIR.
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { X509Certificate } from "node:crypto";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
@@ -24,6 +25,12 @@ const AUDITOR_USER = env("AUDITOR_USER");
 const AUDITOR_PASSWORD = env("AUDITOR_PASSWORD");
 const SHOTS = env("SCREENSHOT_DIR", "");
 const CHROMIUM = env("CHROMIUM", "/usr/bin/chromium");
+const AGENT_URL = env("AGENT_URL");
+const CA_FINGERPRINT = env("CA_FINGERPRINT");
+const HOST_GROUP = env("HOST_GROUP");
+const HOST = { db1: env("HOST_DB1"), db2: env("HOST_DB2"), web: env("HOST_WEB"), old: env("HOST_OLD") };
+const E2E_OUT = env("E2E_OUT");
+const SPARE_TOKEN = env("SPARE_TOKEN"); // the prefix of an unused enrollment token, to revoke
 const KEY = `payments-db-${Date.now().toString(36)}`;
 const TOKEN = `rotation-bot-${Date.now().toString(36)}`;
 const TIMEOUT = 15_000;
@@ -121,6 +128,130 @@ test("dashboard shows keys by state, rotations due, denied accesses and the audi
   await page.getByRole("heading", { name: "Recent denied accesses" }).waitFor();
   await page.getByTestId("verify-result").waitFor();
   assert.equal(await page.getByTestId("verify-result").getAttribute("data-ok"), "true");
+  await page.getByRole("heading", { name: "Hosts", exact: true }).waitFor();
+  await page.getByTestId("hosts-online").waitFor();
+  assert.ok(Number(await page.getByTestId("hosts-online").getAttribute("data-count")) >= 2, "two hosts are online");
+  // web-01 never sent a heartbeat (other test suites' hosts may be offline too, and the
+  // panel lists only a few: count, do not look for the name).
+  assert.ok(Number(await page.getByTestId("hosts-offline").getAttribute("data-count")) >= 1, "a host is offline");
+  await page.getByTestId("hosts-attention").getByText(/never sent a heartbeat|no heartbeat for/).first().waitFor();
+  await done();
+});
+
+test("enroll a host: create an enrollment token and read the one-liner", async () => {
+  const { page, context, done } = await open(STATE);
+  await page.goto("/#/hosts");
+  await page.getByRole("heading", { name: "Hosts", exact: true }).waitFor();
+  await page.getByTestId("enroll-host").click();
+  const dialog = page.getByRole("dialog", { name: "Enroll a host" });
+  await dialog.getByRole("textbox", { name: /Host group/ }).fill(HOST_GROUP);
+  await dialog.getByTestId("group-keys").getByText(/2 keys/).waitFor(); // the group's keys, counted
+  await dialog.getByLabel("Uses").fill("3");
+  await dialog.getByTestId("create-enrollment-token").click();
+
+  const secret = (await dialog.getByTestId("enrollment-secret").textContent()) ?? "";
+  assert.match(secret, /^sre_[a-z2-7]+_[A-Za-z0-9_-]{20,}$/);
+  const command = await dialog.getByTestId("install-command").textContent();
+  assert.ok(command?.includes(`--token ${secret}`), `the one-liner carries the token: ${command}`);
+  assert.ok(command?.includes(`${AGENT_URL}/install.sh`), `the one-liner names the install URL: ${command}`);
+  assert.equal(command, `curl -fsS --cacert ca.pem ${AGENT_URL}/install.sh | sudo sh -s -- --token ${secret}`);
+  assert.equal(await dialog.getByTestId("ca-fingerprint").textContent(), CA_FINGERPRINT);
+  await dialog.getByText("shown only once", { exact: false }).waitFor();
+  // What the dialog points at is real: the CA download is the certificate whose
+  // fingerprint it shows, and the installer behind the one-liner is served.
+  assert.equal(await dialog.getByTestId("download-ca").getAttribute("href"), "/ca.pem");
+  const [download] = await Promise.all([page.waitForEvent("download"), dialog.getByTestId("download-ca").click()]);
+  const pem = readFileSync(await download.path(), "utf8");
+  assert.equal(new X509Certificate(pem).fingerprint256, CA_FINGERPRINT);
+  // Saved under the name the one-liner uses (the server's content-disposition decides).
+  assert.equal(download.suggestedFilename(), "ca.pem");
+  const installer = await context.request.get(`${AGENT_URL}/install.sh`, { ignoreHTTPSErrors: true });
+  assert.equal(installer.status(), 200);
+  assert.ok((await installer.text()).includes(`SERVER_URL='${AGENT_URL}'`));
+  writeFileSync(join(E2E_OUT, "enrollment-token.txt"), secret); // the Python side enrolls a host with it
+  await shot(page, "enroll");
+
+  await dialog.getByRole("button", { name: "I have copied it" }).click();
+  await dialog.waitFor({ state: "detached" });
+  const prefix = secret.split("_").slice(0, 2).join("_");
+  const row = page.getByTestId("enrollment-tokens-table").locator(`tr[data-token="${prefix}"]`);
+  await row.getByText("0 / 3").waitFor();
+  assert.equal(await row.locator("[data-state]").textContent(), "active");
+
+  // Revoke another, unused token: after a confirmation, it leaves the active list.
+  const tokens = page.getByTestId("enrollment-tokens-table");
+  const spare = tokens.locator(`tr[data-token="${SPARE_TOKEN}"]`);
+  await spare.getByRole("button", { name: `Revoke enrollment token ${SPARE_TOKEN}` }).click();
+  const confirm = page.getByRole("dialog", { name: `Revoke enrollment token ${SPARE_TOKEN}…` });
+  await confirm.getByText(/Hosts that already enrolled with it keep working/).waitFor();
+  await confirm.getByRole("button", { name: "Revoke token" }).click();
+  await confirm.waitFor({ state: "detached" });
+  await spare.waitFor({ state: "detached" });
+  // The switch, by keyboard (its input is visually hidden, as a switch's is).
+  await page.getByRole("switch", { name: /Show used, expired and revoked/ }).focus();
+  await page.keyboard.press("Space");
+  await until(async () => (await spare.locator("[data-state]").textContent().catch(() => null)) === "revoked",
+              () => "the revoked token is listed as revoked");
+  await done();
+});
+
+test("hosts: status in the list, a host's detail, revoke with its hostname typed", async () => {
+  const { page, done } = await open(STATE);
+  await page.goto("/#/hosts");
+  const table = page.getByTestId("hosts-table");
+  const row = (name) => table.locator(`tr[data-host="${name}"]`);
+  const status = (name) => row(name).locator("[data-status]").textContent();
+  await row(HOST.db1).waitFor();
+  assert.equal(await status(HOST.db1), "Online");
+  assert.equal(await status(HOST.db2), "Online");
+  assert.equal(await status(HOST.web), "Offline");
+  await row(HOST.web).getByText("never (awaiting the first)").waitFor();
+  await row(HOST.db2).getByText("1 in error").waitFor();
+
+  // Revoke one: the hostname must be typed exactly.
+  await row(HOST.old).getByRole("link", { name: HOST.old }).click();
+  await page.getByTestId("host-name").getByText(HOST.old).waitFor();
+  await page.getByTestId("revoke-host").click();
+  const dialog = page.getByRole("dialog", { name: `Revoke ${HOST.old}` });
+  await dialog.getByText(/drops every key it has cached/).waitFor();
+  const submit = dialog.getByTestId("typed-confirm-submit");
+  await dialog.getByTestId("typed-confirm-input").fill(HOST.old.slice(0, -1));
+  assert.equal(await submit.isDisabled(), true);
+  await dialog.getByTestId("typed-confirm-input").fill(HOST.old);
+  await submit.click();
+  await page.getByTestId("host-revoked").waitFor();
+  assert.equal(await page.getByTestId("revoke-host").count(), 0);
+  await page.getByTestId("host-events").getByText("host.revoke").waitFor();
+
+  // The list filters by status and group.
+  await page.goto("/#/hosts?status=revoked");
+  await row(HOST.old).waitFor();
+  assert.equal(await status(HOST.old), "Revoked");
+  assert.equal(await row(HOST.db1).count(), 0);
+  await page.goto(`/#/hosts?group=${HOST_GROUP}&status=online`);
+  await row(HOST.db1).waitFor();
+  assert.equal(await row(HOST.web).count(), 0);
+
+  // A host's detail: identity, guard points as reported, its group's keys, its activity.
+  await row(HOST.db2).getByRole("link", { name: HOST.db2 }).click();
+  await page.getByTestId("host-name").getByText(HOST.db2).waitFor();
+  const identity = page.getByTestId("host-identity");
+  await identity.getByText(HOST_GROUP).waitFor();
+  await identity.getByText("127.0.0.1").waitFor();
+  const gps = page.getByTestId("guard-points");
+  await gps.getByText("/srv/postgresql/16/main").waitFor();
+  assert.equal(await gps.locator('[data-state="error"]').count(), 1);
+  const keys = page.getByTestId("host-keys");
+  await keys.getByRole("link", { name: "pg-main" }).waitFor();
+  await keys.getByRole("link", { name: "pg-wal" }).waitFor();
+  const events = page.getByTestId("host-events");
+  await events.getByText("agent.access.denied").waitFor(); // reported by the host itself
+  await events.getByText("host.enroll").waitFor();
+  await shot(page, "host-detail");
+
+  await page.getByRole("link", { name: "Hosts", exact: true }).first().click();
+  await row(HOST.db1).waitFor();
+  await shot(page, "hosts");
   await done();
 });
 
@@ -177,6 +308,7 @@ test("create a key, see it in the list, rotate it", async () => {
   await page.getByTestId("verify-result").waitFor();
   await until(async () => (await page.getByTestId("keys-total").textContent()) !== "0 keys", () => "keys total");
   await page.getByRole("heading", { name: /Rotations due/ }).waitFor();
+  await page.getByTestId("hosts-online").waitFor();
   await page.getByRole("status").first().waitFor({ state: "detached" }); // every panel loaded
   await shot(page, "dashboard");
   await done();
@@ -259,7 +391,31 @@ test("users and API tokens: one-time password and token are shown once", async (
   await done();
 });
 
-test("an auditor sees keys read-only: no rotate, and the API refuses it", async () => {
+test("guard points: define one with ordered rules in learn mode, then see it listed", async () => {
+  const { page, done } = await open(STATE);
+  const path = `/srv/e2e-${Date.now().toString(36)}`;
+  await page.goto("/#/guard-points");
+  await page.getByTestId("new-guard-point").click();
+  const form = page.getByRole("form", { name: "Guard point" });
+  await form.getByLabel("Host group").fill("e2e-db");
+  await form.getByLabel("Protected path").fill(path);
+  await form.getByRole("textbox", { name: "Key" }).fill(KEY);
+  await page.getByRole("option", { name: KEY, exact: true }).click();
+  await page.getByTestId("mode-help").getByText(/would deny/).waitFor();
+  await form.getByRole("button", { name: "Add rule" }).click();
+  await form.getByRole("textbox", { name: "Users" }).fill("postgres");
+  await form.getByRole("textbox", { name: "Users" }).press("Enter");
+  await form.getByText("Rule 1 — permit read and write to postgres").waitFor();
+  await shot(page, "guard-point-editor");
+  await form.getByRole("button", { name: "Create guard point" }).click();
+  const row = page.getByTestId("guard-points-table").getByRole("row").filter({ hasText: path });
+  await row.getByText("learn").waitFor();
+  await row.getByText("1 · default deny").waitFor();
+  await shot(page, "guard-points");
+  await done();
+});
+
+test("an auditor sees keys and hosts read-only: no rotate, no enroll or revoke, and the API refuses them", async () => {
   const { page, context, done } = await open(undefined);
   await signIn(page, AUDITOR_USER, AUDITOR_PASSWORD);
   await page.getByRole("heading", { name: "Dashboard" }).waitFor();
@@ -277,6 +433,21 @@ test("an auditor sees keys read-only: no rotate, and the API refuses it", async 
   const r = await context.request.post(`/api/v1/keys/${KEY}/rotate`, { headers: { "X-CSRF-Token": csrf ?? "" } });
   assert.equal(r.status(), 403);
   assert.equal((await r.json()).code, "forbidden");
+
+  // Hosts: everything visible, nothing offered that an auditor cannot do.
+  await page.goto("/#/hosts");
+  await page.getByTestId("hosts-table").locator(`tr[data-host="${HOST.db1}"]`).waitFor();
+  await page.getByTestId("enrollment-tokens-table").waitFor();
+  assert.equal(await page.getByTestId("enroll-host").count(), 0, "no Enroll button for an auditor");
+  assert.equal(await page.getByRole("button", { name: /Revoke enrollment token/ }).count(), 0);
+  await page.getByTestId("hosts-table").getByRole("link", { name: HOST.db1 }).click();
+  await page.getByTestId("guard-points").waitFor();
+  await page.getByTestId("host-events").waitFor();
+  assert.equal(await page.getByTestId("revoke-host").count(), 0, "no Revoke host for an auditor");
+  const e = await context.request.post("/api/v1/enrollment-tokens", {
+    data: { host_group: HOST_GROUP }, headers: { "X-CSRF-Token": csrf ?? "" } });
+  assert.equal(e.status(), 403);
+  assert.equal((await e.json()).code, "forbidden");
   await done();
 });
 

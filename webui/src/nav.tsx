@@ -1,4 +1,4 @@
-import { IconDashboard, IconShieldLock, IconKey, IconListDetails, IconTicket, IconUsers } from "@tabler/icons-react";
+import { IconDashboard, IconKey, IconListDetails, IconServer2, IconShieldLock, IconTicket, IconUsers } from "@tabler/icons-react";
 import type { ComponentType } from "react";
 import type { Permission } from "./auth";
 
@@ -10,13 +10,14 @@ export interface NavItem {
   perm?: Permission;
 }
 
-// The console's sections. Extension point: hosts & enrollment (issue 4) and guard-point
-// policies (issue 5) add their entries here (plus a route in router.tsx) when their API
-// exists — the console shows nothing for features the server does not have yet.
+// The console's sections. Extension point: guard-point policies (issue 5) add their entry
+// here (plus a route in router.tsx) when their API exists — the console shows nothing for
+// features the server does not have yet.
 export const NAV: NavItem[] = [
   { to: "/", label: "Dashboard", icon: IconDashboard },
   { to: "/keys", label: "Keys", icon: IconKey, perm: "keys:read" },
-  { to: "/guard-points", label: "Guard points", icon: IconShieldLock },
+  { to: "/hosts", label: "Hosts", icon: IconServer2, perm: "hosts:read" },
+  { to: "/guard-points", label: "Guard points", icon: IconShieldLock, perm: "hosts:read" },
   { to: "/audit", label: "Audit log", icon: IconListDetails, perm: "audit:read" },
   { to: "/users", label: "Users", icon: IconUsers, perm: "users:read" },
   { to: "/tokens", label: "API tokens", icon: IconTicket, perm: "tokens:own" },

@@ -13,7 +13,15 @@ export const qk = {
   users: ["users"] as const,
   tokens: (all: boolean) => ["tokens", all] as const,
   tokensAll: ["tokens"] as const,
+  hostsAll: ["hosts"] as const,
+  hosts: ["hosts", "list"] as const,
+  host: (id: string) => ["hosts", "one", id] as const,
+  enrollmentTokens: ["enrollment-tokens"] as const,
+  enrollmentInfo: ["enrollment-info"] as const,
 };
+
+/** Hosts report every heartbeat interval (30 s by default): keep their status current. */
+const HOSTS_REFRESH_MS = 30_000;
 
 export function useKeys(f: KeyFilter, enabled = true) {
   return useQuery({
@@ -30,5 +38,39 @@ export function useKey(ref: string) {
   return useQuery({
     queryKey: qk.key(ref),
     queryFn: () => call(api.GET("/api/v1/keys/{key_ref}", { params: { path: { key_ref: ref } } })),
+  });
+}
+
+export function useHosts(enabled = true) {
+  return useQuery({
+    queryKey: qk.hosts,
+    queryFn: () => call(api.GET("/api/v1/hosts")),
+    refetchInterval: HOSTS_REFRESH_MS,
+    enabled,
+  });
+}
+
+export function useHost(id: string) {
+  return useQuery({
+    queryKey: qk.host(id),
+    queryFn: () => call(api.GET("/api/v1/hosts/{host_id}", { params: { path: { host_id: id } } })),
+    refetchInterval: HOSTS_REFRESH_MS,
+  });
+}
+
+export function useEnrollmentTokens(enabled = true) {
+  return useQuery({
+    queryKey: qk.enrollmentTokens,
+    queryFn: () => call(api.GET("/api/v1/enrollment-tokens")),
+    enabled,
+  });
+}
+
+export function useEnrollmentInfo(enabled = true) {
+  return useQuery({
+    queryKey: qk.enrollmentInfo,
+    queryFn: () => call(api.GET("/api/v1/enrollment-info")),
+    staleTime: 5 * 60_000,
+    enabled,
   });
 }

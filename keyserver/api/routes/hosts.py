@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
@@ -66,7 +67,7 @@ class HostGuardPoint(BaseModel):
     revision: int | None = None
     path: str
     key: str
-    state: str
+    state: Literal["mounted", "unmounted", "error", "protecting"]
     detail: str = ""
     rekey: HostRekeyProgress | None = None
 
@@ -78,7 +79,7 @@ class HostPublic(BaseModel):
     os: str
     agent_version: str
     cert_serial: str
-    state: str
+    state: Literal["active", "revoked"]
     enrolled_at: datetime
     last_heartbeat_at: datetime | None
     revoked_at: datetime | None

@@ -45,7 +45,7 @@ def _agent_url(request: Request, services: ServicesDep) -> str:
 def ca_certificate(services: ServicesDep) -> Response:
     """The internal CA's certificate: hosts and KMIP clients pin it."""
     return Response(services.ca.certificate_pem(), media_type=PEM,
-                    headers={"content-disposition": 'attachment; filename="strongroom-ca.pem"'})
+                    headers={"content-disposition": 'attachment; filename="ca.pem"'})  # the one-liner's name
 
 
 @router.get("/install.sh", operation_id="getAgentInstaller", response_class=Response,

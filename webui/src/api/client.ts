@@ -15,6 +15,10 @@ export type User = Schemas["UserPublic"];
 export type Role = User["role"];
 export type Token = Schemas["TokenPublic"];
 export type RevokeReason = Schemas["RevokeRequest"]["reason"];
+export type Host = Schemas["HostPublic"];
+export type HostGuardPoint = Schemas["HostGuardPoint"];
+export type EnrollmentToken = Schemas["EnrollmentTokenPublic"];
+export type EnrollmentInfo = Schemas["EnrollmentInfo"];
 
 export const KEY_STATES: KeyState[] = [
   "pre-active", "active", "deactivated", "compromised", "destroyed", "destroyed-compromised",
@@ -105,6 +109,9 @@ export async function call<T>(
   }
   return data as T;
 }
+
+/** The internal CA's certificate (public): hosts pin it. */
+export const CA_PEM_URL = "/ca.pem";
 
 /** URL of the audit export (a plain download link: the session cookie goes with it). */
 export function auditExportUrl(format: "csv" | "jsonl", filters: Record<string, string | undefined>): string {

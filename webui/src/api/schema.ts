@@ -1319,7 +1319,7 @@ export interface components {
              * State
              * @enum {string}
              */
-            state: "mounted" | "unmounted" | "error";
+            state: "mounted" | "unmounted" | "error" | "protecting";
         };
         /** HeartbeatRequest */
         HeartbeatRequest: {
@@ -1382,8 +1382,11 @@ export interface components {
             rekey?: components["schemas"]["HostRekeyProgress"] | null;
             /** Revision */
             revision?: number | null;
-            /** State */
-            state: string;
+            /**
+             * State
+             * @enum {string}
+             */
+            state: "mounted" | "unmounted" | "error" | "protecting";
         };
         /** HostPublic */
         HostPublic: {
@@ -1423,8 +1426,11 @@ export interface components {
             os: string;
             /** Revoked At */
             revoked_at: string | null;
-            /** State */
-            state: string;
+            /**
+             * State
+             * @enum {string}
+             */
+            state: "active" | "revoked";
         };
         /** HostRekeyProgress */
         HostRekeyProgress: {

@@ -2,6 +2,7 @@ import { ActionIcon, Badge, Center, CopyButton, Group, Loader, Stack, Text, Them
 import { IconCheck, IconCopy, IconInbox } from "@tabler/icons-react";
 import type { ReactNode } from "react";
 import type { KeyState } from "../api/client";
+import type { HostStatus, TokenState } from "../hosts";
 
 export const STATE_COLOR: Record<KeyState, string> = {
   "pre-active": "gray",
@@ -19,6 +20,30 @@ export function StateBadge({ state }: { state: KeyState }) {
 export function OutcomeBadge({ outcome }: { outcome: string }) {
   const color = outcome === "allowed" ? "teal" : outcome === "denied" ? "red" : "orange";
   return <Badge color={color} variant="light" radius="sm">{outcome}</Badge>;
+}
+
+const HOST_STATUS: Record<HostStatus, { color: string; label: string }> = {
+  online: { color: "teal", label: "Online" },
+  offline: { color: "orange", label: "Offline" },
+  revoked: { color: "red", label: "Revoked" },
+};
+
+export function HostStatusBadge({ status }: { status: HostStatus }) {
+  const s = HOST_STATUS[status];
+  return <Badge color={s.color} variant="light" radius="sm" data-status={status}>{s.label}</Badge>;
+}
+
+const TOKEN_STATE_COLOR: Record<TokenState, string> = { active: "teal", "used up": "gray", expired: "gray", revoked: "red" };
+
+export function TokenStateBadge({ state }: { state: TokenState }) {
+  return <Badge color={TOKEN_STATE_COLOR[state]} variant="light" radius="sm" data-state={state}
+                style={{ overflow: "visible" }}>{state}</Badge>;
+}
+
+/** A guard point as the agent reports it: mounted, unmounted or error. */
+export function GuardPointStateBadge({ state }: { state: string }) {
+  const color = state === "mounted" ? "teal" : state === "error" ? "red" : "gray";
+  return <Badge color={color} variant="light" radius="sm" data-state={state} style={{ overflow: "visible" }}>{state}</Badge>;
 }
 
 export function Loading({ label = "Loading…" }: { label?: string }) {

@@ -3,11 +3,13 @@ import { Anchor, Badge, Button, Grid, Group, Paper, SimpleGrid, Stack, Table, Te
 import { IconShieldCheck, IconShieldX } from "@tabler/icons-react";
 import { useQueries, useQuery, useQueryClient } from "@tanstack/react-query";
 import { Link } from "react-router";
-import { KEY_STATES, api, call } from "../api/client";
+import { KEY_STATES, api, call, type Host } from "../api/client";
 import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
 import { EmptyState, Loading, STATE_COLOR, fmtRelative, fmtTime } from "../components/bits";
 import { PageHeader } from "../components/PageHeader";
+import { HOST_STATUSES, hostStatus, type HostStatus } from "../hosts";
+import { useHosts } from "../queries";
 
 const DUE_WINDOW_DAYS = 30;
 
@@ -17,8 +19,9 @@ export function DashboardPage() {
     <Stack gap="lg">
       <PageHeader title="Dashboard" subtitle={`Signed in as ${me?.username} (${me?.role})`} />
       <Grid gutter="lg">
-        {can("keys:read") && <Grid.Col span={{ base: 12, md: 7 }}><KeysByState /></Grid.Col>}
-        {can("audit:verify") && <Grid.Col span={{ base: 12, md: 5 }}><ChainStatus /></Grid.Col>}
+        {can("keys:read") && <Grid.Col span={{ base: 12, md: 6, lg: 5 }}><KeysByState /></Grid.Col>}
+        {can("hosts:read") && <Grid.Col span={{ base: 12, md: 6, lg: 4 }}><HostsSummary /></Grid.Col>}
+        {can("audit:verify") && <Grid.Col span={{ base: 12, md: 6, lg: 3 }}><ChainStatus /></Grid.Col>}
         {can("keys:read") && <Grid.Col span={{ base: 12, md: 6 }}><RotationsDue /></Grid.Col>}
         {can("audit:read") && <Grid.Col span={{ base: 12, md: 6 }}><RecentDenied /></Grid.Col>}
       </Grid>
@@ -67,6 +70,74 @@ function KeysByState() {
             ))}
           </Group>
         </>
+      )}
+    </Panel>
+  );
+}
+
+const HOST_TILE: Record<HostStatus, { label: string; color: string }> = {
+  online: { label: "Online", color: "teal.8" },
+  offline: { label: "Offline", color: "orange.8" },
+  revoked: { label: "Revoked", color: "red.8" },
+};
+const ATTENTION_SHOWN = 5;
+
+/** Why an active host needs a look: offline, or a guard point in error. */
+export function hostAttention(h: Host): string | null {
+  if (hostStatus(h) === "revoked") return null;
+  const errors = h.guard_points.filter((g) => g.state === "error").length;
+  const gp = errors ? `${errors} guard point${errors === 1 ? "" : "s"} in error` : null;
+  if (!h.online) {
+    const why = h.last_heartbeat_at ? `no heartbeat for ${fmtRelative(h.last_heartbeat_at).replace(/ ago$/, "")}`
+      : "never sent a heartbeat";
+    return gp ? `${why}; ${gp}` : why;
+  }
+  return gp;
+}
+
+export function HostsSummary() {
+  const q = useHosts();
+  const hosts = q.data ?? [];
+  const counts = { online: 0, offline: 0, revoked: 0 } as Record<HostStatus, number>;
+  for (const h of hosts) counts[hostStatus(h)] += 1;
+  const attention = hosts.flatMap((h) => {
+    const why = hostAttention(h);
+    return why ? [{ h, why }] : [];
+  });
+  return (
+    <Panel title="Hosts" right={<Anchor component={Link} to="/hosts" size="sm">All hosts</Anchor>}>
+      {q.error ? <ErrorAlert error={q.error} /> : q.isPending ? <Loading /> : hosts.length === 0 ? (
+        <EmptyState title="No hosts enrolled">Enroll the first storage host on the Hosts page.</EmptyState>
+      ) : (
+        <Stack gap="md">
+          <SimpleGrid cols={3} spacing="sm">
+            {HOST_STATUSES.map((s) => (
+              <Anchor key={s} component={Link} to={`/hosts?status=${s}`} underline="never" c="inherit"
+                      aria-label={`${counts[s]} ${s} hosts`}>
+                <Paper withBorder radius="sm" px="sm" py={8} data-testid={`hosts-${s}`} data-count={counts[s]}>
+                  <Text fz={26} fw={700} lh={1.15} c={counts[s] ? HOST_TILE[s].color : "dimmed"}>{counts[s]}</Text>
+                  <Text size="sm" c="dimmed">{HOST_TILE[s].label}</Text>
+                </Paper>
+              </Anchor>
+            ))}
+          </SimpleGrid>
+          {attention.length === 0 ? (
+            <Text size="sm" c="dimmed">Every active host is online, with no guard point in error.</Text>
+          ) : (
+            <Stack gap={6} data-testid="hosts-attention">
+              <Text size="sm" fw={600}>Needs attention</Text>
+              {attention.slice(0, ATTENTION_SHOWN).map(({ h, why }) => (
+                <Stack key={h.id} gap={0}>
+                  <Anchor component={Link} to={`/hosts/${h.id}`} size="sm" truncate="end">{h.hostname}</Anchor>
+                  <Text size="xs" c={why.includes("error") ? "red.8" : "orange.8"}>{why}</Text>
+                </Stack>
+              ))}
+              {attention.length > ATTENTION_SHOWN && (
+                <Text size="xs" c="dimmed">and {attention.length - ATTENTION_SHOWN} more</Text>
+              )}
+            </Stack>
+          )}
+        </Stack>
       )}
     </Panel>
   );

@@ -14,6 +14,7 @@ import { GuardedButton } from "../components/Guarded";
 import { TypedConfirmDialog } from "../components/TypedConfirmDialog";
 import { CopyValue, EmptyState, Loading, OutcomeBadge, STATE_COLOR, StateBadge, fmtRelative, fmtTime } from "../components/bits";
 import { PageHeader } from "../components/PageHeader";
+import { HOST_GROUP_TAG } from "../hosts";
 import { qk, useKey } from "../queries";
 import { TagList } from "./Keys";
 
@@ -101,6 +102,12 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
               <Prop label="Created">{fmtTime(k.created_at)}</Prop>
               <Prop label="Updated">{fmtTime(k.updated_at)}</Prop>
               <Prop label="Tags"><TagList tags={k.tags} /></Prop>
+              {k.tags[HOST_GROUP_TAG] && can("hosts:read") && (
+                <Prop label="Delivered to">
+                  <Anchor component={Link} to={`/hosts?group=${encodeURIComponent(k.tags[HOST_GROUP_TAG])}`} size="sm"
+                          data-testid="key-hosts">hosts of group {k.tags[HOST_GROUP_TAG]}</Anchor>
+                </Prop>
+              )}
             </SimpleGrid>
           </Paper>
         </Grid.Col>

@@ -1,8 +1,10 @@
 import "@testing-library/jest-dom/vitest";
 import { cleanup } from "@testing-library/react";
 import { afterEach } from "vitest";
+import { installFakeFetch, resetFakeApi } from "./fakeApi";
 
-afterEach(() => cleanup());
+installFakeFetch();
+afterEach(() => { cleanup(); resetFakeApi(); });
 
 // jsdom lacks these; Mantine uses them.
 Object.defineProperty(window, "matchMedia", {
