@@ -335,17 +335,21 @@ def bench_kmip(
 def bench(
     postgres: Annotated[str, typer.Option(help="PostgreSQL server URL (a scratch database is created)")] =
         "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
+    embedded: Annotated[bool, typer.Option(help="embedded SQLite database instead of PostgreSQL (one worker)")] =
+        False,
     clients: Annotated[str, typer.Option(help="comma-separated concurrent client counts")] = "1,50,200",
     virtual_users: Annotated[int, typer.Option(help="virtual users with think time (0 to skip)")] = 200,
     duration: Annotated[int, typer.Option(min=1, help="seconds per measurement")] = 10,
     repeats: Annotated[int, typer.Option(min=1, help="runs per figure (median and spread are reported)")] = 3,
     workers: Annotated[int, typer.Option(min=1, help="server worker processes")] = 2,
+    data_dir: Annotated[Path | None, typer.Option(help="empty directory for the server's files (default: a "
+                                                       "temporary one)")] = None,
     output: Annotated[Path | None, typer.Option(help="Markdown file whose key-server section is rewritten")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="raw results as JSON")] = None,
 ) -> None:
     """Measure data keys/s and latency over HTTP, and the HSM's own ceiling, in one run."""
     from keyserver.bench import run
 
-    run(postgres=postgres, clients=[int(c) for c in clients.split(",")], virtual_users=virtual_users,
-        duration=duration, repeats=repeats,
-        workers=workers, output=output, json_out=json_out)
+    run(postgres=None if embedded else postgres, clients=[int(c) for c in clients.split(",")],
+        virtual_users=virtual_users, duration=duration, repeats=repeats,
+        workers=workers, output=output, json_out=json_out, data_dir=data_dir)
