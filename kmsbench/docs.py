@@ -1,0 +1,78 @@
+"""Writing a run into docs/benchmarks.md: the kms-bench section (headline, tables,
+charts under docs/benchmarks/) and, from the same run, each benchmark module's own
+marked section, so that one run regenerates every figure of the document."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any
+
+from agents.benchreport import write_section
+from kmsbench import report
+
+
+def _kmip_median(raw: dict[str, Any], connections: list[int]) -> dict[str, Any]:
+    runs = raw["runs"]
+    merged = {**runs[-1], "servers": {}}
+    for server in ("strongroom", "pykmip"):
+        merged["servers"][server] = {
+            op: {str(n): round(statistics.median(float(r["servers"][server][op][str(n)]) for r in runs), 1)
+                 for n in connections} for op in ("get", "create")}
+    return merged
+
+
+def module_sections(results: dict[str, Any]) -> dict[str, str]:
+    """{marker name: Markdown} rendered by each module's own renderer."""
+    suites = {k: v for k, v in results["suites"].items() if "raw" in v}
+    out: dict[str, str] = {}
+    if "engine" in suites:
+        from agents.cryptfile.bench import render
+
+        out["engine-bench"] = render(suites["engine"]["raw"])
+    if "copy" in suites:
+        from agents.fs.bench import render as render_copy
+
+        raw = suites["copy"]["raw"]
+        out["guardpoint-copy-bench"] = "\n\n".join(
+            render_copy(by, size_mib=int(size), runs=len(by["plain"])) for size, by in raw.items())
+    if "concurrent" in suites:
+        from agents.fs.bench import render_concurrent
+
+        s = suites["concurrent"]
+        out["guardpoint-concurrent-bench"] = render_concurrent(
+            s["raw"], threads=s["params"]["threads"], files=s["params"]["files_per_thread"],
+            runs=len(s["raw"]["plain"]))
+    if "oltp" in suites:
+        from agents.fs.bench import render_oltp
+
+        s = suites["oltp"]
+        out["guardpoint-oltp-bench"] = render_oltp(
+            s["raw"], scale=s["params"]["scale"], seconds=s["params"]["seconds"], clients=s["params"]["clients"],
+            runs=len(next(iter(s["raw"].values()))["plain"]))
+    if "keyserver" in suites and "hsm_1_thread" in suites["keyserver"]["raw"]:
+        from keyserver.bench import render as render_keyserver
+
+        out["keyserver-bench"] = render_keyserver(suites["keyserver"]["raw"])
+    if "kmip" in suites:
+        from keyserver.kmip.bench import render as render_kmip
+
+        conns = [int(c) for c in suites["kmip"]["params"]["connections"]]
+        out["kmip-bench"] = render_kmip(_kmip_median(suites["kmip"]["raw"], conns), conns)
+    return out
+
+
+def update(doc: Path, results: dict[str, Any], charts: dict[str, Path]) -> None:
+    """Rewrite the marked sections of `doc`; the charts are copied to
+    <doc dir>/benchmarks/kms-bench/ and linked relative to the document."""
+    target = doc.parent / "benchmarks" / "kms-bench"
+    target.mkdir(parents=True, exist_ok=True)
+    rel: dict[str, str] = {}
+    for name, path in charts.items():
+        shutil.copyfile(path, target / path.name)
+        rel[name] = f"benchmarks/kms-bench/{path.name}"
+    body = report.markdown(results, rel, heading_level=2).split("\n", 2)[2]  # its own heading is the doc's
+    write_section(doc, body.strip(), name="kms-bench", heading="## kms-bench: the whole run")
+    for name, text in module_sections(results).items():
+        write_section(doc, text, name=name)
