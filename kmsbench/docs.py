@@ -74,5 +74,9 @@ def update(doc: Path, results: dict[str, Any], charts: dict[str, Path]) -> None:
         rel[name] = f"benchmarks/kms-bench/{path.name}"
     body = report.markdown(results, rel, heading_level=2).split("\n", 2)[2]  # its own heading is the doc's
     write_section(doc, body.strip(), name="kms-bench", heading="## kms-bench: the whole run")
+    from agents.cryptfile.bench import HEADING as ENGINE_HEADING
+    from agents.fs.bench import SECTIONS
+
+    headings = {"engine-bench": ENGINE_HEADING, **{name: heading for name, heading in SECTIONS.values()}}
     for name, text in module_sections(results).items():
-        write_section(doc, text, name=name)
+        write_section(doc, text, name=name, heading=headings.get(name, ""))
