@@ -76,6 +76,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rotation-files", type=int, help="rotation: files in the guard point (default 1000)")
     p.add_argument("--docs", type=Path, help="also rewrite this benchmarks document's marked sections "
                                              "(docs/benchmarks.md) and copy the charts beside it")
+    p.add_argument("--readme", type=Path, help="also rewrite this README's headline table (its marked section)")
     p.add_argument("--from-results", type=Path, metavar="RESULTS_JSON",
                    help="run nothing: rebuild the report (and --docs) from an earlier run's results.json")
     return p
@@ -132,13 +133,17 @@ def run_suites(cfg: Config, ws: Workspace, results: dict[str, Any]) -> None:
             results["suites"][suite] = entry
 
 
-def write_outputs(results: dict[str, Any], out: Path, docs: Path | None) -> dict[str, Path]:
+def write_outputs(results: dict[str, Any], out: Path, docs: Path | None, readme: Path | None) -> dict[str, Path]:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     files = report.write(results, out)
     if docs is not None:
         from kmsbench.docs import update
 
         update(docs, results, {k: v for k, v in files.items() if v.suffix == ".png"})
+    if readme is not None:
+        from kmsbench.docs import update_readme
+
+        update_readme(readme, results)
     return files
 
 
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         earlier = json.loads(args.from_results.read_text())
         out = args.out or args.from_results.parent
         out.mkdir(parents=True, exist_ok=True)
-        files = write_outputs(earlier, out, args.docs)
+        files = write_outputs(earlier, out, args.docs, args.readme)
         console.print(f"report written: {files['report.md']}")
         return Exit.OK
     try:
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         results["duration_s"] = round(time.monotonic() - started, 1)
         results["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
         ws.finish()
-        files = write_outputs(results, cfg.out, args.docs)
+        files = write_outputs(results, cfg.out, args.docs, args.readme)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]: unmounting and removing what this run created…")
         ws.remove_all()

@@ -80,3 +80,14 @@ def update(doc: Path, results: dict[str, Any], charts: dict[str, Path]) -> None:
     headings = {"engine-bench": ENGINE_HEADING, **{name: heading for name, heading in SECTIONS.values()}}
     for name, text in module_sections(results).items():
         write_section(doc, text, name=name, heading=headings.get(name, ""))
+
+
+def update_readme(readme: Path, results: dict[str, Any]) -> None:
+    """The README's headline table (its marked section), from the same run."""
+    ts = report.tables(results)
+    header, rows = report.headline_rows(ts)
+    m = results["machine"]
+    lines = [f"{report.run_line(results)} Machine: {m['cpu']['model']}, {m['cpu']['cores']} cores, "
+             f"{m['memory_gib']} GiB, {m['disk']['fstype']} on {m['disk']['device']}.", "",
+             *report.md_table(header, rows)]
+    write_section(readme, "\n".join(lines), name="kms-bench-headline")

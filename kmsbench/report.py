@@ -265,7 +265,7 @@ def charts(results: dict[str, Any], directory: Path) -> dict[str, Path]:
 
 
 # --- text ------------------------------------------------------------------------------
-def _md_table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> list[str]:
+def md_table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> list[str]:
     align = align or ["---"] + ["---:"] * (len(header) - 1)
     return ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|",
             *("| " + " | ".join(r) + " |" for r in rows)]
@@ -301,15 +301,15 @@ def markdown(results: dict[str, Any], chart_paths: dict[str, str], *, heading_le
     h = "#" * heading_level
     ts = tables(results)
     out = [f"{h} kms-bench report", "", run_line(results), ""]
-    out += [f"{h}# Machine", "", *_md_table(["", ""], [[k, v] for k, v in summary(results["machine"])],
+    out += [f"{h}# Machine", "", *md_table(["", ""], [[k, v] for k, v in summary(results["machine"])],
                                            ["---", "---"]), ""]
-    out += [f"{h}# Headline", "", *_md_table(*headline_rows(ts)), ""]
+    out += [f"{h}# Headline", "", *md_table(*headline_rows(ts)), ""]
     if "headline" in chart_paths:
         out += [f"![headline changes]({chart_paths['headline']})", ""]
     for t in ts:
-        out += [f"{h}# {t.title}", "", t.method, "", f"Unit: {t.unit}.", "", *_md_table(*table_rows(t)), ""]
+        out += [f"{h}# {t.title}", "", t.method, "", f"Unit: {t.unit}.", "", *md_table(*table_rows(t)), ""]
         for header, rows in t.extra:
-            out += [*_md_table(header, rows), ""]
+            out += [*md_table(header, rows), ""]
         out += [*(n for note in t.notes for n in (note, "")), ]
         if t.suite in chart_paths:
             out += [f"![{t.suite}]({chart_paths[t.suite]})", ""]

@@ -98,3 +98,15 @@ def test_the_command_rebuilds_a_report_from_results(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert (out / "report.md").read_text().startswith("# kms-bench report")
     assert (out / "charts" / "headline.png").exists()
+
+
+def test_readme_headline_is_rewritten_in_place(results: dict[str, Any], tmp_path: Path) -> None:
+    from kmsbench.docs import update_readme
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# P\n\n## Benchmarks\n\n<!-- kms-bench-headline:start -->\nold\n<!-- kms-bench-headline:end -->\n"
+                      "\n## Status\n")
+    update_readme(readme, results)
+    text = readme.read_text()
+    assert "old" not in text and text.index("| copy: write 256 MiB |") < text.index("## Status")
+    assert "| figure | unit | baseline | baseline value | protected / ours | change |" in text
