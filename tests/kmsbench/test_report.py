@@ -104,8 +104,8 @@ def test_readme_headline_is_rewritten_in_place(results: dict[str, Any], tmp_path
     from kmsbench.docs import update_readme
 
     readme = tmp_path / "README.md"
-    readme.write_text("# P\n\n## Benchmarks\n\n<!-- kms-bench-headline:start -->\nold\n<!-- kms-bench-headline:end -->\n"
-                      "\n## Status\n")
+    readme.write_text("# P\n\n## Benchmarks\n\n<!-- kms-bench-headline:start -->\nold\n"
+                      "<!-- kms-bench-headline:end -->\n\n## Status\n")
     update_readme(readme, results)
     text = readme.read_text()
     assert "old" not in text and text.index("| copy: write 256 MiB |") < text.index("## Status")
