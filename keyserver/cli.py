@@ -315,6 +315,30 @@ def verify_audit() -> None:
         services.close()
 
 
+def _check_connection_slots(postgres: str, connections: int) -> None:
+    """Every KMIP connection is a server thread that may hold a database connection (the
+    benchmark's pool: 64 + 32 overflow): refuse before starting rather than take the
+    last slots of a PostgreSQL server that others share."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(postgres)
+    try:
+        with psycopg.connect(host=url.host, port=url.port or 5432, user=url.username, password=url.password,
+                             dbname=url.database or "postgres", connect_timeout=5) as conn:
+            row = conn.execute("SELECT current_setting('max_connections')::int - (SELECT count(*) FROM "
+                               "pg_stat_activity)").fetchone()
+    except psycopg.Error as exc:
+        console.print(f"[red]cannot reach PostgreSQL at {url.render_as_string()}[/red]: {exc}")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    free, needed = int(row[0]) if row else 0, min(connections, 96) + 10
+    if free < needed:
+        console.print(f"[red]PostgreSQL at {url.render_as_string()} has {free} free connection slots[/red]; "
+                      f"{connections} KMIP connections may take up to {needed}: pass --postgres with a server of "
+                      "its own (more max_connections), or fewer --connections")
+        raise typer.Exit(EXIT_UNAVAILABLE)
+
+
 @app.command("bench-kmip")
 def bench_kmip(
     postgres: Annotated[str, typer.Option(help="PostgreSQL server URL (a scratch database is created)")] =
@@ -327,6 +351,7 @@ def bench_kmip(
     """KMIP Create/Get per second, Strongroom vs PyKMIP's bundled server, in one run."""
     from keyserver.kmip.bench import run
 
+    _check_connection_slots(postgres, max(int(c) for c in connections.split(",")))
     run(postgres=postgres, connections=[int(c) for c in connections.split(",")], duration=duration,
         output=output, json_out=json_out)
 
