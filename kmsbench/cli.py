@@ -63,8 +63,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keyserver", help="measure this running key server (base URL) instead of a throwaway one")
     p.add_argument("--token", help="API token for --keyserver")
     p.add_argument("--key", help="key to generate data keys from on --keyserver (default: a new kms-bench-* key)")
-    p.add_argument("--postgres", help="PostgreSQL URL for the kmip suite's scratch database "
-                                      "(default the local server)")
+    p.add_argument("--postgres", help="PostgreSQL URL for the kmip suite's scratch database (default: a throwaway "
+                                      "cluster in the work directory)")
     p.add_argument("--copy-sizes", type=_ints, metavar="MIB,...", help="copy suite file sizes in MiB "
                                                                        "(default 2048,6144)")
     p.add_argument("--threads", type=int, help="concurrent suite threads (default 10)")
@@ -77,8 +77,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--docs", type=Path, help="also rewrite this benchmarks document's marked sections "
                                              "(docs/benchmarks.md) and copy the charts beside it")
     p.add_argument("--readme", type=Path, help="also rewrite this README's headline table (its marked section)")
-    p.add_argument("--from-results", type=Path, metavar="RESULTS_JSON",
-                   help="run nothing: rebuild the report (and --docs) from an earlier run's results.json")
+    p.add_argument("--from-results", type=Path, nargs="+", metavar="RESULTS_JSON",
+                   help="run nothing: rebuild the report (and --docs) from earlier runs' results.json; with several, "
+                        "a suite is taken from the last run that has it (a suite re-run on its own)")
     return p
 
 
@@ -147,11 +148,25 @@ def write_outputs(results: dict[str, Any], out: Path, docs: Path | None, readme:
     return files
 
 
+def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One results document from several runs on the same machine: each suite from the
+    last run where it succeeded; the runs' start times are kept and shown."""
+    if len(runs) == 1:
+        return runs[0]
+    merged = {**runs[0], "suites": {}, "merged_from": [r.get("started") for r in runs],
+              "duration_s": sum(float(r.get("duration_s", 0)) for r in runs)}
+    for run in runs:
+        for name, suite in run["suites"].items():
+            if "error" not in suite or name not in merged["suites"]:
+                merged["suites"][name] = {**suite, "run_started": run.get("started")}
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.from_results is not None:
-        earlier = json.loads(args.from_results.read_text())
-        out = args.out or args.from_results.parent
+        earlier = merge([json.loads(p.read_text()) for p in args.from_results])
+        out = args.out or args.from_results[0].parent
         out.mkdir(parents=True, exist_ok=True)
         files = write_outputs(earlier, out, args.docs, args.readme)
         console.print(f"report written: {files['report.md']}")

@@ -37,7 +37,7 @@ class Config:
     keyserver: str | None = None
     token: str | None = None
     key: str | None = None
-    postgres: str = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+    postgres: str | None = None  # kmip: None starts a throwaway cluster in the work directory
     # rotation
     rotation_files: int = 1000
     rotation_file_kib: int = 1024

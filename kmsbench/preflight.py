@@ -109,6 +109,17 @@ def postgres(cfg: Config) -> list[BenchError]:
     """The kmip suite's Strongroom server runs on a scratch database of this server."""
     if "kmip" not in cfg.suites:
         return []
+    if cfg.postgres is None:
+        pg = _pg_bin()
+        if pg is None or not (pg / "initdb").exists():
+            return [BenchError(Exit.PRIVILEGES, "the kmip suite runs its key server on a throwaway PostgreSQL "
+                               "cluster and needs PostgreSQL's server binaries", "apt-get install postgresql, or "
+                               "pass --postgres URL (a server with ~250 free connections), or leave kmip out")]
+        if os.geteuid() != 0:
+            return [BenchError(Exit.PRIVILEGES, "the kmip suite's throwaway PostgreSQL cluster runs as the "
+                               "postgres user, which needs root", "run as root, or pass --postgres URL (a server "
+                               "with ~250 free connections)")]
+        return []
     import psycopg
     from sqlalchemy.engine import make_url
 

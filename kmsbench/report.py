@@ -291,9 +291,14 @@ def headline_rows(ts: list[Table]) -> tuple[list[str], list[list[str]]]:
 
 
 def run_line(results: dict[str, Any]) -> str:
-    return (f"kms-bench {results.get('mode', '')} run of {results.get('started', '?')}, "
+    line = (f"kms-bench {results.get('mode', '')} run of {results.get('started', '?')}, "
             f"{results.get('duration_s', 0) / 60:.1f} min; {results.get('runs', '?')} repetition(s) per figure; "
             "values are median (min-max).")
+    if results.get("merged_from"):
+        again = [f"{name} ({s['run_started']})" for name, s in results["suites"].items()
+                 if s.get("run_started") and s["run_started"] != results["merged_from"][0]]
+        line += f" Merged from runs started {', '.join(results['merged_from'])}: re-run on its own: {', '.join(again)}."
+    return line
 
 
 def markdown(results: dict[str, Any], chart_paths: dict[str, str], *, heading_level: int = 1) -> str:

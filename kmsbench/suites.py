@@ -8,11 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -171,19 +174,49 @@ def _existing_keyserver(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
             "database": f"the server at {base}", "http": http, "key": key}
 
 
+@contextmanager
+def postgres_cluster(base: Path) -> Iterator[str]:
+    """A throwaway PostgreSQL cluster on 127.0.0.1 with connection slots for 200 KMIP
+    clients, so the benchmark neither needs nor crowds a shared server."""
+    from agents.fs.bench import PG_BIN, _as_postgres
+
+    if PG_BIN is None:
+        raise BenchError(Exit.PRIVILEGES, "no PostgreSQL server binaries", "apt-get install postgresql, or pass "
+                         "--postgres URL")
+    pgdata, sockets = base / "pgdata", base / "pg-run"
+    for d in (pgdata, sockets):
+        d.mkdir()
+        shutil.chown(d, "postgres", "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    _as_postgres(f"{PG_BIN}/initdb", "-A", "trust", "-U", "postgres", "-D", str(pgdata))
+    _as_postgres(f"{PG_BIN}/pg_ctl", "-D", str(pgdata), "-w", "-l", str(sockets / "pg.log"), "-o",
+                 f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c max_connections=500 "
+                 "-c shared_buffers=128MB", "start")
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(["runuser", "-u", "postgres", "--", f"{PG_BIN}/pg_ctl", "-D", str(pgdata), "-w", "-m", "fast",
+                        "stop"], capture_output=True, check=False, timeout=120)
+
+
 def kmip(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
     base = work / "kmip"
     base.mkdir()
     runs = []
-    for i in range(cfg.runs_for("kmip")):
-        out = base / f"run-{i + 1}.json"
-        run_child([_keyserver_cli(), "bench-kmip", "--postgres", cfg.postgres, "--connections",
-                   ",".join(map(str, cfg.kmip_connections)), "--duration", str(cfg.load_seconds), "--json", str(out)],
-                  log=base / f"run-{i + 1}.log", env=_child_env(work))
-        runs.append(json.loads(out.read_text()))
-        step(f"run {i + 1}")
+    with postgres_cluster(base) if cfg.postgres is None else nullcontext(cfg.postgres) as postgres:
+        for i in range(cfg.runs_for("kmip")):
+            out = base / f"run-{i + 1}.json"
+            run_child([_keyserver_cli(), "bench-kmip", "--postgres", postgres, "--connections",
+                       ",".join(map(str, cfg.kmip_connections)), "--duration", str(cfg.load_seconds), "--json",
+                       str(out)], log=base / f"run-{i + 1}.log", env=_child_env(work))
+            runs.append(json.loads(out.read_text()))
+            step(f"run {i + 1}")
     return {"params": {"connections": cfg.kmip_connections, "seconds": cfg.load_seconds,
-                       "peer": "PyKMIP 0.11 bundled server"}, "raw": {"runs": runs}}
+                       "peer": "PyKMIP 0.11 bundled server",
+                       "database": "throwaway PostgreSQL cluster" if cfg.postgres is None else "--postgres"},
+            "raw": {"runs": runs}}
 
 
 SUITE_FUNCTIONS: dict[str, Suite] = {"engine": engine, "copy": copy, "concurrent": concurrent, "oltp": oltp,
