@@ -110,3 +110,13 @@ def test_readme_headline_is_rewritten_in_place(results: dict[str, Any], tmp_path
     text = readme.read_text()
     assert "old" not in text and text.index("| copy: write 256 MiB |") < text.index("## Status")
     assert "| figure | unit | baseline | baseline value | protected / ours | change |" in text
+
+
+def test_a_suite_rerun_on_its_own_is_merged_and_said_so(results: dict[str, Any]) -> None:
+    from kmsbench.cli import merge
+
+    first = {**results, "started": "T1", "suites": {**results["suites"], "kmip": {"error": "no slots"}}}
+    again = {**results, "started": "T2", "suites": {"kmip": results["suites"]["kmip"]}}
+    merged = merge([first, again])
+    assert "error" not in merged["suites"]["kmip"] and merged["suites"]["copy"]["run_started"] == "T1"
+    assert "re-run on its own: kmip (T2)" in report.run_line(merged)
