@@ -135,7 +135,7 @@ def keyserver_table(s: dict[str, Any]) -> Table:
     rows, extra_rows = [], []
     for lr in raw["http"]:
         shape = (f"{lr['clients']} virtual users, {lr['think_ms']} ms think" if lr.get("think_ms")
-                 else f"{lr['clients']} clients")
+                 else f"{lr['clients']} client{'s' if lr['clients'] != 1 else ''}")
         rows.append(Row(shape, list(ceiling2 or []), lr["rps"],
                         headline=f"keyserver: data keys/s, {shape}" if lr["clients"] == 200 and not lr.get(
                             "think_ms") else ""))
@@ -152,7 +152,7 @@ def keyserver_table(s: dict[str, Any]) -> Table:
                  f"{raw['workers']} worker(s)), {raw['repeats']} runs of {raw['duration_s']} s per load; the "
                  "baseline is the HSM's own ceiling measured in the same token (RSA-2048 unwraps per second, "
                  "2 threads), so change is how far below the token's ceiling the whole server runs.",
-                 "per second", "HSM ceiling (ops/s)" if ceiling else "HSM ceiling (not measured)", "data keys/s",
+                 "per second", "HSM RSA unwrap ceiling" if ceiling else "HSM ceiling (not measured)", "data keys/s",
                  None, rows, extra=extra,
                  notes=["The seeds do not publish a key-server rate; their 200 virtual users are the load shape."])
 
@@ -165,7 +165,7 @@ def kmip_table(s: dict[str, Any]) -> Table:
         for n in conns:
             ours = [float(r["servers"]["strongroom"][op][n]) for r in runs if n in r["servers"]["strongroom"][op]]
             theirs = [float(r["servers"]["pykmip"][op][n]) for r in runs if n in r["servers"]["pykmip"][op]]
-            rows.append(Row(f"{op.capitalize()}, {n} connection(s)", theirs, ours,
+            rows.append(Row(f"{op.capitalize()}, {n} connection{'s' if n != '1' else ''}", theirs, ours,
                             headline=f"kmip: {op.capitalize()}, {n} connections vs PyKMIP" if n == conns[-1] else ""))
     return Table("kmip", "KMIP over mutual TLS: Strongroom vs PyKMIP's bundled server",
                  f"Create and Get per second from one client process, one TLS connection per thread, "
@@ -301,17 +301,25 @@ def run_line(results: dict[str, Any]) -> str:
     return line
 
 
-def markdown(results: dict[str, Any], chart_paths: dict[str, str], *, heading_level: int = 1) -> str:
-    """The report; `chart_paths` maps suite -> image path as the document links it."""
+def markdown(results: dict[str, Any], chart_paths: dict[str, str], *, heading_level: int = 1,
+             detail: set[str] | None = None) -> str:
+    """The report; `chart_paths` maps suite -> image path as the document links it.
+    `detail`: the suites whose tables are written out (default all); the others get
+    their chart only (docs/benchmarks.md, where their modules' sections hold the tables)."""
     h = "#" * heading_level
     ts = tables(results)
+    charts_only = [t for t in ts if detail is not None and t.suite not in detail]
+    ts_detail = [t for t in ts if detail is None or t.suite in detail]
     out = [f"{h} kms-bench report", "", run_line(results), ""]
     out += [f"{h}# Machine", "", *md_table(["", ""], [[k, v] for k, v in summary(results["machine"])],
                                            ["---", "---"]), ""]
     out += [f"{h}# Headline", "", *md_table(*headline_rows(ts)), ""]
     if "headline" in chart_paths:
         out += [f"![headline changes]({chart_paths['headline']})", ""]
-    for t in ts:
+    for t in charts_only:
+        if t.suite in chart_paths:
+            out += [f"![{t.suite}]({chart_paths[t.suite]})", ""]
+    for t in ts_detail:
         out += [f"{h}# {t.title}", "", t.method, "", f"Unit: {t.unit}.", "", *md_table(*table_rows(t)), ""]
         for header, rows in t.extra:
             out += [*md_table(header, rows), ""]
