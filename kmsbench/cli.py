@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         console.print("[red bold]kms-bench cannot start[/red bold] (nothing was created):")
         for problem in problems:
-            console.print(f"[red]✗[/red] {problem}", markup=True, highlight=False)
+            console.print(f"[red]✗[/red] {problem}", highlight=False, soft_wrap=True)
         return min(p.code for p in problems)
     ws = Workspace(cfg.out, cfg.work, run_id=datetime.now(UTC).isoformat(timespec="seconds"))
     old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}

@@ -78,7 +78,7 @@ def update(doc: Path, results: dict[str, Any], charts: dict[str, Path]) -> None:
     covered = {"engine": "engine-bench", "copy": "guardpoint-copy-bench", "concurrent": "guardpoint-concurrent-bench",
                "oltp": "guardpoint-oltp-bench", "keyserver": "keyserver-bench", "kmip": "kmip-bench"}
     detail = {suite for suite in results["suites"] if covered.get(suite) not in sections}
-    body = report.markdown(results, rel, heading_level=3, detail=detail).split("\n", 2)[2]  # the doc has a heading
+    body = report.markdown(results, rel, heading_level=2, detail=detail).split("\n", 2)[2]  # the doc has a heading
     write_section(doc, body.strip(), name="kms-bench", heading="## kms-bench: the whole run")
     from agents.cryptfile.bench import HEADING as ENGINE_HEADING
     from agents.fs.bench import SECTIONS

@@ -31,7 +31,7 @@ def privileges(cfg: Config) -> list[BenchError]:
                 Exit.PRIVILEGES, f"the {', '.join(fuse)} suite(s) need root: they mount FUSE file systems that "
                 "other users (PostgreSQL) reach, and drop the page cache between write and read",
                 "run kms-bench as root (sudo .venv/bin/kms-bench ...), or leave these suites out with "
-                "--suites engine,keyserver,kmip"))
+                "--suites engine,keyserver (and kmip with --postgres URL)"))
         if not os.path.exists("/dev/fuse"):
             problems.append(BenchError(Exit.PRIVILEGES, "/dev/fuse is missing",
                                        "load the fuse module (modprobe fuse) or, in a container, pass "
