@@ -143,37 +143,87 @@ def hsm_figures(backend: HsmBackend, wrapped: WrappedKey, *, seconds: float, rep
     return {"unwrap_ceiling": ceiling, "host_rewrap": rewrap}
 
 
-def run(*, postgres: str, clients: list[int], virtual_users: int, duration: int, repeats: int, workers: int,
-        output: Path | None, json_out: Path | None) -> dict[str, Any]:
+def measure_http(url: str, token: str, *, clients: list[int], virtual_users: int, duration: int, repeats: int,
+                 scratch: Path, progress: Progress | None = None) -> list[dict[str, Any]]:
+    """Data keys over HTTP with wrk against `url` (a generate-data-key route), every
+    repetition of every load kept; `scratch` holds wrk's scripts (they carry the token)."""
+    lua = scratch / "post.lua"
+    lua.write_text(LUA % token)
+    vu_lua = scratch / "vu.lua"
+    vu_lua.write_text(LUA % token + f"function delay()\n  return {THINK_MS}\nend\n")
+    loads = [LoadResult(c) for c in clients]
+    if virtual_users:
+        loads.append(LoadResult(virtual_users, THINK_MS))
+    task = progress.add_task("data keys over HTTP", total=len(loads) * repeats) if progress else None
+    # Warm the workers (HSM handle caches, connection pools) before measuring.
+    subprocess.run(["wrk", "-t1", "-c8", "-d2s", "-s", str(lua), url], capture_output=True, check=True)
+    for _ in range(repeats):
+        for lr in loads:
+            script = vu_lua if lr.think_ms else lua
+            out = subprocess.run(["wrk", f"-t{min(2, lr.clients)}", f"-c{lr.clients}", f"-d{duration}s",
+                                  "--timeout", "10s", "--latency", "-s", str(script), url],
+                                 capture_output=True, text=True, check=True).stdout
+            rps, p50, p99, total, errors = parse_wrk(out)
+            lr.rps.append(rps)
+            lr.p50_ms.append(p50)
+            lr.p99_ms.append(p99)
+            lr.requests.append(total)
+            lr.errors.append(errors)
+            if progress is not None and task is not None:
+                progress.advance(task)
+    return [asdict(lr) for lr in loads]
+
+
+def run(*, postgres: str | None, clients: list[int], virtual_users: int, duration: int, repeats: int, workers: int,
+        output: Path | None, json_out: Path | None, data_dir: Path | None = None) -> dict[str, Any]:
+    """The whole benchmark against a throwaway server: on a scratch database of the
+    PostgreSQL server `postgres`, or on the embedded SQLite database when it is None
+    (one worker: SQLite is single-process). `data_dir` (empty or absent) holds the
+    server's files instead of a temporary directory; it is emptied afterwards."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install wrk")
-    admin_url = make_url(postgres)
+    if data_dir is not None and data_dir.exists() and any(data_dir.iterdir()):
+        raise SystemExit(f"{data_dir} is not empty: the benchmark empties its data directory afterwards")
+    admin_url = make_url(postgres) if postgres else None
     dbname = f"strongroom_bench_{uuid.uuid4().hex[:8]}"
 
     def admin() -> psycopg.Connection[Any]:
+        assert admin_url is not None
         return psycopg.connect(host=admin_url.host, port=admin_url.port or 5432, user=admin_url.username,
                                password=admin_url.password, dbname=admin_url.database or "postgres",
                                autocommit=True, connect_timeout=5)
 
-    try:
-        with admin() as conn:
-            conn.execute(f'CREATE DATABASE "{dbname}"')
-    except psycopg.Error as exc:
-        raise SystemExit(f"cannot reach PostgreSQL at {admin_url.render_as_string()}: {exc}; "
-                         "pass --postgres URL") from None
-    data = Path(tempfile.mkdtemp(prefix="strongroom-bench-"))
-    db_url = admin_url.set(database=dbname).render_as_string(hide_password=False)
+    if admin_url is not None:
+        try:
+            with admin() as conn:
+                conn.execute(f'CREATE DATABASE "{dbname}"')
+        except psycopg.Error as exc:
+            raise SystemExit(f"cannot reach PostgreSQL at {admin_url.render_as_string()}: {exc}; "
+                             "pass --postgres URL") from None
+    else:
+        workers = 1
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        data = data_dir
+    else:
+        data = Path(tempfile.mkdtemp(prefix="strongroom-bench-"))
     port = _free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("STRONGROOM_")},
-           "STRONGROOM_DATA_DIR": str(data), "STRONGROOM_DATABASE_URL": db_url,
-           "STRONGROOM_PORT": str(port), "STRONGROOM_WORKERS": str(workers),
+           "STRONGROOM_DATA_DIR": str(data), "STRONGROOM_PORT": str(port), "STRONGROOM_WORKERS": str(workers),
            "STRONGROOM_LOG_LEVEL": "WARNING", "STRONGROOM_DATABASE_POOL_SIZE": "16",
-           "STRONGROOM_THREADS": "16"}
+           "STRONGROOM_THREADS": "16",
+           # Not measured here; off so that a server already on their ports does not matter.
+           "STRONGROOM_KMIP_ENABLED": "false", "STRONGROOM_AGENT_ENABLED": "false"}
+    if admin_url is not None:
+        env["STRONGROOM_DATABASE_URL"] = admin_url.set(database=dbname).render_as_string(hide_password=False)
     results: dict[str, Any] = {"machine": machine(), "when": datetime.now(UTC).isoformat(timespec="seconds"),
-                               "workers": workers, "duration_s": duration, "repeats": repeats}
+                               "workers": workers, "duration_s": duration, "repeats": repeats,
+                               "database": "PostgreSQL" if admin_url is not None else "SQLite (embedded)"}
     server = None
     try:
         os.environ.update({k: v for k, v in env.items() if k.startswith("STRONGROOM_")})
+        if admin_url is None:
+            os.environ.pop("STRONGROOM_DATABASE_URL", None)
         settings = Settings()
         services = build_services(settings)
         services.initialize()
@@ -198,35 +248,13 @@ def run(*, postgres: str, clients: list[int], virtual_users: int, duration: int,
             if time.monotonic() > deadline or server.poll() is not None:
                 raise SystemExit("the benchmark server did not become ready")
             time.sleep(0.2)
-        lua = data / "post.lua"
-        lua.write_text(LUA % token)
-        vu_lua = data / "vu.lua"
-        vu_lua.write_text(LUA % token + f"function delay()\n  return {THINK_MS}\nend\n")
-        url = f"{base}/api/v1/keys/bench/generate-data-key"
-        loads = [LoadResult(c) for c in clients]
-        if virtual_users:
-            loads.append(LoadResult(virtual_users, THINK_MS))
         with Progress(console=console) as progress:
-            task = progress.add_task("data keys over HTTP", total=len(clients) * repeats)
-            # Warm the workers (HSM handle caches, connection pools) before measuring.
-            subprocess.run(["wrk", "-t1", "-c8", "-d2s", "-s", str(lua), url], capture_output=True, check=True)
-            for _ in range(repeats):
-                for lr in loads:
-                    script = vu_lua if lr.think_ms else lua
-                    out = subprocess.run(["wrk", f"-t{min(2, lr.clients)}", f"-c{lr.clients}", f"-d{duration}s",
-                                          "--timeout", "10s", "--latency", "-s", str(script), url],
-                                         capture_output=True, text=True, check=True).stdout
-                    rps, p50, p99, total, errors = parse_wrk(out)
-                    lr.rps.append(rps)
-                    lr.p50_ms.append(p50)
-                    lr.p99_ms.append(p99)
-                    lr.requests.append(total)
-                    lr.errors.append(errors)
-                    progress.advance(task)
+            results["http"] = measure_http(f"{base}/api/v1/keys/bench/generate-data-key", token, clients=clients,
+                                           virtual_users=virtual_users, duration=duration, repeats=repeats,
+                                           scratch=data, progress=progress)
         server.send_signal(signal.SIGTERM)
         server.wait(30)
         server = None
-        results["http"] = [asdict(lr) for lr in loads]
         with services.db() as s:
             from sqlalchemy import select
 
@@ -239,11 +267,23 @@ def run(*, postgres: str, clients: list[int], virtual_users: int, duration: int,
         services.close()
     finally:
         if server is not None:
-            server.kill()
-            server.wait()
-        with admin() as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-        shutil.rmtree(data, ignore_errors=True)
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        if admin_url is not None:
+            with admin() as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        if data_dir is None:
+            shutil.rmtree(data, ignore_errors=True)
+        else:
+            for child in data.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
     report = render(results)
     console.print(report)
     if json_out:
@@ -266,7 +306,8 @@ def render(r: dict[str, Any]) -> str:
     lines = [
         f"Run {r['when']} on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
         f"AES-NI {'yes' if m['aes_ni'] else 'no'}, kernel {m['kernel']}, Python {m['python']}. "
-        f"Server: {r['workers']} uvicorn workers on PostgreSQL + SoftHSM2, load from wrk on the same "
+        f"Server: {r['workers']} uvicorn worker(s) on {r.get('database', 'PostgreSQL')} + SoftHSM2, load from "
+        "wrk on the same "
         f"machine; {r['repeats']} runs of {r['duration_s']} s each, median (min-max).",
         "",
         "| load | data keys/s | p50 ms | p99 ms | errors / requests |",
@@ -279,6 +320,8 @@ def render(r: dict[str, Any]) -> str:
                      f"{_med(lr['p50_ms']):.1f} ({_spread(lr['p50_ms'], '{:.1f}')}) | "
                      f"{_med(lr['p99_ms']):.1f} ({_spread(lr['p99_ms'], '{:.1f}')}) | "
                      f"{sum(lr['errors'])} / {sum(lr['requests'])} |")
+    if "hsm_1_thread" not in r:  # an existing server (kms-bench --keyserver): its token is out of reach
+        return "\n".join(lines)
     lines += ["", "| HSM operation (in-token) | 1 thread, ops/s | 2 threads, ops/s |", "|---|---:|---:|"]
     h1, h2 = r["hsm_1_thread"], r["hsm_2_threads"]
     for label, k in (("RSA-2048 OAEP unwrap (the ceiling)", "unwrap_ceiling"),

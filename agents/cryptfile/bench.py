@@ -21,6 +21,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -70,10 +71,11 @@ def measure(chunk: int) -> dict[str, float]:
             "format_decrypt": _rate(ours_decrypt, TOTAL), "raw_decrypt": _rate(raw_decrypt, TOTAL)}
 
 
-def openssl(chunk: int, *, decrypt: bool) -> float | None:
+def openssl(chunk: int, *, decrypt: bool, seconds: int = 2) -> float | None:
+    """MB/s of `openssl speed -evp aes-256-gcm` at this buffer size, None without openssl."""
     if shutil.which("openssl") is None:
         return None
-    args = ["openssl", "speed", "-evp", "aes-256-gcm", "-bytes", str(chunk), "-seconds", "2"]
+    args = ["openssl", "speed", "-evp", "aes-256-gcm", "-bytes", str(chunk), "-seconds", str(seconds)]
     if decrypt:
         args.insert(2, "-decrypt")
     out = subprocess.run(args, capture_output=True, text=True, check=False).stdout
@@ -81,30 +83,62 @@ def openssl(chunk: int, *, decrypt: bool) -> float | None:
     return float(m.group(1)) * 1000 / 1e6 if m else None
 
 
-def run(*, repeats: int = 5, chunks: tuple[int, ...] = (4096, 65536)) -> str:
+def cpu_model() -> str:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError, AttributeError):
         cpu = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text()).group(1)  # type: ignore[union-attr]
+    return cpu
+
+
+def measure_all(*, repeats: int = 5, chunks: tuple[int, ...] = (4096, 65536), openssl_seconds: int = 2,
+                step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every repetition's MB/s, by chunk size: format_/raw_/openssl_ + encrypt/decrypt.
+    `openssl speed` runs inside each repetition, so all three see the same noise."""
+    by_chunk: dict[str, dict[str, list[float]]] = {}
+    for _ in range(repeats):
+        for chunk in chunks:
+            figures = by_chunk.setdefault(str(chunk), {})
+            for name, value in measure(chunk).items():
+                figures.setdefault(name, []).append(value)
+            for op in ("encrypt", "decrypt"):
+                ssl = openssl(chunk, decrypt=op == "decrypt", seconds=openssl_seconds)
+                if ssl is not None:
+                    figures.setdefault(f"openssl_{op}", []).append(ssl)
+            if step is not None:
+                step(f"{chunk // 1024} KiB")
+    return {"cpu": cpu_model(), "total_mib": TOTAL >> 20, "repeats": repeats, "chunks": by_chunk}
+
+
+def render(results: dict[str, Any]) -> str:
     lines = [
-        f"{cpu}, one thread, {TOTAL >> 20} MiB per measurement, median of {repeats} (min-max), MB/s.",
+        f"{results['cpu']}, one thread, {results['total_mib']} MiB per measurement, median of "
+        f"{results['repeats']} (min-max), MB/s.",
         "",
         "| chunk | operation | format v1 | raw AESGCM | format / raw | openssl speed | format / openssl |",
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
-    for chunk in chunks:
-        runs = [measure(chunk) for _ in range(repeats)]
+    for chunk, runs in results["chunks"].items():
         for op in ("encrypt", "decrypt"):
-            ours = [r[f"format_{op}"] for r in runs]
-            raw = [r[f"raw_{op}"] for r in runs]
-            ssl = openssl(chunk, decrypt=op == "decrypt")
-            ratio = statistics.median(ours) / statistics.median(raw)
-            ssl_txt = f"{ssl:.0f}" if ssl else "n/a"
-            ssl_ratio = f"{statistics.median(ours) / ssl:.0%}" if ssl else "n/a"
+            ours, raw = runs[f"format_{op}"], runs[f"raw_{op}"]
+            ssl_runs = runs.get(f"openssl_{op}")
+            ssl = statistics.median(ssl_runs) if ssl_runs else None
             med = statistics.median(ours)
-            lines.append(f"| {chunk // 1024} KiB | {op} | {med:.0f} ({min(ours):.0f}-{max(ours):.0f}) "
+            ratio = med / statistics.median(raw)
+            ssl_txt = f"{ssl:.0f}" if ssl else "n/a"
+            ssl_ratio = f"{med / ssl:.0%}" if ssl else "n/a"
+            lines.append(f"| {int(chunk) // 1024} KiB | {op} | {med:.0f} ({min(ours):.0f}-{max(ours):.0f}) "
                          f"| {statistics.median(raw):.0f} ({min(raw):.0f}-{max(raw):.0f}) | {ratio:.0%} "
                          f"| {ssl_txt} | {ssl_ratio} |")
     return "\n".join(lines)
+
+
+def run(*, repeats: int = 5, chunks: tuple[int, ...] = (4096, 65536)) -> str:
+    return render(measure_all(repeats=repeats, chunks=chunks))
+
+
+SECTION = "engine-bench"
+HEADING = ("## File format engine\n\nCommand: `python -m agents.cryptfile.bench --output docs/benchmarks.md`. "
+           "Target (issue 4): format >= 80 % of raw AESGCM at the same chunk size.")
 
 
 def main() -> None:
@@ -115,9 +149,7 @@ def main() -> None:
     report = run(repeats=args.repeats)
     print(report)
     if args.output:
-        write_section(args.output, report, name="engine-bench", heading=(
-            "## File format engine\n\nCommand: `python -m agents.cryptfile.bench --output docs/benchmarks.md`. "
-            "Target (issue 4): format >= 80 % of raw AESGCM at the same chunk size."))
+        write_section(args.output, report, name=SECTION, heading=HEADING)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,10 @@ def guard_point(base: Path) -> Iterator[Path]:
     finally:
         subprocess.run(["fusermount3", "-u", str(mnt)], check=False, capture_output=True)
         proc.join(10)
+        if proc.is_alive():  # busy or wedged: detach it lazily rather than leave a server behind
+            subprocess.run(["fusermount3", "-uz", str(mnt)], check=False, capture_output=True)
+            proc.terminate()
+            proc.join(10)
 
 
 @contextmanager
@@ -75,8 +79,12 @@ def gocryptfs(base: Path) -> Iterator[Path]:
     cipher.mkdir()
     mnt.mkdir()
     pw.write_text(uuid.uuid4().hex)
-    subprocess.run(["gocryptfs", "-init", "-q", "-passfile", str(pw), str(cipher)], check=True)
-    subprocess.run(["gocryptfs", "-q", "-passfile", str(pw), str(cipher), str(mnt)], check=True)
+    # Its daemon keeps inherited pipes open (no capture_output) and, without syslog, warns
+    # on stderr about it: neither belongs in a benchmark's output.
+    subprocess.run(["gocryptfs", "-init", "-q", "-passfile", str(pw), str(cipher)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(["gocryptfs", "-q", "-passfile", str(pw), str(cipher), str(mnt)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield mnt
     finally:
@@ -107,11 +115,28 @@ def copy_once(directory: Path, size: int, data: bytes) -> tuple[float, float]:
     return write, read
 
 
-def run(*, size_mib: int, runs: int) -> str:
+Step = Callable[[str], None]
+
+
+def _no_step(_: str) -> None:
+    pass
+
+
+def _base(base: Path | None) -> tuple[Path, bool]:
+    """The directory to work in: `base` when the caller owns one (kms-bench's workdir),
+    else a fresh one on BENCH_DIR's file system (a real disk, not tmpfs), removed after."""
+    if base is not None:
+        return base, False
+    return Path(tempfile.mkdtemp(prefix="gp-bench-", dir=os.environ.get("BENCH_DIR"))), True
+
+
+def measure_copy(*, size_mib: int, runs: int, base: Path | None = None,
+                 step: Step = _no_step) -> dict[str, list[tuple[float, float]]]:
+    """(write MB/s, read MB/s) per interleaved run for plain, guard point and gocryptfs
+    (when installed); `step(label)` after each measurement (progress bars)."""
     size = size_mib * BLOCK
     data = os.urandom(BLOCK)
-    # On a real disk, not tmpfs: BENCH_DIR picks the file system to measure.
-    base = Path(tempfile.mkdtemp(prefix="gp-bench-", dir=os.environ.get("BENCH_DIR")))
+    base, owned = _base(base)
     results: dict[str, list[tuple[float, float]]] = {"plain": [], "guard point": []}
     have_gocryptfs = shutil.which("gocryptfs") is not None
     if have_gocryptfs:
@@ -124,9 +149,15 @@ def run(*, size_mib: int, runs: int) -> str:
             for _ in range(runs):
                 for name, directory in targets.items():  # interleaved: noise hits all alike
                     results[name].append(copy_once(directory, size, data))
+                    step(name)
     finally:
-        shutil.rmtree(base, ignore_errors=True)
-    return render(results, size_mib=size_mib, runs=runs)
+        if owned:
+            shutil.rmtree(base, ignore_errors=True)
+    return results
+
+
+def run(*, size_mib: int, runs: int) -> str:
+    return render(measure_copy(size_mib=size_mib, runs=runs), size_mib=size_mib, runs=runs)
 
 
 @contextmanager
@@ -193,8 +224,10 @@ def concurrent_once(directory: Path, threads: int, files: int) -> tuple[float, f
     return w, r
 
 
-def run_concurrent(*, threads: int, files: int, runs: int) -> str:
-    base = Path(tempfile.mkdtemp(prefix="gp-bench-", dir=os.environ.get("BENCH_DIR")))
+def measure_concurrent(*, threads: int, files: int, runs: int, base: Path | None = None,
+                       step: Step = _no_step) -> dict[str, list[tuple[float, float]]]:
+    """(write MB/s, read MB/s) aggregate per interleaved run, plain and guard point."""
+    base, owned = _base(base)
     results: dict[str, list[tuple[float, float]]] = {"plain": [], "guard point": []}
     try:
         plain = base / "plain"
@@ -203,8 +236,15 @@ def run_concurrent(*, threads: int, files: int, runs: int) -> str:
             for _ in range(runs):
                 for name, directory in (("plain", plain), ("guard point", gp)):
                     results[name].append(concurrent_once(directory, threads, files))
+                    step(name)
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        if owned:
+            shutil.rmtree(base, ignore_errors=True)
+    return results
+
+
+def render_concurrent(results: dict[str, list[tuple[float, float]]], *, threads: int, files: int,
+                      runs: int) -> str:
     lines = [f"{threads} threads, each writing {files} x {FILE_MB} MB files with fsync, then reading them back "
              f"with the page cache dropped; {runs} interleaved runs, median (min-max), aggregate MB/s.", "",
              "| | write | read | write change | read change |", "|---|---:|---:|---:|---:|"]
@@ -215,6 +255,11 @@ def run_concurrent(*, threads: int, files: int, runs: int) -> str:
         lines.append(f"| {name} | {_spread(w)} | {_spread(r)} | {statistics.median(w) / pw - 1:+.0%} "
                      f"| {statistics.median(r) / pr - 1:+.0%} |")
     return "\n".join(lines)
+
+
+def run_concurrent(*, threads: int, files: int, runs: int) -> str:
+    return render_concurrent(measure_concurrent(threads=threads, files=files, runs=runs), threads=threads,
+                             files=files, runs=runs)
 
 
 # --- oltp ------------------------------------------------------------------------------
@@ -262,13 +307,17 @@ class Cluster:
                         "-m", "fast", "stop"], capture_output=True, check=False, timeout=120)
 
 
-def run_oltp(*, scale: int, seconds: int, clients: int, runs: int) -> str:
+MIXES: dict[str, list[str]] = {"TPC-B-like": [], "select-only": ["-S"]}
+
+
+def measure_oltp(*, scale: int, seconds: int, clients: int, runs: int, base: Path | None = None,
+                 step: Step = _no_step) -> dict[str, dict[str, list[float]]]:
+    """tps per interleaved run: {mix: {"plain": [...], "guard point": [...]}}."""
     if PG_BIN is None or shutil.which("runuser") is None:
         raise SystemExit("the oltp suite needs PostgreSQL's server binaries (apt-get install postgresql) and runuser")
-    base = Path(tempfile.mkdtemp(prefix="gp-bench-", dir=os.environ.get("BENCH_DIR")))
+    base, owned = _base(base)
     os.chmod(base, 0o755)  # noqa: S103 - the postgres user must reach both data directories
-    mixes = {"TPC-B-like": [], "select-only": ["-S"]}
-    results: dict[tuple[str, str], list[float]] = {}
+    results: dict[str, dict[str, list[float]]] = {mix: {"plain": [], "guard point": []} for mix in MIXES}
     clusters: dict[str, Cluster] = {}
     try:
         plain = base / "plain"
@@ -277,26 +326,39 @@ def run_oltp(*, scale: int, seconds: int, clients: int, runs: int) -> str:
             for name, directory in (("plain", plain), ("guard point", gp)):
                 clusters[name] = Cluster(directory / "pgdata", base / f"run-{name.replace(' ', '-')}")
                 clusters[name].start(scale)
+                step(f"initialised {name}")
             for _ in range(runs):
-                for mix, extra in mixes.items():
+                for mix, extra in MIXES.items():
                     for name, cluster in clusters.items():  # interleaved: noise hits both alike
-                        results.setdefault((mix, name), []).append(cluster.pgbench(
+                        results[mix][name].append(cluster.pgbench(
                             *extra, "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds)))
+                        step(f"{mix} {name}")
             for cluster in clusters.values():
                 cluster.stop()
     finally:
         for cluster in clusters.values():
             cluster.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        if owned:
+            shutil.rmtree(base, ignore_errors=True)
+    return results
+
+
+def render_oltp(results: dict[str, dict[str, list[float]]], *, scale: int, seconds: int, clients: int,
+                runs: int) -> str:
     lines = [f"pgbench scale {scale}, {clients} clients, {seconds} s per run, {runs} interleaved runs; the whole "
              "data directory (WAL included) on the guard point; median (min-max) tps.", "",
              "| mix | plain | guard point | change |", "|---|---:|---:|---:|"]
-    for mix in mixes:
-        p, g = results[(mix, "plain")], results[(mix, "guard point")]
+    for mix, by_target in results.items():
+        p, g = by_target["plain"], by_target["guard point"]
         change = statistics.median(g) / statistics.median(p) - 1
         lines.append(f"| {mix} | {_spread(p)} | {_spread(g)} | {change:+.1%} |")
     lines += ["", "Targets: select-only within 3 %, TPC-B-like within 10 % of plain."]
     return "\n".join(lines)
+
+
+def run_oltp(*, scale: int, seconds: int, clients: int, runs: int) -> str:
+    return render_oltp(measure_oltp(scale=scale, seconds=seconds, clients=clients, runs=runs), scale=scale,
+                       seconds=seconds, clients=clients, runs=runs)
 
 
 SECTIONS = {

@@ -1,0 +1,3 @@
+from kmsbench.cli import main
+
+raise SystemExit(main())
