@@ -92,8 +92,3 @@ class HostIdentity:
     @property
     def enrolled(self) -> bool:
         return (self.state_dir / CERT_FILE).exists() and (self.state_dir / CA_FILE).exists()
-
-    def forget(self) -> None:
-        """After revocation: drop the certificate (the key stays for re-enrollment)."""
-        for name in (CERT_FILE, CA_FILE):
-            (self.state_dir / name).unlink(missing_ok=True)
