@@ -33,6 +33,10 @@ from agents.cryptfile.keys import Keyring, KeyVersion
 # non-final chunk. Extensions beyond this in one call (a truncate to a much larger
 # size) are still several steps: see "Interrupted writes" in docs/FORMAT.md.
 _BATCH = 512
+# Reads this large are a sequential reader's: the mount only sends them when the kernel
+# reads ahead (a database's page reads are 8 KiB).
+_STREAM = 128 << 10
+_KEEP_OUT = 4 << 20
 
 
 def plaintext_size(stored_size: int, chunk_size: int) -> int:
@@ -62,6 +66,11 @@ class EncryptedFile:
         self._writable = writable
         self._lock = threading.RLock()
         self._size = self._size_from_disk()
+        # (index, plaintext) of the final chunk as this object last sealed it: a
+        # sequential writer re-seals the old final chunk (it loses its "last" flag) at
+        # every append, and need not read and decrypt it back each time.
+        self._tail: tuple[int, bytes] | None = None
+        self._out = bytearray()  # sealing buffer of _write
 
     # --- opening -------------------------------------------------------------------
     @classmethod
@@ -119,30 +128,44 @@ class EncryptedFile:
     def read(self, offset: int, size: int) -> bytes:
         if offset < 0 or size < 0:
             raise ValueError("offset and size must not be negative")
+        out = bytearray(max(0, min(size, self._size - offset)))
+        n = self.read_into(offset, memoryview(out))
+        return bytes(out[:n])
+
+    def read_into(self, offset: int, out: memoryview) -> int:
+        """Read up to len(out) plaintext bytes at `offset` into `out` (the mount reads
+        straight into the kernel's buffer); returns the count, 0 at or past the end.
+        Chunks wholly inside the range are decrypted in place in `out`; only a partial
+        first or last chunk goes through a chunk-sized buffer."""
+        if offset < 0:
+            raise ValueError("offset must not be negative")
         with self._lock:
-            end = min(offset + size, self._size)
+            end = min(offset + len(out), self._size)
             if offset >= end:
-                return b""
-            n = self._chunks()
-            first, last = offset // self._chunk, (end - 1) // self._chunk
+                return 0
+            c, n = self._chunk, self._chunks()
+            first, last = offset // c, (end - 1) // c
+            span_end = min((last + 1) * c, self._size)  # plaintext end of the chunks read
             # One pread for the whole run of chunks, then authenticate each in place.
             start = HEADER_SIZE + first * self._stored_chunk
-            stored_end = HEADER_SIZE + (n - 1) * self._stored_chunk + (self._size - (n - 1) * self._chunk) \
-                + CHUNK_OVERHEAD if last == n - 1 else HEADER_SIZE + (last + 1) * self._stored_chunk
+            stored_end = HEADER_SIZE + last * self._stored_chunk + (span_end - last * c) + CHUNK_OVERHEAD
             raw = memoryview(os.pread(self._fd, stored_end - start, start))
-            out = bytearray()
-            pos = 0
-            for i in range(first, last + 1):
-                length = (self._size - (n - 1) * self._chunk if i == n - 1 else self._chunk) + CHUNK_OVERHEAD
-                piece = raw[pos:pos + length]
-                pos += length
-                plain = self._cipher.open(i, piece, last=i == n - 1) if len(piece) == length else None
-                if plain is None:
-                    raise IntegrityError(self.path, f"chunk {i}")
-                lo = offset - i * self._chunk if i == first else 0
-                hi = end - i * self._chunk if i == last else len(plain)
-                out += plain[lo:hi]
-            return bytes(out)
+            if len(raw) >= _STREAM:
+                # A sequential reader: have the disk fetch the next two requests' worth
+                # while this one is decrypted (cold sequential reads went from ~230 to
+                # ~540 MB/s; the backing file's own read-ahead does not keep up).
+                os.posix_fadvise(self._fd, stored_end, 2 * len(raw), os.POSIX_FADV_WILLNEED)
+            if len(raw) != stored_end - start:
+                raise IntegrityError(self.path, f"chunk {first + len(raw) // self._stored_chunk} (file truncated)")
+            count = end - offset
+            aligned = offset == first * c and end == span_end
+            target = out[:count] if aligned else memoryview(bytearray(span_end - first * c))
+            bad = self._cipher.open_run(first, raw, c, target, final_index=n - 1)
+            if bad is not None:
+                raise IntegrityError(self.path, f"chunk {bad}")
+            if not aligned:
+                out[:count] = target[offset - first * c:end - first * c]
+            return count
 
     def verify(self) -> None:
         """Authenticate every chunk (raises IntegrityError naming the first bad one)."""
@@ -175,6 +198,7 @@ class EncryptedFile:
                 # disk must not read back as data (docs/FORMAT.md, "Sparse regions").
                 self._write(self._size, memoryview(b""), size)
             elif size < self._size:
+                self._tail = None
                 n = max(1, -(-size // self._chunk))
                 keep = size - (n - 1) * self._chunk
                 tail = self._read_chunk(n - 1)[:keep] if n - 1 < self._chunks() else b""
@@ -187,6 +211,7 @@ class EncryptedFile:
                 os.pwrite(self._fd, sealed, HEADER_SIZE + (n - 1) * self._stored_chunk)
                 os.ftruncate(self._fd, stored_size(size, self._chunk))
                 self._size = size
+                self._tail = (n - 1, bytes(tail))
 
     def _write(self, offset: int, data: memoryview, new_size: int) -> None:
         old_size, old_n = self._size, self._chunks()
@@ -198,28 +223,42 @@ class EncryptedFile:
         # Only the chunks the write covers, unless the file grows: then everything up to
         # the new end (the gap, if any, becomes encrypted zeros).
         last = new_n - 1 if new_size > old_size else (end_write - 1) // self._chunk
+        c = self._chunk
+        # Chunks that may hold old bytes the write does not cover: the edges of the write
+        # and the old final chunk (which loses its "last" flag when the file grows).
+        # Every other chunk of the range is wholly new data or the zeros of a gap.
+        keep = {i for i in (first, last, old_n - 1)
+                if first <= i <= last and i < old_n and i * c < old_size
+                and not (offset <= i * c and end_write >= min((i + 1) * c, new_size))}
+        need = min(_BATCH, last + 1 - first) * self._stored_chunk
+        # Kept across writes (under the lock): no 1 MiB calloc per request of the mount.
+        # Larger ones (a sparse extension) stay transient.
+        if len(self._out) < need <= _KEEP_OUT:
+            self._out = bytearray(need)
+        out = self._out if need <= len(self._out) else bytearray(need)
         for batch_start in range(first, last + 1, _BATCH):
             batch_end = min(last + 1, batch_start + _BATCH)
-            # The batch's plaintext, contiguous: only its first and last chunk can need
-            # their old contents (partial overwrite); everything between is new data.
-            plain = bytearray()
-            for i in range(batch_start, batch_end):
-                c_start = i * self._chunk
-                c_len = min(self._chunk, new_size - c_start)
-                if offset <= c_start and end_write >= c_start + c_len:
-                    plain += data[c_start - offset:c_start - offset + c_len]
-                    continue
-                buf = bytearray(c_len)
-                if i < old_n and c_start < old_size:
-                    old = self._read_chunk(i)
-                    buf[:len(old)] = old[:c_len]
-                lo, hi = max(offset, c_start), min(end_write, c_start + c_len)
+            span_start, span_end = batch_start * c, min(batch_end * c, new_size)
+            plain: memoryview
+            if offset <= span_start and span_end <= end_write and not keep:
+                plain = data[span_start - offset:span_end - offset]  # the common case: no copy
+            else:
+                buf = bytearray(span_end - span_start)  # zeros: the gap of a sparse write
+                for i in keep:
+                    if batch_start <= i < batch_end:
+                        tail = self._tail
+                        old = tail[1] if tail is not None and tail[0] == i else self._read_chunk(i)
+                        at = i * c - span_start
+                        buf[at:at + len(old)] = old[:span_end - i * c]
+                lo, hi = max(offset, span_start), min(end_write, span_end)
                 if lo < hi:
-                    buf[lo - c_start:hi - c_start] = data[lo - offset:hi - offset]
-                plain += buf
-            out = bytearray(len(plain) + (batch_end - batch_start) * CHUNK_OVERHEAD)
-            self._cipher.seal_run(batch_start, plain, self._chunk, out, final_index=new_n - 1)
-            os.pwrite(self._fd, out, HEADER_SIZE + batch_start * self._stored_chunk)
+                    buf[lo - span_start:hi - span_start] = data[lo - offset:hi - offset]
+                plain = memoryview(buf)
+            written = self._cipher.seal_run(batch_start, plain, c, out, final_index=new_n - 1)
+            self._tail = None  # until the write is on disk
+            os.pwrite(self._fd, memoryview(out)[:written], HEADER_SIZE + batch_start * self._stored_chunk)
+            if batch_start <= new_n - 1 < batch_end:
+                self._tail = (new_n - 1, bytes(plain[(new_n - 1) * c - span_start:]))
         if new_size < old_size:  # cannot happen through write(); kept for truncate's sake
             os.ftruncate(self._fd, stored_size(new_size, self._chunk))
         self._size = new_size

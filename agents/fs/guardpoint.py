@@ -18,6 +18,7 @@ import stat
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # mfusepy chooses libfuse when it is imported and prefers libfuse2 whenever that is
@@ -497,6 +498,11 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
         return self._handle(fh).entry.file.read(offset, size)
 
     @_errors
+    def read_into(self, fh: int, offset: int, out: memoryview) -> int:
+        """read() straight into libfuse's reply buffer (_Fuse.read)."""
+        return self._handle(fh).entry.file.read_into(offset, out)
+
+    @_errors
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         h = self._handle(fh)
         if not h.writable:
@@ -633,13 +639,68 @@ def _lstat_or_none(path: str) -> os.stat_result | None:
         return None
 
 
+def _buffer(buf: Any, size: int) -> memoryview:
+    """libfuse's request buffer as a writable memoryview (no copy)."""
+    return memoryview((ctypes.c_char * size).from_address(ctypes.cast(buf, ctypes.c_void_p).value or 0)).cast("B")
+
+
+class _Fuse(mfusepy.FUSE):  # type: ignore[misc]
+    """mfusepy with the two data paths zero-copy: a read is decrypted straight into
+    libfuse's reply buffer, and a write is sealed straight from its request buffer
+    (mfusepy's own copy both into and out of a 1 MiB Python bytes object, which with the
+    allocations was a third of a request's cost)."""
+
+    def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
+        n: int = self.operations.read_into(fip.contents.fh, offset, _buffer(buf, size))
+        return n
+
+    def write(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
+        n: int = self.operations.write(None if path is None else path.decode(self.encoding, self.errors),
+                                       _buffer(buf, size), offset, fip.contents.fh)
+        return n
+
+
+def _tune_malloc() -> None:
+    """Keep freed request-sized buffers in the heap. glibc serves allocations above its
+    mmap threshold (128 KiB at first) with fresh mmap()s, so every 1 MiB request buffer
+    was new memory taking 256 page faults; in this VM that halved throughput
+    (docs/benchmarks.md). Only this process's allocator is affected."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+        libc.mallopt(m_mmap_threshold, 32 << 20)
+        libc.mallopt(m_trim_threshold, 128 << 20)
+        libc.mallopt(m_top_pad, 16 << 20)
+
+
+READ_AHEAD_KB = 4 * MAX_WRITE >> 10
+
+
+def _widen_read_ahead(mountpoint: str, running: Callable[[], bool]) -> None:
+    """Let the kernel read ahead 1 MiB at a time on this mount. The kernel caps a FUSE
+    mount's read-ahead at the 128 KiB default whatever max_readahead says, so a
+    sequential read reached us as 128 KiB requests; the mount's backing device info is
+    tunable by root once the mount exists (as for any block device)."""
+    while running() and not os.path.ismount(mountpoint):
+        threading.Event().wait(0.02)
+    with contextlib.suppress(OSError):
+        st = os.stat(mountpoint)
+        Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb").write_text(
+            f"{READ_AHEAD_KB}\n")
+
+
 def serve(ops: GuardPoint, mountpoint: str, *, allow_other: bool = False) -> None:
     """Serve the guard point until unmounted (blocks), after repairing what a crash of
     the previous mount left half-written."""
     ops.recover()
-    mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, allow_other=allow_other,
-                 default_permissions=True, fsname=f"strongroom:{ops.backing}", subtype="strongroom",
-                 max_threads=16)
+    _tune_malloc()
+    done = threading.Event()
+    threading.Thread(target=_widen_read_ahead, args=(mountpoint, lambda: not done.is_set()), daemon=True).start()
+    try:
+        _Fuse(ops, mountpoint, foreground=True, nothreads=False, allow_other=allow_other,
+              default_permissions=True, fsname=f"strongroom:{ops.backing}", subtype="strongroom", max_threads=16)
+    finally:
+        done.set()
 
 
 def mount(backing: str, mountpoint: str, keyring: Keyring, current_key: Callable[[], KeyVersion], *,

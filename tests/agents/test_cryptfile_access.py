@@ -62,6 +62,13 @@ class RandomAccess(RuleBasedStateMachine):
     def read(self, offset: int, size: int) -> None:
         assert self.f.read(offset, size) == bytes(self.model[offset:offset + size])
 
+    @rule(offset=st.integers(0, 7 * CHUNK), size=st.integers(0, 3 * CHUNK))
+    def read_into(self, offset: int, size: int) -> None:
+        buf = bytearray(b"\xaa" * size)  # what lies beyond the count must stay untouched
+        n = self.f.read_into(offset, memoryview(buf))
+        expected = bytes(self.model[offset:offset + size])
+        assert (n, bytes(buf[:n]), bytes(buf[n:])) == (len(expected), expected, b"\xaa" * (size - n))
+
     @precondition(lambda self: True)
     @rule()
     def reopen(self) -> None:
@@ -294,3 +301,24 @@ def test_repair_of_a_cut_sealed_but_not_applied(tmp_path: Path, key: KeyVersion)
     with EncryptedFile.open(p, ring) as g:
         g.verify()
         assert g.read(0, g.size) == data[:2 * CHUNK + 10]
+
+
+def test_a_read_into_the_callers_buffer_leaves_no_plaintext_when_a_chunk_fails(tmp_path: Path,
+                                                                              key: KeyVersion) -> None:
+    """The mount decrypts straight into the kernel's reply buffer: when any chunk of the
+    run fails, the error is raised and not one byte of the chunks before it remains."""
+    path = str(tmp_path / "f")
+    data = os.urandom(10 * 4096)
+    with EncryptedFile.create(path, key, chunk_size=4096) as f:
+        f.write(0, data)
+    raw = bytearray(Path(path).read_bytes())
+    raw[128 + 6 * (4096 + 28) + 100] ^= 1  # inside chunk 6
+    Path(path).write_bytes(bytes(raw))
+    with EncryptedFile.open(path, StaticKeyring([key])) as f:
+        buf = bytearray(10 * 4096)
+        with pytest.raises(IntegrityError, match="chunk 6"):
+            f.read_into(0, memoryview(buf))
+        assert buf == bytes(len(buf))
+        out = bytearray(3 * 4096)
+        assert f.read_into(4096 + 7, memoryview(out)) == len(out)  # chunks 1-4: unaligned, intact
+        assert out == data[4096 + 7:4 * 4096 + 7]
