@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.config import AgentConfig
-from agents.cryptfile import FormatError, KeyVersion, encrypt_file, read_header
+from agents.cryptfile import FormatError, KeyVersion, decrypt_file, encrypt_file, read_header
 from agents.cryptfile.transform import TMP_PREFIX, atomic_replace
 from agents.fs.policy import AccessPolicy, Effect, Mode, Rule
 from agents.fs.protect import plan
@@ -76,6 +76,19 @@ def initial_protection(mount: str, backing: str, key: KeyVersion, *, chunk_size:
     rename). Each step can be interrupted and is simply run again at the next start:
     files already encrypted are skipped. Nothing is ever deleted. Returns the number of
     files encrypted."""
+    adopt(mount, backing)
+    todo = plan(Path(backing), key.key_id, protect=True)
+    for done, path in enumerate(todo.files, start=1):
+        encrypt_file(path, path, key, chunk_size=chunk_size)
+        if progress is not None:
+            progress(done, len(todo.files))
+    return len(todo.files)
+
+
+def adopt(mount: str, backing: str) -> None:
+    """Move what `mount` holds to the backing directory (one rename on the same file
+    system) and leave an empty directory with its owner and mode in its place; make the
+    backing directory the agent's alone. Nothing is encrypted here."""
     os.makedirs(mount, exist_ok=True)
     os.makedirs(os.path.dirname(backing), exist_ok=True)
     if os.listdir(mount):
@@ -91,20 +104,39 @@ def initial_protection(mount: str, backing: str, key: KeyVersion, *, chunk_size:
         os.rename(mount, backing)
         os.mkdir(mount, stat.S_IMODE(st.st_mode))
         os.chown(mount, st.st_uid, st.st_gid)
-        for parent in {os.path.dirname(mount), os.path.dirname(backing)}:  # the move, durably
-            fd = os.open(parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        _fsync_dirs(os.path.dirname(mount), os.path.dirname(backing))
     os.makedirs(backing, mode=0o700, exist_ok=True)
     os.chmod(backing, 0o700)  # ciphertext and names: the agent's alone
-    todo = plan(Path(backing), key.key_id, protect=True)
-    for done, path in enumerate(todo.files, start=1):
-        encrypt_file(path, path, key, chunk_size=chunk_size)
-        if progress is not None:
-            progress(done, len(todo.files))
-    return len(todo.files)
+
+
+def release(mount: str, backing: str, key_id: uuid.UUID) -> bool:
+    """The reverse of adopt() once a guard point is unprotected and deleted: when no file
+    of its key is left encrypted and the (unmounted) path is an empty directory, the
+    backing directory takes the path's place, with the path's owner and mode. Returns
+    False, changing nothing, when any condition fails."""
+    if _mounted(mount) or not os.path.isdir(backing) or plan(Path(backing), key_id, protect=False).files:
+        return False
+    if os.path.exists(mount):
+        if not os.path.isdir(mount) or os.listdir(mount):
+            return False
+        if os.stat(mount).st_dev != os.stat(backing).st_dev:
+            return False
+        st = os.stat(mount)
+        os.chmod(backing, stat.S_IMODE(st.st_mode))
+        os.chown(backing, st.st_uid, st.st_gid)
+        os.rmdir(mount)
+    os.rename(backing, mount)
+    _fsync_dirs(os.path.dirname(mount), os.path.dirname(backing))
+    return True
+
+
+def _fsync_dirs(*dirs: str) -> None:
+    for d in set(dirs):  # a rename, durably
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 # --- the child: one mount ---------------------------------------------------------------
@@ -155,6 +187,9 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
 
     if _mounted(mount):  # left by an agent that died (its mount process may live on): take it over
         _unmount(mount)
+    if definition["mode"] == "off":
+        _serve_raw(definition_file, status_file, folder / f"{gp_id}.unprotect.json", keyring, spool, gp_id)
+        return
     try:
         protected = initial_protection(mount, backing, current_key(), chunk_size=int(definition["chunk_size"]),
                                        progress=lambda done, total: status(
@@ -165,7 +200,8 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
     if protected:
         spool.append({"event": "guardpoint.protected", "guard_point": gp_id, "path": mount, "files": protected})
     ops = GuardPoint(backing, keyring, current_key, chunk_size=int(definition["chunk_size"]),
-                     policy=policy_from(definition), on_event=on_event, journal_dir=str(folder / f"{gp_id}.journal"))
+                     policy=policy_from(definition), on_event=on_event, journal_dir=str(folder / f"{gp_id}.journal"),
+                     root_fd=os.open(mount, os.O_RDONLY | os.O_DIRECTORY))
 
     def report(detail: str = "") -> None:
         _write_json(status_file, {"revision": state.definition["revision"], "state": "mounted", "detail": detail,
@@ -260,6 +296,8 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
             new = _read_json(definition_file)
             if new is None:
                 continue
+            if new["mode"] == "off":
+                continue  # encryption off: the daemon replaces this mount by the raw view
             if new["revision"] != state.definition["revision"]:
                 ops.policy = policy_from(new)  # swapped whole: no request sees half a policy
                 spool.append({"event": "guardpoint.policy_applied", "guard_point": gp_id, "path": mount,
@@ -295,6 +333,80 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
     spool.append({"event": "guardpoint.unmounted", "guard_point": gp_id, "path": mount})
 
 
+# --- mode off: the backing files as stored -------------------------------------------------
+def _serve_raw(definition_file: Path, status_file: Path, unprotect_file: Path, keyring: Any, spool: Any,
+               gp_id: str) -> None:
+    """Encryption off: the backing directory is bind-mounted at the path, so applications
+    see the files as stored (ciphertext stays ciphertext; new files are written in clear,
+    and encrypted by initial protection when the mode returns to enforce or learn). Only
+    where the server's policy says `off`: never as a fallback. Here an unprotect request
+    decrypts every file of the key in place (resumable: a file is decrypted with
+    write-new, fsync, rename, and files already clear are skipped)."""
+    first = _read_json(definition_file)
+    assert first is not None
+    definition: dict[str, Any] = first
+    mount, backing, key_id = definition["path"], definition["backing_path"], uuid.UUID(definition["key_id"])
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    finished = (_read_json(unprotect_file) or {}).get("done_generation", 0)
+    progress: dict[str, Any] | None = None
+
+    def report(state: str = "off", detail: str = "encryption off: applications see the backing files as stored"
+               ) -> None:
+        _write_json(status_file, {"revision": definition["revision"], "state": state, "detail": detail,
+                                  "unprotect": progress})
+
+    try:
+        adopt(mount, backing)
+        top = os.stat(mount)  # the raw view's root is the backing directory: give it the path's owner and mode
+        os.chmod(backing, stat.S_IMODE(top.st_mode))
+        os.chown(backing, top.st_uid, top.st_gid)
+    except (ProtectionRefused, OSError) as exc:
+        report("error", str(exc))
+        return
+    bound = subprocess.run(["mount", "--bind", backing, mount], capture_output=True, text=True, check=False)
+    if bound.returncode != 0:
+        report("error", f"could not bind {backing} at {mount}: {bound.stderr.strip()} (the agent runs as root?)")
+        return
+    report()
+    spool.append({"event": "guardpoint.mounted", "guard_point": gp_id, "path": mount,
+                  "revision": definition["revision"], "mode": "off"})
+    try:
+        while not stop.is_set():
+            new = _read_json(definition_file)
+            if new is None and not definition_file.exists():
+                return  # deleted: the daemon unmounts and, once unprotected, releases the path
+            if new is not None and new["revision"] != definition["revision"]:
+                definition = new
+                report()
+            generation = int(definition.get("unprotect_generation", 0))
+            if generation > finished:
+                todo = plan(Path(backing), key_id, protect=False)
+                total = len(todo.files)
+                for done, path in enumerate(todo.files, start=1):
+                    if stop.is_set():
+                        return  # resumed at the next start: decrypted files are skipped
+                    try:
+                        decrypt_file(path, path, keyring)
+                    except Exception as exc:  # reported; retried at the next start
+                        progress = {"generation": generation, "done": done - 1, "total": total, "finished": False}
+                        report("error", f"unprotect stopped at {path}: {exc}")
+                        return
+                    if done % 16 == 0 or done == total:
+                        progress = {"generation": generation, "done": done, "total": total, "finished": done == total}
+                        report("unprotecting", f"decrypting in place: {done}/{total} files")
+                finished = generation
+                progress = {"generation": generation, "done": total, "total": total, "finished": True}
+                _write_json(unprotect_file, {"done_generation": generation})
+                report()
+                spool.append({"event": "guardpoint.unprotected", "guard_point": gp_id, "path": mount,
+                              "generation": generation, "files": total})
+            stop.wait(WATCH_SECONDS)
+    finally:
+        _unmount(mount)
+        spool.append({"event": "guardpoint.unmounted", "guard_point": gp_id, "path": mount})
+
+
 # --- the parent: reconcile definitions with running mounts ---------------------------------
 @dataclass
 class _Running:
@@ -323,7 +435,10 @@ class GuardPointManager:
                     "revision": d["revision"], "state": "error",
                     "detail": f"key {d['key_name']} has no Active version"})
                 continue
-            if self._definitions.get(gp_id) != d:
+            before = self._definitions.get(gp_id)
+            if before is not None and gp_id in self._running and (before["mode"] == "off") != (d["mode"] == "off"):
+                self._halt(gp_id)  # encryption turned on or off: the FUSE mount and the raw view trade places
+            if before != d:
                 _write_json(self._dir / f"{gp_id}.json", d)
             self._definitions[gp_id] = d
             running = self._running.get(gp_id)
@@ -343,18 +458,31 @@ class GuardPointManager:
             status = _read_json(self._dir / f"{gp_id}.status.json") or {"state": "unmounted", "detail": "starting"}
             running = self._running.get(gp_id)
             state = status.get("state", "unmounted")
-            if state == "mounted" and (running is None or not running.process.is_alive()):
+            if state in ("mounted", "off", "unprotecting") and (running is None or not running.process.is_alive()):
                 state = "unmounted"
             out.append({"id": gp_id, "revision": status.get("revision"), "path": d["path"], "key": d["key_name"],
-                        "state": state, "detail": str(status.get("detail", ""))[:500], "rekey": status.get("rekey")})
+                        "state": state, "detail": str(status.get("detail", ""))[:500], "rekey": status.get("rekey"),
+                        "unprotect": status.get("unprotect")})
         return out
 
-    def _stop(self, gp_id: str) -> None:
+    def _stop(self, gp_id: str, *, deleted: bool = True) -> None:
+        """Stop serving a guard point; `deleted`: the server no longer defines it (an
+        unprotected one then gives its path back its plaintext: release())."""
+        d = self._definitions.pop(gp_id, None)
+        unprotected = (_read_json(self._dir / f"{gp_id}.unprotect.json") or {}).get("done_generation", 0)
+        for suffix in ("json", "status.json", "rekey.json", "unprotect.json"):
+            (self._dir / f"{gp_id}.{suffix}").unlink(missing_ok=True)
+        self._halt(gp_id)
+        if deleted and d is not None and d["mode"] == "off" and unprotected and \
+                unprotected == d.get("unprotect_generation"):
+            if release(d["path"], d["backing_path"], uuid.UUID(d["key_id"])):
+                log.info("guard point %s released: its files are back at the path, in clear", d["path"])
+            else:
+                log.warning("guard point %s was unprotected but could not be released: the files stay in %s",
+                            d["path"], d["backing_path"])
+
+    def _halt(self, gp_id: str) -> None:
         running = self._running.pop(gp_id)
-        self._definitions.pop(gp_id, None)
-        (self._dir / f"{gp_id}.json").unlink(missing_ok=True)
-        (self._dir / f"{gp_id}.status.json").unlink(missing_ok=True)
-        (self._dir / f"{gp_id}.rekey.json").unlink(missing_ok=True)
         if running.process.is_alive() and running.process.pid:
             os.kill(running.process.pid, signal.SIGTERM)
         running.process.join(timeout=10)
@@ -365,7 +493,7 @@ class GuardPointManager:
 
     def stop_all(self) -> None:
         for gp_id in list(self._running):
-            self._stop(gp_id)
+            self._stop(gp_id, deleted=False)
 
 
 def local_reports(state_dir: Path) -> list[dict[str, Any]]:
@@ -397,7 +525,10 @@ def _mounted(path: str) -> bool:
 
 
 def _unmount(path: str) -> None:
-    # Lazily if busy: applications holding files keep them until they close.
-    if _mounted(path) and subprocess.run(["fusermount3", "-u", path], capture_output=True,
-                                         check=False).returncode != 0:
-        subprocess.run(["fusermount3", "-uz", path], capture_output=True, check=False)
+    """A FUSE mount or mode off's bind mount; lazily if busy: applications holding files
+    keep them until they close."""
+    for command in (["fusermount3", "-u", path], ["umount", path], ["fusermount3", "-uz", path],
+                    ["umount", "-l", path]):
+        if not _mounted(path):
+            return
+        subprocess.run(command, capture_output=True, check=False)

@@ -147,8 +147,13 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
 
     def __init__(self, backing: str, keyring: Keyring, current_key: Callable[[], KeyVersion], *,
                  chunk_size: int = DEFAULT_CHUNK, policy: AccessPolicy = PERMIT_ALL,
-                 on_event: Callable[[dict[str, Any]], None] | None = None, journal_dir: str | None = None) -> None:
+                 on_event: Callable[[dict[str, Any]], None] | None = None, journal_dir: str | None = None,
+                 root_fd: int | None = None) -> None:
         self.backing = os.path.realpath(backing)
+        # The protected directory itself, opened before the mount covers it: the mount's
+        # root shows its owner and mode (the backing directory is the agent's alone,
+        # 0700), and chmod/chown of the root change it.
+        self._root_fd = root_fd
         # Files being written, so that after a crash a size change cut in the middle
         # can be told from a truncation attack (see recover()).
         self.journal_dir = journal_dir or os.path.join(os.path.dirname(self.backing),
@@ -330,6 +335,9 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
                                              "st_atime_ns", "st_mtime_ns", "st_ctime_ns")}
         attrs["st_atime"], attrs["st_mtime"], attrs["st_ctime"] = (
             attrs.pop("st_atime_ns"), attrs.pop("st_mtime_ns"), attrs.pop("st_ctime_ns"))
+        if path == "/" and self._root_fd is not None:
+            top = os.fstat(self._root_fd)
+            attrs["st_mode"], attrs["st_uid"], attrs["st_gid"] = top.st_mode, top.st_uid, top.st_gid
         size = self._plain_size(real, st) if stat.S_ISREG(st.st_mode) else st.st_size
         attrs["st_size"] = size
         attrs["st_blocks"] = (size + 511) // 512
@@ -339,14 +347,19 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
     @_errors
     def chmod(self, path: str, mode: int) -> int:
         real = self._real(path)
-        if not os.path.islink(real):  # Linux symlinks have no mode of their own
+        if path == "/" and self._root_fd is not None:
+            os.fchmod(self._root_fd, stat.S_IMODE(mode))
+        elif not os.path.islink(real):  # Linux symlinks have no mode of their own
             os.chmod(real, mode)
         self._changed(path)
         return 0
 
     @_errors
     def chown(self, path: str, uid: int, gid: int) -> int:
-        os.chown(self._real(path), uid, gid, follow_symlinks=False)
+        if path == "/" and self._root_fd is not None:
+            os.fchown(self._root_fd, uid, gid)
+        else:
+            os.chown(self._real(path), uid, gid, follow_symlinks=False)
         self._changed(path)
         return 0
 

@@ -25,7 +25,7 @@ from keyserver.core.principal import RequestContext
 from keyserver.core.states import KeyState
 from keyserver.store.models import GuardPoint, Host, KeyVersion, ManagedKey
 
-MODES = ("enforce", "learn")
+MODES = ("enforce", "learn", "off")
 EFFECTS = ("permit", "deny")
 MAX_RULES = 64
 
@@ -124,6 +124,7 @@ class GuardPointService:
             gp = GuardPoint(id=uuid.uuid4(), host_group=spec.host_group, host_id=spec.host_id, path=spec.path,
                             backing_path=backing, key_id=key.id, chunk_size=spec.chunk_size, mode=spec.mode,
                             rules=list(spec.rules), default_effect=spec.default_effect, revision=1, rekey_generation=0,
+                            unprotect_generation=0,
                             created_by=ctx.principal.name, created_at=now, updated_at=now)
             s.add(gp)
             self._audit.add(s, ctx, action="guard_point.create", object_type="guard_point", object_id=str(gp.id),
@@ -172,8 +173,31 @@ class GuardPointService:
                             details={"path": gp.path, "generation": gp.rekey_generation, "revision": gp.revision})
         return gp
 
+    def request_unprotect(self, ctx: RequestContext, gp_id: uuid.UUID) -> GuardPoint:
+        """Ask the hosts to decrypt every file of the guard point in place, in its backing
+        directory (resumable, with progress in their heartbeats): the reverse of initial
+        protection. Only in mode `off`, where applications see the backing files as
+        stored, so no application reads a file while it changes from ciphertext to
+        plaintext under a mount that expects one or the other. Deleting the guard point
+        afterwards moves the plaintext back to its path."""
+        self._policy.require(ctx, Permission.GUARDPOINTS_MANAGE, action="guard_point.unprotect",
+                             object_type="guard_point", object_id=str(gp_id))
+        with self._db.begin() as s:
+            gp = self._row(s, gp_id)
+            if gp.mode != "off":
+                raise Conflict(f"guard point {gp.path} is in mode {gp.mode}: set its mode to off first (applications "
+                               "then see the files as stored), then unprotect it", code="illegal_state")
+            gp.unprotect_generation += 1
+            gp.revision += 1
+            gp.updated_at = self._now()
+            self._audit.add(s, ctx, action="guard_point.unprotect", object_type="guard_point", object_id=str(gp.id),
+                            details={"path": gp.path, "generation": gp.unprotect_generation,
+                                     "revision": gp.revision})
+        return gp
+
     def delete(self, ctx: RequestContext, gp_id: uuid.UUID) -> None:
-        """Agents unmount it; the ciphertext stays in the backing directory."""
+        """Agents unmount it; the ciphertext stays in the backing directory (unless it was
+        unprotected: then the agents move the plaintext back to the path)."""
         self._policy.require(ctx, Permission.GUARDPOINTS_MANAGE, action="guard_point.delete",
                              object_type="guard_point", object_id=str(gp_id))
         with self._db.begin() as s:

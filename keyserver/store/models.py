@@ -346,12 +346,13 @@ class GuardPoint(Base):
     backing_path: Mapped[str] = mapped_column(String(1024))
     key_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("managed_keys.id", ondelete="RESTRICT"))
     chunk_size: Mapped[int] = mapped_column(Integer)
-    mode: Mapped[str] = mapped_column(String(16))  # enforce | learn
+    mode: Mapped[str] = mapped_column(String(16))  # enforce | learn | off
     rules: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     default_effect: Mapped[str] = mapped_column(String(8))  # permit | deny
     revision: Mapped[int] = mapped_column(Integer)
     # Bumped by a re-key request: hosts re-encrypt every file that existed before it.
     rekey_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    unprotect_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_by: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

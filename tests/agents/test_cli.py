@@ -103,7 +103,7 @@ def test_the_daemon_beats_stops_on_sigterm_and_on_revocation(tmp_path: Path, adm
 
     from keyserver.core.hosts import HostService
 
-    config, _ = enrolled
+    config, group = enrolled
     hosts: HostService = services.hosts  # type: ignore[attr-defined]
     hosts.heartbeat_seconds = 5  # the server tells the agent how often to beat
 
@@ -116,7 +116,9 @@ def test_the_daemon_beats_stops_on_sigterm_and_on_revocation(tmp_path: Path, adm
         while True:
             assert proc.poll() is None and time.monotonic() < deadline, "the daemon did not heartbeat"
             time.sleep(0.2)
-            host = next((h for h in admin.get("/api/v1/hosts").json() if h["hostname"] == "cli.example.com"), None)
+            # By group too: earlier tests enrolled (and left) other hosts of the same name.
+            host = next((h for h in admin.get("/api/v1/hosts").json()
+                         if h["hostname"] == "cli.example.com" and h["host_group"] == group), None)
             if host and host["online"] and host["last_heartbeat_at"] != since:
                 return str(host["id"])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import time
 import uuid
@@ -217,3 +218,75 @@ def test_a_killed_mount_process_is_restarted_and_loses_nothing(tmp_path: Path, a
     daemon.beat()  # notices, clears the dead mount, starts a new process
     eventually(lambda: os.path.ismount(mnt) and (mnt / "kept").exists(), "the restarted mount")
     assert (mnt / "kept").read_bytes() == b"synced" * 1000
+
+
+def test_mode_off_then_unprotect_gives_the_directory_back_in_clear(agent: tuple[Host, AgentDaemon], admin: httpx.Client,
+                                                                   services: Services,
+                                                                   request: pytest.FixtureRequest) -> None:
+    """enforce -> off (the raw view: files as stored, new ones in clear) -> enforce (what
+    was written in clear is encrypted) -> off + unprotect (decrypted in place, progress
+    reported) -> delete (the path gets its files back, in clear, with its own mode)."""
+    host, daemon = agent
+    key = admin.post("/api/v1/keys", json={"name": unique("gpo")}).json()
+    import tempfile
+
+    # Other users must be able to reach the path: pytest's own tmp dirs are 0700.
+    base = Path(tempfile.mkdtemp(prefix="gp-off-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
+    os.chmod(base, 0o755)  # noqa: S103
+    mnt, backing = base / "share", base / ".share.strongroom"
+    mnt.mkdir(mode=0o755)
+    (mnt / "report.txt").write_text("quarterly figures")
+    body = {"host_id": host.id, "path": str(mnt), "key": key["name"], "default_effect": "permit"}
+    gp = admin.post("/api/v1/guard-points", json=body).json()
+
+    def state(expected: str, revision: int) -> Callable[[], bool]:
+        def check() -> bool:
+            daemon.beat()
+            reported = admin.get(f"/api/v1/hosts/{host.id}").json()["guard_points"]
+            return bool(reported) and reported[0]["state"] == expected and reported[0]["revision"] == revision
+        return check
+
+    daemon.beat()
+    eventually(state("mounted", 1), "the mount")
+    assert (mnt / "report.txt").read_text() == "quarterly figures"
+    assert stat.S_IMODE(os.stat(backing).st_mode) == 0o700  # ciphertext and names: the agent's alone
+    listed = subprocess.run(["runuser", "-u", "nobody", "--", "ls", str(mnt)], capture_output=True, text=True,
+                            check=False)
+    assert listed.returncode == 0 and listed.stdout.split() == ["report.txt"]  # the root shows the path's mode
+
+    # Encryption off: the files as stored; a new file goes to disk in clear.
+    assert admin.put(f"/api/v1/guard-points/{gp['id']}", json={**body, "mode": "off"}).status_code == 200
+    eventually(state("off", 2), "the raw view")
+    assert (mnt / "report.txt").read_bytes()[:4] == b"SRCF"  # ciphertext, as stored
+    (mnt / "draft.txt").write_text("written while off")
+    assert (backing / "draft.txt").read_text() == "written while off"
+
+    # Back to enforce: what was written in clear is encrypted before the mount comes up.
+    assert admin.put(f"/api/v1/guard-points/{gp['id']}", json={**body, "mode": "enforce"}).status_code == 200
+    eventually(state("mounted", 3), "the mount again")
+    assert read_header(str(backing / "draft.txt")).key_id == uuid.UUID(key["id"])
+    assert (mnt / "draft.txt").read_text() == "written while off"
+
+    # Unprotect: off, then decrypt in place with progress, then delete: the path is plain again.
+    assert admin.put(f"/api/v1/guard-points/{gp['id']}", json={**body, "mode": "off"}).status_code == 200
+    eventually(state("off", 4), "the raw view again")
+    assert admin.post(f"/api/v1/guard-points/{gp['id']}/unprotect").status_code == 202
+
+    def unprotected() -> bool:
+        daemon.beat()
+        reported = admin.get(f"/api/v1/hosts/{host.id}").json()["guard_points"][0]
+        return reported["unprotect"] == {"generation": 1, "done": 2, "total": 2, "finished": True}
+
+    eventually(unprotected, "unprotect progress reported")
+    assert (mnt / "report.txt").read_text() == "quarterly figures"  # decrypted in place, seen raw
+    assert admin.delete(f"/api/v1/guard-points/{gp['id']}").status_code == 204
+    daemon.beat()
+    eventually(lambda: not backing.exists(), "the path released")
+    assert not os.path.ismount(mnt) and stat.S_IMODE(os.stat(mnt).st_mode) == 0o755
+    assert sorted(p.name for p in mnt.iterdir()) == ["draft.txt", "report.txt"]
+    assert (mnt / "report.txt").read_text() == "quarterly figures"
+    assert (mnt / "draft.txt").read_text() == "written while off"
+    services.audit.flush()
+    items = admin.get("/api/v1/audit/events", params={"actor": "host:gpd.example.com", "limit": 200}).json()["items"]
+    assert {"agent.guardpoint.unprotected", "agent.guardpoint.mounted"} <= {e["action"] for e in items}

@@ -101,6 +101,14 @@ def guard_point(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     return {"gp": r.json()["id"], "key": key}
 
 
+def guard_point_off(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    key = fresh_key(s, admin, a)["key"]
+    r = admin.post("/api/v1/guard-points", json={"host_group": unique("authz"), "path": "/srv/authz", "key": key,
+                                                 "mode": "off"})
+    assert r.status_code == 201, r.text
+    return {"gp": r.json()["id"], "key": key}
+
+
 def enrolled_host(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     import tempfile
     from pathlib import Path
@@ -176,6 +184,8 @@ CASES: dict[str, Case] = {
                              body={"host_group": "{new}", "path": "/srv/authz", "key": "{key}", "mode": "learn"}),
     "rekeyGuardPoint": Case("POST", "/api/v1/guard-points/{gp}/rekey", (P.GUARDPOINTS_MANAGE,), setup=guard_point,
                             ok=(202,)),
+    "unprotectGuardPoint": Case("POST", "/api/v1/guard-points/{gp}/unprotect", (P.GUARDPOINTS_MANAGE,),
+                                setup=guard_point_off, ok=(202,)),
     "deleteGuardPoint": Case("DELETE", "/api/v1/guard-points/{gp}", (P.GUARDPOINTS_MANAGE,), setup=guard_point,
                              ok=(204,)),
 }

@@ -49,6 +49,25 @@ def test_define_change_and_delete(admin: httpx.Client, key: str, services: Any) 
     assert sorted(actions) == ["guard_point.create", "guard_point.delete", "guard_point.update"]
 
 
+def test_unprotect_only_in_mode_off(admin: httpx.Client, key: str, services: Any) -> None:
+    group = unique("g")
+    gp = make(admin, host_group=group, path="/srv/files", key=key).json()
+    refused = admin.post(f"/api/v1/guard-points/{gp['id']}/unprotect")
+    assert refused.status_code == 409 and refused.json()["code"] == "illegal_state"
+    assert "set its mode to off first" in refused.json()["detail"]
+    off = admin.put(f"/api/v1/guard-points/{gp['id']}", json={"host_group": group, "path": "/srv/files", "key": key,
+                                                                "mode": "off"}).json()
+    assert off["mode"] == "off" and off["revision"] == 2 and off["unprotect_generation"] == 0
+    asked = admin.post(f"/api/v1/guard-points/{gp['id']}/unprotect")
+    assert asked.status_code == 202
+    assert asked.json()["unprotect_generation"] == 1 and asked.json()["revision"] == 3
+    assert admin.post("/api/v1/guard-points/00000000-0000-0000-0000-000000000009/unprotect").status_code == 404
+    services.audit.flush()
+    events = admin.get("/api/v1/audit/events", params={"object_id": gp["id"], "limit": 10}).json()["items"]
+    unprotect = [e for e in events if e["action"] == "guard_point.unprotect"]
+    assert [e["outcome"] for e in unprotect] == ["allowed"] and unprotect[0]["details"]["generation"] == 1
+
+
 @pytest.mark.parametrize("body,status,code", [
     ({"path": "srv/rel"}, 400, "invalid_input"),
     ({"path": "/srv/../etc"}, 400, "invalid_input"),
@@ -56,7 +75,7 @@ def test_define_change_and_delete(admin: httpx.Client, key: str, services: Any) 
     ({"path": "/srv/x", "backing_path": "/srv/x/inner"}, 400, "invalid_input"),
     ({"path": "/srv/x", "host_id": "00000000-0000-0000-0000-000000000001"}, 400, "invalid_input"),  # two targets
     ({"path": "/srv/x", "chunk_size": 3000}, 400, "invalid_input"),
-    ({"path": "/srv/x", "mode": "off"}, 422, "validation_error"),
+    ({"path": "/srv/x", "mode": "disabled"}, 422, "validation_error"),
     ({"path": "/srv/x", "rules": [{"effect": "maybe"}]}, 422, "validation_error"),
     ({"path": "/srv/x", "rules": [{"effect": "deny", "executables": ["relative/bin"]}]}, 422, "validation_error"),
     ({"path": "/srv/x", "key": "no-such-key"}, 404, "key_not_found"),

@@ -36,9 +36,10 @@ class GuardPointReport(Strict):
     revision: int | None = Field(default=None, ge=1, description="the policy revision applied")
     path: str = Field(min_length=1, max_length=4096)
     key: str = Field(min_length=1, max_length=200, description="the managed key's name or id")
-    state: Literal["mounted", "unmounted", "error", "protecting"]
+    state: Literal["mounted", "off", "unmounted", "error", "protecting", "unprotecting"]
     detail: str = Field(default="", max_length=500)
     rekey: RekeyProgress | None = None
+    unprotect: RekeyProgress | None = None
 
 
 class HeartbeatRequest(Strict):

@@ -40,8 +40,10 @@ class GuardPointIn(Strict):
                                      description="where the ciphertext lives; default: /parent/.name.strongroom")
     key: str = Field(min_length=1, max_length=128, description="managed key name or id")
     chunk_size: int = Field(default=4096, ge=512, le=1 << 20)
-    mode: Literal["enforce", "learn"] = Field(
-        default="enforce", description="learn: allow everything, audit what enforce would deny")
+    mode: Literal["enforce", "learn", "off"] = Field(
+        default="enforce", description="learn: allow everything, audit what enforce would deny; off: encryption "
+        "off, the path shows the backing files as stored (ciphertext stays ciphertext, new files are written in "
+        "clear and encrypted when the mode returns to enforce or learn)")
     rules: list[RuleModel] = Field(default_factory=list, max_length=64)
     default_effect: Literal["permit", "deny"] = "deny"
 
@@ -60,6 +62,7 @@ class GuardPointPublic(BaseModel):
     default_effect: str
     revision: int
     rekey_generation: int = Field(description="bumped by each re-key request")
+    unprotect_generation: int = Field(description="bumped by each unprotect request")
     created_by: str
     created_at: datetime
     updated_at: datetime
@@ -70,7 +73,8 @@ def guard_point_public(gp: GuardPoint, key_name: str) -> GuardPointPublic:
                             backing_path=gp.backing_path, key_id=gp.key_id, key_name=key_name,
                             chunk_size=gp.chunk_size, mode=gp.mode, rules=[RuleModel(**r) for r in gp.rules],
                             default_effect=gp.default_effect, revision=gp.revision,
-                            rekey_generation=gp.rekey_generation, created_by=gp.created_by,
+                            rekey_generation=gp.rekey_generation,
+                            unprotect_generation=gp.unprotect_generation, created_by=gp.created_by,
                             created_at=gp.created_at, updated_at=gp.updated_at)
 
 
@@ -112,7 +116,18 @@ def rekey_guard_point(gp_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> Guar
     return guard_point_public(*services.guard_points.get(ctx, gp_id))
 
 
+@router.post("/{gp_id}/unprotect", operation_id="unprotectGuardPoint", response_model=GuardPointPublic,
+             status_code=202)
+def unprotect_guard_point(gp_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> GuardPointPublic:
+    """Decrypt every file in place in the backing directory (mode off only: 409 otherwise);
+    hosts report progress in their guard points (`unprotect`). Deleting the guard point
+    afterwards moves the plaintext back to its path."""
+    services.guard_points.request_unprotect(ctx, gp_id)
+    return guard_point_public(*services.guard_points.get(ctx, gp_id))
+
+
 @router.delete("/{gp_id}", operation_id="deleteGuardPoint", status_code=204)
 def delete_guard_point(gp_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> None:
-    """Agents unmount it; the ciphertext stays in the backing directory."""
+    """Agents unmount it; the ciphertext stays in the backing directory (an unprotected
+    guard point's plaintext is moved back to its path)."""
     services.guard_points.delete(ctx, gp_id)

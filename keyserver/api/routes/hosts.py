@@ -67,9 +67,10 @@ class HostGuardPoint(BaseModel):
     revision: int | None = None
     path: str
     key: str
-    state: Literal["mounted", "unmounted", "error", "protecting"]
+    state: Literal["mounted", "off", "unmounted", "error", "protecting", "unprotecting"]
     detail: str = ""
     rekey: HostRekeyProgress | None = None
+    unprotect: HostRekeyProgress | None = None
 
 
 class HostPublic(BaseModel):

@@ -383,7 +383,8 @@ export interface paths {
         post?: never;
         /**
          * Delete Guard Point
-         * @description Agents unmount it; the ciphertext stays in the backing directory.
+         * @description Agents unmount it; the ciphertext stays in the backing directory (an unprotected
+         *     guard point's plaintext is moved back to its path).
          */
         delete: operations["deleteGuardPoint"];
         options?: never;
@@ -406,6 +407,28 @@ export interface paths {
          *     in their guard points (`rekey`).
          */
         post: operations["rekeyGuardPoint"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/guard-points/{gp_id}/unprotect": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Unprotect Guard Point
+         * @description Decrypt every file in place in the backing directory (mode off only: 409 otherwise);
+         *     hosts report progress in their guard points (`unprotect`). Deleting the guard point
+         *     afterwards moves the plaintext back to its path.
+         */
+        post: operations["unprotectGuardPoint"];
         delete?: never;
         options?: never;
         head?: never;
@@ -1227,11 +1250,11 @@ export interface components {
             key: string;
             /**
              * Mode
-             * @description learn: allow everything, audit what enforce would deny
+             * @description learn: allow everything, audit what enforce would deny; off: encryption off, the path shows the backing files as stored (ciphertext stays ciphertext, new files are written in clear and encrypted when the mode returns to enforce or learn)
              * @default enforce
              * @enum {string}
              */
-            mode?: "enforce" | "learn";
+            mode?: "enforce" | "learn" | "off";
             /**
              * Path
              * @example /srv/postgres
@@ -1285,6 +1308,11 @@ export interface components {
             /** Rules */
             rules: components["schemas"]["RuleModel"][];
             /**
+             * Unprotect Generation
+             * @description bumped by each unprotect request
+             */
+            unprotect_generation: number;
+            /**
              * Updated At
              * Format: date-time
              */
@@ -1319,7 +1347,8 @@ export interface components {
              * State
              * @enum {string}
              */
-            state: "mounted" | "unmounted" | "error" | "protecting";
+            state: "mounted" | "off" | "unmounted" | "error" | "protecting" | "unprotecting";
+            unprotect?: components["schemas"]["RekeyProgress"] | null;
         };
         /** HeartbeatRequest */
         HeartbeatRequest: {
@@ -1386,7 +1415,8 @@ export interface components {
              * State
              * @enum {string}
              */
-            state: "mounted" | "unmounted" | "error" | "protecting";
+            state: "mounted" | "off" | "unmounted" | "error" | "protecting" | "unprotecting";
+            unprotect?: components["schemas"]["HostRekeyProgress"] | null;
         };
         /** HostPublic */
         HostPublic: {
@@ -4343,6 +4373,100 @@ export interface operations {
         };
     };
     rekeyGuardPoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                gp_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["GuardPointPublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    unprotectGuardPoint: {
         parameters: {
             query?: never;
             header?: never;

@@ -40,10 +40,13 @@ export function TokenStateBadge({ state }: { state: TokenState }) {
                 style={{ overflow: "visible" }}>{state}</Badge>;
 }
 
-/** A guard point as the agent reports it: mounted, unmounted or error. */
+/** A guard point as the agent reports it: mounted, off (encryption off), protecting or
+ *  unprotecting (files being transformed in place), unmounted or error. */
 export function GuardPointStateBadge({ state }: { state: string }) {
-  const color = state === "mounted" ? "teal" : state === "error" ? "red" : "gray";
-  return <Badge color={color} variant="light" radius="sm" data-state={state} style={{ overflow: "visible" }}>{state}</Badge>;
+  const color = state === "mounted" ? "teal" : state === "error" || state === "off" ? "red"
+    : state === "protecting" || state === "unprotecting" ? "blue" : "gray";
+  const label = state === "off" ? "encryption off" : state;
+  return <Badge color={color} variant="light" radius="sm" data-state={state} style={{ overflow: "visible" }}>{label}</Badge>;
 }
 
 export function Loading({ label = "Loading…" }: { label?: string }) {

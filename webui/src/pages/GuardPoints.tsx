@@ -25,7 +25,34 @@ export const MODE_HELP = {
   enforce: "The rules decide. A denied access fails with “permission denied” and is recorded in the audit log.",
   learn: "Everything is allowed; what enforce would deny is recorded (agent.access.would_deny). Run a new policy in "
     + "learn mode, read the audit log, then switch to enforce.",
+  off: "Encryption off: the path shows the backing files exactly as stored — encrypted files read as ciphertext, "
+    + "new files are written in clear (and encrypted when the mode returns to learn or enforce). No rule applies. "
+    + "Use it to unprotect a directory, or for maintenance; never leave data you care about in this mode.",
 } as const;
+
+type Action = "rekey" | "unprotect" | "delete";
+const ACTIONS: Record<Action, { title: string; button: string; explain: (gp: GuardPoint) => string; done: (gp: GuardPoint) => string }> = {
+  rekey: {
+    title: "Re-key", button: "Re-key",
+    explain: () => "Every file that exists now is re-encrypted under a fresh file key, online: applications keep working, "
+      + "each file waits briefly while it is sealed anew. Hosts report progress on their page.",
+    done: (gp) => `Hosts re-encrypt ${gp.path} and report progress`,
+  },
+  unprotect: {
+    title: "Unprotect", button: "Decrypt in place",
+    explain: (gp) => `Hosts decrypt every file of ${gp.path} in place, in ${gp.backing_path} (resumable; progress on `
+      + "each host's page). Delete the guard point afterwards: the files go back to the path, in clear.",
+    done: (gp) => `Hosts decrypt ${gp.path} and report progress`,
+  },
+  delete: {
+    title: "Delete", button: "Delete guard point",
+    explain: (gp) => gp.mode === "off" && gp.unprotect_generation
+      ? "Hosts unmount it at their next heartbeat. Where it was unprotected, its files move back to the path, in clear."
+      : "Hosts unmount it at their next heartbeat. The ciphertext stays in the backing directory; to get plaintext back, "
+        + "set the mode to off and unprotect it first.",
+    done: (gp) => `Hosts unmount ${gp.path}`,
+  },
+};
 
 export function emptyRule(): Rule {
   return { effect: "permit", users: [], uids: [], groups: [], executables: [], access: "all", audit: false };
@@ -102,7 +129,7 @@ interface Draft {
   backing_path: string;
   key: string | null;
   chunk_size: string;
-  mode: "enforce" | "learn";
+  mode: "enforce" | "learn" | "off";
   default_effect: "permit" | "deny";
   rules: Rule[];
 }
@@ -181,8 +208,12 @@ function GuardPointEditor({ editing, opened, onClose }: { editing: GuardPoint | 
           <Stack gap={4}>
             <Text size="sm" fw={500}>Mode</Text>
             <SegmentedControl value={draft.mode} disabled={readOnly} onChange={(v) => set({ mode: v as Draft["mode"] })}
-                              data={[{ value: "learn", label: "Learn" }, { value: "enforce", label: "Enforce" }]} />
-            <Text size="xs" c="dimmed" data-testid="mode-help">{MODE_HELP[draft.mode]}</Text>
+                              data={[{ value: "learn", label: "Learn" }, { value: "enforce", label: "Enforce" },
+                                     { value: "off", label: "Off" }]} />
+            {draft.mode === "off"
+              ? <Alert variant="light" color="red" icon={<IconInfoCircle size={18} />} data-testid="mode-help">
+                  <Text size="xs">{MODE_HELP.off}</Text></Alert>
+              : <Text size="xs" c="dimmed" data-testid="mode-help">{MODE_HELP[draft.mode]}</Text>}
           </Stack>
           <Text size="sm" fw={500}>Rules (first match wins)</Text>
           <RulesEditor rules={draft.rules} readOnly={readOnly} onChange={(rules) => set({ rules })} />
@@ -214,16 +245,17 @@ export function GuardPointsPage() {
   const list = useQuery({ queryKey: GP_KEY, queryFn: () => call(api.GET("/api/v1/guard-points")) });
   const [editing, setEditing] = useState<GuardPoint | null>(null);
   const [open, setOpen] = useState(false);
-  const [confirm, setConfirm] = useState<{ gp: GuardPoint; action: "rekey" | "delete" } | null>(null);
+  const [confirm, setConfirm] = useState<{ gp: GuardPoint; action: Action } | null>(null);
   const act = useMutation({
-    mutationFn: ({ gp, action }: { gp: GuardPoint; action: "rekey" | "delete" }) => action === "rekey"
-      ? call(api.POST("/api/v1/guard-points/{gp_id}/rekey", { params: { path: { gp_id: gp.id } } }))
-      : call(api.DELETE("/api/v1/guard-points/{gp_id}", { params: { path: { gp_id: gp.id } } })),
+    mutationFn: ({ gp, action }: { gp: GuardPoint; action: Action }) => {
+      const params = { params: { path: { gp_id: gp.id } } };
+      return action === "rekey" ? call(api.POST("/api/v1/guard-points/{gp_id}/rekey", params))
+        : action === "unprotect" ? call(api.POST("/api/v1/guard-points/{gp_id}/unprotect", params))
+        : call(api.DELETE("/api/v1/guard-points/{gp_id}", params));
+    },
     onSuccess: (_, { gp, action }) => {
       void qc.invalidateQueries({ queryKey: GP_KEY });
-      notifications.show({ color: "teal", title: action === "rekey" ? "Re-key requested" : "Guard point deleted",
-                           message: action === "rekey" ? `Hosts re-encrypt ${gp.path} and report progress` :
-                             `Hosts unmount ${gp.path}; the ciphertext stays in ${gp.backing_path}` });
+      notifications.show({ color: "teal", title: `${ACTIONS[action].title}: requested`, message: ACTIONS[action].done(gp) });
       setConfirm(null);
     },
   });
@@ -233,7 +265,8 @@ export function GuardPointsPage() {
         actions={manage && <Button color="dark" leftSection={<IconPlus size={16} />} data-testid="new-guard-point"
                                    onClick={() => { setEditing(null); setOpen(true); }}>New guard point</Button>} />
       <Alert variant="light" color="blue" icon={<IconInfoCircle size={18} />}>
-        <Text size="sm"><b>Learn</b>: {MODE_HELP.learn} <b>Enforce</b>: {MODE_HELP.enforce}</Text>
+        <Text size="sm"><b>Learn</b>: {MODE_HELP.learn} <b>Enforce</b>: {MODE_HELP.enforce} <b>Off</b>: encryption
+          off, the files as stored (to unprotect a directory).</Text>
       </Alert>
       <Paper withBorder radius="md">
         {list.error ? <ErrorAlert error={list.error} /> : list.isPending ? <Loading /> : list.data.length === 0 ? (
@@ -253,16 +286,21 @@ export function GuardPointsPage() {
                       <Text size="xs" c="dimmed" ff="monospace">{gp.backing_path}</Text></Table.Td>
                     <Table.Td>{gp.host_group ? `group ${gp.host_group}` : <Text size="sm" ff="monospace">host {gp.host_id?.slice(0, 8)}</Text>}</Table.Td>
                     <Table.Td><Anchor component={Link} to={`/keys/${encodeURIComponent(gp.key_name)}`} size="sm">{gp.key_name}</Anchor></Table.Td>
-                    <Table.Td><Badge variant="light" radius="sm" color={gp.mode === "enforce" ? "teal" : "yellow"}>{gp.mode}</Badge></Table.Td>
+                    <Table.Td><Badge variant="light" radius="sm" color={gp.mode === "enforce" ? "teal" : gp.mode === "off" ? "red" : "yellow"}>
+                      {gp.mode === "off" ? "off · encryption off" : gp.mode}</Badge></Table.Td>
                     <Table.Td><Tooltip multiline w={360} withArrow label={gp.rules.length
                         ? gp.rules.map((r, i) => `${i + 1}. ${describeRule(r)}`).join("\n") : "no rules"}>
                       <Text size="sm" tabIndex={0}>{gp.rules.length} · default {gp.default_effect}</Text></Tooltip></Table.Td>
-                    <Table.Td>{gp.revision}{gp.rekey_generation ? <Text span size="xs" c="dimmed"> · re-key {gp.rekey_generation}</Text> : null}</Table.Td>
+                    <Table.Td>{gp.revision}{gp.rekey_generation ? <Text span size="xs" c="dimmed"> · re-key {gp.rekey_generation}</Text> : null}
+                      {gp.unprotect_generation ? <Text span size="xs" c="dimmed"> · unprotect {gp.unprotect_generation}</Text> : null}</Table.Td>
                     <Table.Td title={fmtTime(gp.updated_at)} style={{ whiteSpace: "nowrap" }}>{fmtRelative(gp.updated_at)}</Table.Td>
                     <Table.Td>{manage && (
                       <Group gap={4} wrap="nowrap">
-                        <Button size="compact-sm" variant="subtle" onClick={() => setConfirm({ gp, action: "rekey" })}
-                                aria-label={`Re-key ${gp.path}`}>Re-key</Button>
+                        {gp.mode === "off"
+                          ? <Button size="compact-sm" variant="subtle" onClick={() => setConfirm({ gp, action: "unprotect" })}
+                                    aria-label={`Unprotect ${gp.path}`}>Unprotect</Button>
+                          : <Button size="compact-sm" variant="subtle" onClick={() => setConfirm({ gp, action: "rekey" })}
+                                    aria-label={`Re-key ${gp.path}`}>Re-key</Button>}
                         <Button size="compact-sm" variant="subtle" color="red" onClick={() => setConfirm({ gp, action: "delete" })}
                                 aria-label={`Delete ${gp.path}`}>Delete</Button>
                       </Group>)}</Table.Td>
@@ -275,16 +313,14 @@ export function GuardPointsPage() {
       </Paper>
       <GuardPointEditor editing={editing} opened={open} onClose={() => setOpen(false)} />
       <Modal opened={!!confirm} onClose={() => setConfirm(null)} centered
-             title={confirm?.action === "rekey" ? `Re-key ${confirm.gp.path}` : `Delete ${confirm?.gp.path}`}>
+             title={confirm ? `${ACTIONS[confirm.action].title} ${confirm.gp.path}` : ""}>
         <Stack gap="sm">
-          <Text size="sm">{confirm?.action === "rekey"
-            ? "Every file that exists now is re-encrypted under a fresh file key, online: applications keep working, each file waits briefly while it is sealed anew. Hosts report progress on their page."
-            : "Hosts unmount it at their next heartbeat. The ciphertext stays in the backing directory; decrypt it there with kms-agent decrypt to get plaintext back."}</Text>
+          <Text size="sm">{confirm && ACTIONS[confirm.action].explain(confirm.gp)}</Text>
           <ErrorAlert error={act.error} />
           <Group justify="flex-end">
             <Button variant="default" onClick={() => setConfirm(null)}>Cancel</Button>
             <Button color={confirm?.action === "delete" ? "red" : "dark"} loading={act.isPending}
-                    onClick={() => confirm && act.mutate(confirm)}>{confirm?.action === "rekey" ? "Re-key" : "Delete guard point"}</Button>
+                    onClick={() => confirm && act.mutate(confirm)}>{confirm && ACTIONS[confirm.action].button}</Button>
           </Group>
         </Stack>
       </Modal>

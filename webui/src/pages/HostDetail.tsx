@@ -148,7 +148,9 @@ function GuardPoints({ h }: { h: Host }) {
             <Table.Td style={{ whiteSpace: "nowrap" }}>
               <Anchor component={Link} to={`/keys/${encodeURIComponent(g.key)}`} size="sm">{g.key}</Anchor></Table.Td>
             <Table.Td style={{ minWidth: 104 }}><GuardPointStateBadge state={g.state} /></Table.Td>
-            <Table.Td><Text size="sm" c={g.state === "error" ? "red.8" : "dimmed"}>{g.detail || "—"}</Text></Table.Td>
+            <Table.Td><Text size="sm" c={g.state === "error" ? "red.8" : "dimmed"}>{g.detail || "—"}</Text>
+              {g.rekey && <Text size="xs" c="dimmed" data-testid="rekey-progress">re-key {g.rekey.generation}: {g.rekey.done}/{g.rekey.total} files{g.rekey.finished ? ", finished" : ""}</Text>}
+              {g.unprotect && <Text size="xs" c="dimmed" data-testid="unprotect-progress">unprotect {g.unprotect.generation}: {g.unprotect.done}/{g.unprotect.total} files{g.unprotect.finished ? ", finished" : ""}</Text>}</Table.Td>
           </Table.Tr>
         ))}
       </Table.Tbody>

@@ -1,8 +1,11 @@
-import { fireEvent, screen, within } from "@testing-library/react";
+import { fireEvent, screen, waitFor, within } from "@testing-library/react";
+import userEvent from "@testing-library/user-event";
 import { useState } from "react";
 import { describe, expect, it } from "vitest";
+import { fakeApi } from "../test/fakeApi";
 import { renderWith } from "../test/render";
-import { bodyFrom, describeRule, draftFrom, emptyRule, RulesEditor, type GuardPoint, type Rule } from "./GuardPoints";
+import { bodyFrom, describeRule, draftFrom, emptyRule, GuardPointsPage, RulesEditor, type GuardPoint,
+         type Rule } from "./GuardPoints";
 
 function Harness({ initial, onRules }: { initial: Rule[]; onRules: (r: Rule[]) => void }) {
   const [rules, setRules] = useState(initial);
@@ -12,7 +15,8 @@ function Harness({ initial, onRules }: { initial: Rule[]; onRules: (r: Rule[]) =
 const gp: GuardPoint = {
   id: "5b1f7c1e-8a0f-4a53-9f4e-0d7b2f0c1a11", host_group: "db", host_id: null, path: "/srv/pg",
   backing_path: "/srv/.pg.strongroom", key_id: "6603c18c-39c3-4619-bb48-e05423636617", key_name: "pg-data",
-  chunk_size: 4096, mode: "enforce", default_effect: "deny", revision: 3, rekey_generation: 0, created_by: "admin",
+  chunk_size: 4096, mode: "enforce", default_effect: "deny", revision: 3, rekey_generation: 0, unprotect_generation: 0,
+  created_by: "admin",
   created_at: "2026-11-22T00:00:00Z", updated_at: "2026-11-22T00:01:00Z",
   rules: [{ effect: "permit", users: ["postgres"], uids: [], groups: [], executables: ["/usr/bin/postgres"], access: "all", audit: false }],
 };
@@ -49,5 +53,25 @@ describe("guard point policy editing", () => {
     expect(body.rules).toEqual(gp.rules);
     const fresh = bodyFrom({ ...draftFrom(), target: "host", host_id: "h1", host_group: "ignored", path: " /data ", key: "k" });
     expect(fresh).toMatchObject({ host_group: null, host_id: "h1", path: "/data", backing_path: null, mode: "learn" });
+  });
+});
+
+describe("encryption off and unprotect", () => {
+  it("a guard point in mode off is flagged and offers Unprotect instead of Re-key", async () => {
+    const off = { ...gp, id: "7c1f7c1e-8a0f-4a53-9f4e-0d7b2f0c1a22", path: "/srv/share", mode: "off" };
+    const server = fakeApi({
+      "GET /api/v1/guard-points": [gp, off],
+      "POST /api/v1/guard-points/:id/unprotect": ({ params }) => ({ ...off, id: params.id, unprotect_generation: 1 }),
+    });
+    renderWith(<GuardPointsPage />);
+    const table = await screen.findByTestId("guard-points-table");
+    expect(within(table).getByText(/encryption off/)).toBeInTheDocument();
+    expect(within(table).getByRole("button", { name: "Re-key /srv/pg" })).toBeInTheDocument();
+    expect(within(table).queryByRole("button", { name: "Re-key /srv/share" })).toBeNull();
+    await userEvent.click(within(table).getByRole("button", { name: "Unprotect /srv/share" }));
+    expect(await screen.findByText(/decrypt every file of \/srv\/share in place/)).toBeInTheDocument();
+    await userEvent.click(screen.getByRole("button", { name: "Decrypt in place" }));
+    await waitFor(() => expect(server.calls("POST /api/v1/guard-points/:id/unprotect")).toHaveLength(1));
+    expect(server.calls("POST /api/v1/guard-points/:id/unprotect")[0].params.id).toBe(off.id);
   });
 });
