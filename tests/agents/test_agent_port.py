@@ -146,7 +146,7 @@ def test_heartbeat_makes_the_host_online_with_its_guard_points(host: Host, admin
     assert answer["host_id"] == host.id and answer["state"] == "active" and answer["heartbeat_seconds"] == 30
     after = admin.get(f"/api/v1/hosts/{host.id}").json()
     assert after["online"] is True and after["os"] == "Linux 6.1 (x86_64)"
-    assert after["guard_points"] == [{**gp, "id": None, "revision": None, "rekey": None}]
+    assert after["guard_points"] == [{**gp, "id": None, "revision": None, "rekey": None, "unprotect": None}]
     assert after["last_seen_ip"] == "127.0.0.1"
     host.client.heartbeat(os_name="Linux 6.1 (x86_64)")  # `kms-agent status`: leaves the guard points alone
     assert admin.get(f"/api/v1/hosts/{host.id}").json()["guard_points"] == after["guard_points"]
