@@ -469,12 +469,14 @@ class GuardPointManager:
         """Stop serving a guard point; `deleted`: the server no longer defines it (an
         unprotected one then gives its path back its plaintext: release())."""
         d = self._definitions.pop(gp_id, None)
+        if not deleted:  # the daemon stops: the state files are what a restart resumes from (re-key, unprotect)
+            self._halt(gp_id)
+            return
         unprotected = (_read_json(self._dir / f"{gp_id}.unprotect.json") or {}).get("done_generation", 0)
         for suffix in ("json", "status.json", "rekey.json", "unprotect.json"):
             (self._dir / f"{gp_id}.{suffix}").unlink(missing_ok=True)
         self._halt(gp_id)
-        if deleted and d is not None and d["mode"] == "off" and unprotected and \
-                unprotected == d.get("unprotect_generation"):
+        if d is not None and d["mode"] == "off" and unprotected and unprotected == d.get("unprotect_generation"):
             if release(d["path"], d["backing_path"], uuid.UUID(d["key_id"])):
                 log.info("guard point %s released: its files are back at the path, in clear", d["path"])
             else:

@@ -290,3 +290,25 @@ def test_mode_off_then_unprotect_gives_the_directory_back_in_clear(agent: tuple[
     services.audit.flush()
     items = admin.get("/api/v1/audit/events", params={"actor": "host:gpd.example.com", "limit": 200}).json()["items"]
     assert {"agent.guardpoint.unprotected", "agent.guardpoint.mounted"} <= {e["action"] for e in items}
+
+
+def test_stopping_the_daemon_keeps_what_a_restart_resumes_from(tmp_path: Path, agent: tuple[Host, AgentDaemon],
+                                                                admin: httpx.Client) -> None:
+    """A daemon that stops (SIGTERM, revocation) unmounts but keeps each guard point's
+    state files: a re-key or unprotect plan must survive the restart. Only a deletion on
+    the server removes them."""
+    host, daemon = agent
+    key = admin.post("/api/v1/keys", json={"name": unique("gps")}).json()
+    mnt = tmp_path / "kept"
+    gp = admin.post("/api/v1/guard-points", json={"host_id": host.id, "path": str(mnt),
+                                                  "backing_path": str(tmp_path / "kept-b"), "key": key["name"],
+                                                  "default_effect": "permit"}).json()
+    daemon.beat()
+    eventually(lambda: os.path.ismount(mnt), "the mount")
+    state = host.identity.state_dir / "guardpoints"
+    (state / f"{gp['id']}.rekey.json").write_text('{"generation": 1, "files": {}}')
+    manager = daemon._manager
+    assert manager is not None
+    manager.stop_all()
+    assert not os.path.ismount(mnt)
+    assert (state / f"{gp['id']}.json").exists() and (state / f"{gp['id']}.rekey.json").exists()
