@@ -509,6 +509,8 @@ class GuardPoint(mfusepy.Operations):  # type: ignore[misc]
 
     @_errors
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        # Its presence makes mfusepy register the read callback; the mount itself serves
+        # reads through read_into (_Fuse.read), without a copy.
         return self._handle(fh).entry.file.read(offset, size)
 
     @_errors
@@ -697,13 +699,14 @@ def _tune_malloc() -> None:
 READ_AHEAD_KB = 4 * MAX_WRITE >> 10
 
 
-def _widen_read_ahead(mountpoint: str, running: Callable[[], bool]) -> None:
-    """Let the kernel read ahead 1 MiB at a time on this mount. The kernel caps a FUSE
-    mount's read-ahead at the 128 KiB default whatever max_readahead says, so a
-    sequential read reached us as 128 KiB requests; the mount's backing device info is
-    tunable by root once the mount exists (as for any block device)."""
-    while running() and not os.path.ismount(mountpoint):
-        threading.Event().wait(0.02)
+def _widen_read_ahead(mountpoint: str, done: threading.Event) -> None:
+    """Let the kernel read ahead READ_AHEAD_KB on this mount, in 1 MiB requests. The
+    kernel caps a FUSE mount's read-ahead at the 128 KiB default whatever max_readahead
+    says, so a sequential read reached us as 128 KiB requests; the mount's backing device
+    info is tunable by root once the mount exists (as for any block device)."""
+    while not os.path.ismount(mountpoint):
+        if done.wait(0.02):
+            return
     with contextlib.suppress(OSError):
         st = os.stat(mountpoint)
         Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb").write_text(
@@ -716,7 +719,7 @@ def serve(ops: GuardPoint, mountpoint: str, *, allow_other: bool = False) -> Non
     ops.recover()
     _tune_malloc()
     done = threading.Event()
-    threading.Thread(target=_widen_read_ahead, args=(mountpoint, lambda: not done.is_set()), daemon=True).start()
+    threading.Thread(target=_widen_read_ahead, args=(mountpoint, done), daemon=True).start()
     try:
         _Fuse(ops, mountpoint, foreground=True, nothreads=False, allow_other=allow_other,
               default_permissions=True, fsname=f"strongroom:{ops.backing}", subtype="strongroom", max_threads=16)
