@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import sqlite3
 import subprocess
 
 import httpx
@@ -60,9 +61,13 @@ def test_no_key_bytes_in_database_logs_or_audit(
     assert len(secrets) > 9
 
     u = make_url(database_url)
-    dump = subprocess.run(["pg_dump", "-h", str(u.host), "-p", str(u.port or 5432), "-U", str(u.username),
-                           "--data-only", "--inserts", str(u.database)],
-                          check=True, capture_output=True).stdout
+    if u.get_backend_name() == "sqlite":
+        with sqlite3.connect(str(u.database)) as conn:
+            dump = "\n".join(conn.iterdump()).encode()
+    else:
+        dump = subprocess.run(["pg_dump", "-h", str(u.host), "-p", str(u.port or 5432), "-U", str(u.username),
+                               "--data-only", "--inserts", str(u.database)],
+                              check=True, capture_output=True).stdout
     assert b"managed_keys" in dump and len(dump) > 10_000
     logs = "\n".join(r.getMessage() + str(r.__dict__) for r in caplog.records).encode()
     audit = admin.get("/api/v1/audit/export", params={"format": "jsonl"}).content

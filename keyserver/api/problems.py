@@ -10,11 +10,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as SATimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hsm import HsmError
 from keyserver.core import errors as e
 from keyserver.logs import request_id_var
+from keyserver.store.db import is_busy
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +94,14 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(DBAPIError)
-    async def _db(_: Request, exc: DBAPIError) -> JSONResponse:
-        log.error("database error: %s", type(exc.orig).__name__ if exc.orig else exc)
+    @app.exception_handler(SATimeoutError)
+    async def _db(_: Request, exc: Exception) -> JSONResponse:
+        if is_busy(exc):
+            log.warning("store busy: %s", type(getattr(exc, "orig", None) or exc).__name__)
+            return problem(503, "store_busy", "the store is busy with other writes; nothing was changed, "
+                           "retry in a moment", headers={"Retry-After": "1"})
+        orig = getattr(exc, "orig", None)
+        log.error("database error: %s", type(orig).__name__ if orig else exc)
         return problem(503, "database_unavailable",
                        "the database is not reachable; nothing was changed, retry shortly",
                        headers={"Retry-After": "5"})

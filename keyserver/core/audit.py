@@ -3,8 +3,11 @@
 Two stages, so that no action can commit without its record and no request waits on
 the chain:
 
-1. `add()` writes the record into `audit_inbox` inside the caller's own transaction
-   (or `record_now()` in a transaction of its own, for refusals and failures).
+1. `add()` writes the record into `audit_inbox` inside the caller's own transaction.
+   Refusals and failures must outlive a rollback: outside a transaction `record_now()`
+   writes one in a transaction of its own; inside one (opened with `transaction()`),
+   `record_after()` queues it to be written as soon as that transaction has ended —
+   never while it holds its locks (one transaction per thread, decision 0010).
 2. The chainer (a thread in every replica) takes the chain head's row lock, moves the
    inbox into `audit_events` in batches, and links each record to the previous one
    with HMAC-SHA-256 under a key that never leaves the HSM.
@@ -22,6 +25,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -38,6 +42,7 @@ log = logging.getLogger(__name__)
 
 Outcome = Literal["allowed", "denied", "error"]
 GENESIS_HASH = "0" * 64
+_AFTER = "audit_after_transaction"  # Session.info key: records written once it has ended
 CHAIN_BATCH = 1000
 EXPORT_COLUMNS = (
     "seq", "time", "actor", "actor_type", "action", "object_type", "object_id",
@@ -159,11 +164,45 @@ class AuditService:
         object_id: str | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
-        """A record in a transaction of its own, for refusals and failures whose
-        action transaction rolled back."""
+        """A record in a transaction of its own, for refusals and failures found
+        outside any transaction (inside one, use `record_after`)."""
         with self._db.begin() as s:
             self.add(s, ctx, action=action, outcome=outcome, object_type=object_type,
                      object_id=object_id, details=details)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A write transaction (like `sessionmaker.begin()`) whose `record_after` records
+        are written when it ends, whether it committed or rolled back."""
+        session = self._db()
+        session.info[_AFTER] = []
+        try:
+            with session.begin():
+                yield session
+        finally:
+            after: list[PendingRecord] = session.info.pop(_AFTER)
+            session.close()
+            if after:
+                with self._db.begin() as s:
+                    self.add_many(s, after)
+
+    def record_after(
+        self,
+        session: Session,
+        ctx: RequestContext,
+        *,
+        action: str,
+        outcome: Outcome,
+        object_type: str | None = None,
+        object_id: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        """Queue a refusal or failure found inside `session` (from `transaction()`): it
+        is recorded even when the transaction rolls back, right after it ends."""
+        pending = session.info.get(_AFTER)
+        if pending is None:
+            raise RuntimeError("record_after needs a session from AuditService.transaction()")
+        pending.append(PendingRecord(ctx, action, object_type, object_id, details, outcome))
 
     def _payload(
         self, ctx: RequestContext, action: str, outcome: str, object_type: str | None,

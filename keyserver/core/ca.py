@@ -79,6 +79,9 @@ class CertificateAuthority:
         self._keks = keks
         self._now = now
         self._cert: x509.Certificate | None = None
+        # The CA's row never changes once written: kept here so that signing needs no
+        # database session (callers sign inside their own transaction: decision 0010).
+        self._sealed: tuple[WrappedKey, bytes] | None = None
         self._lock = threading.Lock()
 
     # --- the CA itself ---------------------------------------------------------
@@ -88,8 +91,10 @@ class CertificateAuthority:
         if self._cert is not None:
             return self._cert
         with self._lock:
-            if self._cert is None:
-                self._cert = self._load() or self._create()
+            if self._cert is None and self._load() is None:
+                self._create()
+                self._load()
+            assert self._cert is not None
             return self._cert
 
     def certificate_pem(self) -> bytes:
@@ -98,9 +103,15 @@ class CertificateAuthority:
     def _load(self) -> x509.Certificate | None:
         with self._db() as s:
             row = s.get(KmipCa, CA_ROW)
-            return x509.load_pem_x509_certificate(row.certificate_pem.encode()) if row else None
+            if row is None:
+                return None
+            self._sealed = (WrappedKey(wrapping_key_id=row.dek_wrapping_key_id, mechanism=row.dek_mechanism,
+                                       ciphertext=row.dek_wrapped), row.sealed_private_key)
+            self._cert = x509.load_pem_x509_certificate(row.certificate_pem.encode())
+            return self._cert
 
-    def _create(self) -> x509.Certificate:
+    def _create(self) -> None:
+        """Write the CA's row (the loser of a race between replicas keeps the winner's)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = self._now()
         subject = _name("Strongroom KMIP CA")
@@ -133,20 +144,13 @@ class CertificateAuthority:
                              dek_wrapping_key_id=dek.wrapping_key_id, dek_mechanism=dek.mechanism,
                              created_at=now))
         except IntegrityError:
-            loaded = self._load()
-            assert loaded is not None
-            return loaded
-        return cert
+            pass
 
     def _sign(self, builder: x509.CertificateBuilder) -> x509.Certificate:
         """Unseal the CA key inside this call only, sign, and let it go."""
         ca = self.ensure()
-        with self._db() as s:
-            row = s.get(KmipCa, CA_ROW)
-            assert row is not None
-            dek = WrappedKey(wrapping_key_id=row.dek_wrapping_key_id, mechanism=row.dek_mechanism,
-                             ciphertext=row.dek_wrapped)
-            sealed = row.sealed_private_key
+        assert self._sealed is not None
+        dek, sealed = self._sealed
         try:
             pkcs8 = self._hsm.decrypt_with(dek, sealed, aad=SEAL_AAD)
         except HsmError as exc:

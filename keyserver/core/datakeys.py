@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmError, HsmIntegrityError, WrappedKey
 from keyserver.core.audit import AuditService
-from keyserver.core.errors import Conflict, IntegrityFailure, InvalidInput, NotFound, hsm_failure
+from keyserver.core.errors import Conflict, CoreError, IntegrityFailure, InvalidInput, NotFound, hsm_failure
 from keyserver.core.keys import key_filter, version_wrapped
 from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import RequestContext
@@ -110,8 +110,7 @@ class DataKeyService:
             .where(key_filter(ref), KeyVersion.state == KeyState.ACTIVE.value)
         ).first()
         if row is None:
-            with self._db() as session:
-                raise self._no_active(session, ref)
+            raise self._no_active(conn, ref)
         key_id, name, version_no, kek_id, mechanism, ciphertext = row
         assert kek_id and mechanism and ciphertext, "an Active version always has material"
         active = _Active(key_id, name, version_no, WrappedKey(kek_id, mechanism, ciphertext), started)
@@ -134,34 +133,50 @@ class DataKeyService:
 
     def _generate(self, ctx: RequestContext, ref: str, action: str, number_of_bytes: int, digest: bytes,
                   include_plaintext: bool) -> DataKey:
-        with self._autocommit.connect() as conn:
-            active = self._active_version(conn, ref)
-            header = HEADER.pack(MAGIC, FORMAT_V1, active.key_id.bytes, active.version, MECH_AES_256_GCM_HSM)
+        # begin(): a no-op transaction on PostgreSQL's autocommit pool, a real one on SQLite.
+        with self._autocommit.begin() as conn:
             try:
-                plaintext = self._hsm.random(number_of_bytes)
-                sealed = self._hsm.encrypt_with(active.wrapped, plaintext, aad=header + digest)
-            except HsmError as exc:
-                raise hsm_failure("seal the data key", exc) from exc
-            # Committed before the key is returned: no data key leaves without its record.
-            self._audit.add(conn, ctx, action=action, object_type="key", object_id=str(active.key_id),
-                            details={"name": active.name, "version": active.version, "bytes": number_of_bytes})
+                active = self._active_version(conn, ref)
+            except (NotFound, Conflict) as exc:
+                refusal: CoreError | None = exc
+            else:
+                refusal = None
+                header = HEADER.pack(MAGIC, FORMAT_V1, active.key_id.bytes, active.version, MECH_AES_256_GCM_HSM)
+                try:
+                    plaintext = self._hsm.random(number_of_bytes)
+                    sealed = self._hsm.encrypt_with(active.wrapped, plaintext, aad=header + digest)
+                except HsmError as exc:
+                    raise hsm_failure("seal the data key", exc) from exc
+                # Committed before the key is returned: no data key leaves without its record.
+                self._audit.add(conn, ctx, action=action, object_type="key", object_id=str(active.key_id),
+                                details={"name": active.name, "version": active.version,
+                                         "bytes": number_of_bytes})
+        if refusal is not None:
+            # Recorded once the lookup's transaction has ended (decision 0010).
+            self._audit.record_now(ctx, action=action, outcome="error", object_type="key", object_id=ref[:200],
+                                   details={"reason": refusal.code})
+            raise refusal
         return DataKey(active.key_id, active.name, active.version, header + sealed,
                        plaintext if include_plaintext else None)
 
     @staticmethod
-    def _no_active(s: Session, ref: str) -> NotFound | Conflict:
-        key = s.execute(select(ManagedKey).where(key_filter(ref))).scalar_one_or_none()
-        if key is None:
+    def _no_active(conn: Connection, ref: str) -> NotFound | Conflict:
+        # On the caller's connection: a second one would wait on its lock (decision 0010).
+        row = conn.execute(
+            select(ManagedKey.name, KeyVersion.state).join(KeyVersion, KeyVersion.key_id == ManagedKey.id)
+            .where(key_filter(ref)).order_by(KeyVersion.version.desc()).limit(1)
+        ).first()
+        if row is None:
             return NotFound(f"no key named or with id '{ref}'", code="key_not_found")
-        state = key.versions[-1].state
-        return Conflict(f"key '{key.name}' has no active version (it is {state}); "
+        name, state = row
+        return Conflict(f"key '{name}' has no active version (it is {state}); "
                        "activate or rotate it to make new data keys", code="illegal_state")
 
     def decrypt(self, ctx: RequestContext, blob: bytes, *, context: dict[str, str] | None = None) -> DataKey:
         header, key_id, version_no, sealed = parse_blob(blob)
         self._policy.require(ctx, Permission.DATAKEYS_DECRYPT, action="datakey.decrypt",
                              object_type="key", object_id=str(key_id))
-        with self._db.begin() as s:
+        with self._audit.transaction() as s:
             key_name, version = self._usable_version(s, ctx, key_id, version_no, "datakey.decrypt")
             plaintext = self._open(s, ctx, version, sealed, header + context_digest(context),
                                    key_id, "datakey.decrypt")
@@ -177,7 +192,7 @@ class DataKeyService:
         self._policy.require(ctx, Permission.DATAKEYS_GENERATE, action="datakey.reencrypt",
                              object_type="key", object_id=str(key_id))
         digest = context_digest(context)
-        with self._db.begin() as s:
+        with self._audit.transaction() as s:
             key_name, old = self._usable_version(s, ctx, key_id, version_no, "datakey.reencrypt")
             plaintext = self._open(s, ctx, old, sealed, header + digest, key_id, "datakey.reencrypt")
             new = s.execute(select(KeyVersion).where(
@@ -206,8 +221,8 @@ class DataKeyService:
                            code="key_not_found")
         name, version = row
         if KeyState(version.state) not in DECRYPTABLE:
-            self._audit.record_now(ctx, action=action, outcome="denied", object_type="key",
-                                   object_id=str(key_id), details={"version": version_no, "state": version.state})
+            self._audit.record_after(s, ctx, action=action, outcome="denied", object_type="key",
+                                     object_id=str(key_id), details={"version": version_no, "state": version.state})
             raise Conflict(f"version {version_no} of key '{name}' is {version.state} and cannot decrypt",
                            code="illegal_state")
         return name, version
@@ -219,9 +234,9 @@ class DataKeyService:
         try:
             return self._hsm.decrypt_with(version_wrapped(version), sealed, aad=aad)
         except HsmIntegrityError:
-            self._audit.record_now(ctx, action=action, outcome="error", object_type="key",
-                                   object_id=str(key_id), details={"version": version.version,
-                                                                   "error": "integrity"})
+            self._audit.record_after(s, ctx, action=action, outcome="error", object_type="key",
+                                     object_id=str(key_id), details={"version": version.version,
+                                                                     "error": "integrity"})
             raise IntegrityFailure() from None
         except HsmError as exc:
             raise hsm_failure("open the data key", exc) from exc

@@ -141,9 +141,13 @@ class HostService:
         ctx = RequestContext(Principal(name=f"enrolling:{hostname[:100]}", actor_type="host", role=None,
                                        permissions=frozenset()), source_ip, request_id)
 
-        def refuse(reason: str, message: str) -> Unauthenticated:
-            self._audit.record_now(ctx, action="host.enroll", outcome="denied", object_type="host",
-                                   object_id=hostname[:200], details={"reason": reason})
+        def refuse(reason: str, message: str, session: Session | None = None) -> Unauthenticated:
+            fields: dict[str, Any] = {"action": "host.enroll", "outcome": "denied", "object_type": "host",
+                                      "object_id": hostname[:200], "details": {"reason": reason}}
+            if session is None:
+                self._audit.record_now(ctx, **fields)
+            else:
+                self._audit.record_after(session, ctx, **fields)
             return Unauthenticated(message, code=f"enrollment_{reason}")
 
         if not HOSTNAME_RE.match(hostname):
@@ -161,7 +165,7 @@ class HostService:
             raise refuse("invalid", "malformed enrollment token")
         lookup, _, secret = token[len(TOKEN_PREFIX):].partition("_")
         now = self._now()
-        with self._db.begin() as s:
+        with self._audit.transaction() as s:
             row = s.execute(select(EnrollmentToken).where(EnrollmentToken.lookup_id == lookup)
                             .with_for_update()).scalar_one_or_none()
             expected = row.secret_hash if row else sha256_hex("")
@@ -176,8 +180,7 @@ class HostService:
             else:
                 refusal = None
             if refusal is not None:
-                s.rollback()
-                raise refuse(*refusal)
+                raise refuse(*refusal, session=s)
             assert row is not None
             cert = self._ca.issue_client(name=hostname, public_key=public_key, days=self._cert_days)
             der = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)

@@ -241,11 +241,11 @@ class IdentityService:
     def change_password(self, ctx: RequestContext, *, current: str, new: str) -> None:
         if ctx.principal.user_id is None or ctx.principal.actor_type != "user":
             raise Forbidden("only a signed-in user can change their own password")
-        with self._db.begin() as s:
+        with self._audit.transaction() as s:
             user = self._user(s, ctx.principal.user_id)
             if not self._verify(user.password_hash, current):
-                self._audit.record_now(ctx, action="user.change_password", outcome="denied",
-                                       object_type="user", object_id=user.username)
+                self._audit.record_after(s, ctx, action="user.change_password", outcome="denied",
+                                         object_type="user", object_id=user.username)
                 raise Forbidden("the current password is wrong", code="wrong_password")
             self._check_password(new, user.username)
             if self._verify(user.password_hash, new):

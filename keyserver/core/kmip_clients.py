@@ -169,9 +169,8 @@ class KmipClientService:
         TLS layer against our CA). Unknown or revoked → refused, and revoked is audited."""
         der = cert.public_bytes(serialization.Encoding.DER)
         notifier = self._notifier
-        # Only with PostgreSQL's notifications: on SQLite another process (the CLI) may
-        # revoke a client and nothing would tell this one.
-        if notifier is not None and notifier.distributed and notifier.healthy:
+        # Only while this process hears revocations made by the others.
+        if notifier is not None and notifier.healthy:
             hit = self._cache.get(der)
             if hit is not None and time.monotonic() - hit[1] < self._cache_seconds:
                 return hit[0]
@@ -189,7 +188,7 @@ class KmipClientService:
                                    details={"name": client.name, "reason": "revoked"})
             raise Forbidden(f"KMIP client '{client.name}' is revoked", code="kmip_client_revoked")
         principal = principal_for(client)
-        if notifier is not None and notifier.distributed:
+        if notifier is not None:
             with self._cache_lock:
                 if generation == self._generation:
                     if len(self._cache) > 10_000:

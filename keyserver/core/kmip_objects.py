@@ -245,8 +245,7 @@ class KmipObjectService:
         """`resolve` for Get: state, material and lengths only, from the cache when the
         notification listener guarantees it is current."""
         notifier = self._notifier
-        # PostgreSQL only: on SQLite another process (the CLI) could change a key unheard.
-        if notifier is None or not notifier.distributed or not notifier.healthy:
+        if notifier is None or not notifier.healthy:
             return self.resolve(ctx, uid)
         self._policy.require(ctx, Permission.KEYS_READ, action="kmip.read", object_type="kmip_object",
                              object_id=uid)

@@ -175,6 +175,17 @@ class AuditHead(Base):
     hmac_key_id: Mapped[str] = mapped_column(String(128))
 
 
+class ChangeCounter(Base):
+    """One row, bumped by every change that must drop cached credentials or key states
+    in other processes: on SQLite they poll it, as PostgreSQL's LISTEN/NOTIFY tells
+    replicas (keyserver/store/notify.py)."""
+
+    __tablename__ = "change_counter"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+
+
 class Kek(Base):
     """Which HSM key-encryption key is current. The key itself never leaves the HSM."""
 

@@ -1,8 +1,12 @@
-"""Cross-replica notifications over PostgreSQL LISTEN/NOTIFY.
+"""Cross-process notifications: every process drops its cached credentials and key
+states the moment any of them revokes or changes something.
 
-Used to drop cached credentials in every replica the moment one of them revokes
-something. On SQLite (the single-process embedded default) a notification only runs
-the local callbacks, which is all there is.
+PostgreSQL: LISTEN/NOTIFY between replicas. The embedded SQLite store has no such
+channel, and other processes share it too (the CLI beside a running server): there a
+change bumps the one-row `change_counter` in its own transaction, and every process
+polls it five times a second. Either way a notification is delivered only if the change
+commits, and a process that cannot hear them reports itself unhealthy, so callers
+stop trusting their caches.
 """
 
 from __future__ import annotations
@@ -12,12 +16,15 @@ import threading
 from collections.abc import Callable
 
 import psycopg
-from sqlalchemy import text
+from sqlalchemy import text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from keyserver.store.models import ChangeCounter
+
 log = logging.getLogger(__name__)
 CHANNEL = "strongroom_invalidate"
+POLL_SECONDS = 0.2
 
 
 class Notifier:
@@ -27,20 +34,22 @@ class Notifier:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._connected = threading.Event()
-        self.distributed = engine.dialect.name == "postgresql"
+        self._postgres = engine.dialect.name == "postgresql"
 
     @property
     def healthy(self) -> bool:
-        """True when every replica will hear our notifications (or there is only us)."""
-        return not self.distributed or self._connected.is_set()
+        """True while this process hears the others' notifications."""
+        return self._connected.is_set()
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)
 
     def publish(self, session: Session) -> None:
         """Notify inside the caller's transaction: delivered only if it commits."""
-        if self.distributed:
+        if self._postgres:
             session.execute(text(f"NOTIFY {CHANNEL}"))
+        else:
+            session.execute(update(ChangeCounter).where(ChangeCounter.id == 1).values(seq=ChangeCounter.seq + 1))
         session.info.setdefault("notify_local", True)
 
     def fire_local(self) -> None:
@@ -48,9 +57,10 @@ class Notifier:
             cb()
 
     def start(self) -> None:
-        if self.distributed and self._thread is None:
+        if self._thread is None:
             self._stop.clear()
-            self._thread = threading.Thread(target=self._listen, name="notify-listener", daemon=True)
+            target = self._listen if self._postgres else self._poll
+            self._thread = threading.Thread(target=target, name="notify-listener", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
@@ -79,3 +89,29 @@ class Notifier:
                 self._connected.clear()
                 self.fire_local()
             self._stop.wait(1.0)
+
+    def _poll(self) -> None:
+        seen: int | None = None
+        while not self._stop.is_set():
+            try:
+                # The DBAPI connection directly: a plain autocommit read, not a transaction
+                # (on SQLite every transaction here takes the write lock).
+                raw = self._engine.raw_connection()
+                try:
+                    cur = raw.cursor()
+                    cur.execute("SELECT seq FROM change_counter WHERE id = 1")
+                    row = cur.fetchone()
+                    cur.close()
+                finally:
+                    raw.close()
+                seq = int(row[0]) if row else 0
+                if seq != seen:
+                    seen = seq
+                    self.fire_local()
+                self._connected.set()
+            except Exception as exc:
+                log.warning("change counter not readable (%s); retrying", type(exc).__name__)
+                self._connected.clear()
+                self.fire_local()
+            self._stop.wait(POLL_SECONDS)
+        self._connected.clear()

@@ -1,7 +1,8 @@
 """The listener's per-replica caches (client principals, objects for Get) never outlive
 a change made by another replica, and concurrent Gets share audit commits without
-losing a record. "Another replica" is a separate PostgreSQL connection that changes a
-row and sends the notification in the same transaction, as every replica's commit does."""
+losing a record. "Another replica" is a separate connection pool that changes a row and
+sends the notification in the same transaction, as every replica's (or, on the embedded
+store, the CLI's) commit does."""
 
 from __future__ import annotations
 
@@ -9,29 +10,35 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
 import pytest
 from kmip.core import enums
 from kmip.pie.exceptions import KmipOperationFailure
-from sqlalchemy.engine import make_url
+from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from keyserver.kmip.listener import KmipListener
 from keyserver.services import Services
-from keyserver.store.notify import CHANNEL
+from keyserver.store import db
+from keyserver.store.models import KeyVersion, KmipClient
+from keyserver.store.notify import Notifier
 from tests.conftest import unique
 from tests.kmip.conftest import ClientFiles, make_client
 from tests.kmip.raw import connect, query_request, roundtrip
 
 
-def _other_replica(services: Services, sql: str, params: tuple[Any, ...]) -> None:
-    u = make_url(services.settings.effective_database_url)
-    with psycopg.connect(host=u.host, port=u.port or 5432, user=u.username, password=u.password,
-                         dbname=u.database, autocommit=False) as conn:
-        conn.execute(sql, params)  # type: ignore[arg-type]
-        conn.execute(f"NOTIFY {CHANNEL}")
-        conn.commit()
+def _other_replica(services: Services, change: Any) -> None:
+    """`change` committed by another process on the same store, with the notification
+    its commit carries (LISTEN/NOTIFY on PostgreSQL, the change counter on SQLite)."""
+    engine = db.make_engine(services.settings.effective_database_url, pool_size=1)
+    try:
+        with Session(engine) as s, s.begin():
+            s.execute(change)
+            Notifier(engine).publish(s)
+    finally:
+        engine.dispose()
 
 
 def _eventually(check: Callable[[], bool], seconds: float = 10.0) -> bool:
@@ -45,13 +52,13 @@ def _eventually(check: Callable[[], bool], seconds: float = 10.0) -> bool:
 
 def test_a_client_revoked_by_another_replica_is_refused(services: Services, kmip_listener: KmipListener,
                                                          kmip_files: Callable[[str], ClientFiles]) -> None:
-    assert services.notifier.distributed and services.notifier.healthy
+    assert services.notifier.healthy
     files = kmip_files("operator")
     with connect(files, kmip_listener.port) as conn:
         for _ in range(3):  # the principal is cached now
             assert roundtrip(conn, query_request()).batch_items[0].result_status.value == enums.ResultStatus.SUCCESS
-        _other_replica(services, "UPDATE kmip_clients SET revoked_at = now() WHERE id = %s",
-                       (uuid.UUID(files.client_id),))
+        _other_replica(services, update(KmipClient).where(KmipClient.id == uuid.UUID(files.client_id))
+                       .values(revoked_at=datetime.now(UTC)))
 
         def refused() -> bool:
             answer = roundtrip(conn, query_request()).batch_items[0]
@@ -65,8 +72,8 @@ def test_a_key_destroyed_by_another_replica_is_not_served_from_the_cache(service
     kmip.activate(uid)
     assert len(kmip.get(uid).value) == 32
     assert len(kmip.get(uid).value) == 32  # from the cache
-    _other_replica(services, "UPDATE key_versions SET state = 'destroyed', wrapped_key = NULL, "
-                   "destroy_date = now() WHERE id = %s", (uuid.UUID(uid),))
+    _other_replica(services, update(KeyVersion).where(KeyVersion.id == uuid.UUID(uid))
+                   .values(state="destroyed", wrapped_key=None, destroy_date=datetime.now(UTC)))
 
     def refused() -> bool:
         try:
