@@ -291,10 +291,12 @@ def run() -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         manager = GuardPointManager(config, _state.get("config_path"))
+        daemon = AgentDaemon(c, keyring, _spool(config), guard_points=manager)
         try:
-            code = AgentDaemon(c, keyring, _spool(config), guard_points=manager).run(stop)
+            code = daemon.run(stop)
         finally:
             manager.stop_all()
+            daemon.ship_events()
     raise typer.Exit(code)
 
 

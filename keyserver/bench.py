@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -237,11 +238,12 @@ def run(*, postgres: str | None, clients: list[int], virtual_users: int, duratio
         services.audit.flush()
         server = subprocess.Popen([str(Path(sys.executable).with_name("keyserver")), "serve"], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        base = f"http://127.0.0.1:{port}"
+        base = f"https://127.0.0.1:{port}"  # the default: TLS from the internal CA
+        trust = ssl.create_default_context(cadata=services.ca.certificate_pem().decode())
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{base}/readyz", timeout=2, verify=trust).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from keyserver.core.errors import CoreError, ServiceUnavailable
 from keyserver.core.policy import Role
@@ -53,10 +54,68 @@ def _initialize(services: Services) -> str | None:
 
 
 def _print_password(username: str, password: str) -> None:
+    # Text, not markup: a secret is printed exactly as it is.
     console.print(Panel.fit(
-        f"user:     [bold]{username}[/bold]\npassword: [bold]{password}[/bold]\n\n"
-        "Shown once. You will be asked to choose a new password at first sign-in.",
+        Text.assemble("user:     ", (username, "bold"), "\npassword: ", (password, "bold"),
+                      "\n\nShown once. You will be asked to choose a new password at first sign-in."),
         title="first-run administrator", border_style="yellow"))
+
+
+FIRST_PASSWORD_FILE = "first-run-admin-password"  # noqa: S105 - a file name
+
+
+def _hand_over_password(settings: Settings, username: str, password: str) -> None:
+    """The one-time password goes to the terminal, never into the log stream: when
+    stderr is not a terminal (a service manager, a container, a pipe) it is written to
+    a file in the data directory that only the server's user can read."""
+    if console.is_terminal:
+        _print_password(username, password)
+        return
+    path = settings.data_dir / FIRST_PASSWORD_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{username}\n{password}\n")
+    console.print(Text(f"first-run administrator '{username}': the one-time password is in {path.resolve()} "
+                       "(mode 0600); delete the file once you have signed in and chosen your own"),
+                  soft_wrap=True)
+
+
+def _write_ca(settings: Settings, services: Services) -> Path:
+    """The internal CA's certificate beside the data, for `curl --cacert` and browsers."""
+    path = settings.data_dir / "ca.pem"
+    pem = services.ca.certificate_pem()
+    if not path.exists() or path.read_bytes() != pem:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(pem)
+        tmp.chmod(0o644)
+        tmp.replace(path)
+    return path
+
+
+def _print_banner(settings: Settings, services: Services) -> None:
+    from cryptography import x509
+
+    from keyserver.core.ca import display_fingerprint
+
+    url = settings.url
+    console.print(Panel.fit(Text.assemble("Strongroom key server at ", (url, "bold"),
+                                          f"\nAPI reference: {url}/api/docs"),
+                            border_style="red" if settings.insecure_http else "green"))
+    # Outside the panel and soft-wrapped: a path or fingerprint is never broken across
+    # lines, so it can be copied and compared whole.
+    if settings.insecure_http:
+        console.print(Text("PLAIN HTTP (--insecure-http): passwords, session cookies and data keys travel in "
+                           "clear; for local use only", style="bold red"), soft_wrap=True)
+    elif settings.tls_cert_file is None:
+        ca_path = _write_ca(settings, services).resolve()
+        fp = display_fingerprint(x509.load_pem_x509_certificate(services.ca.certificate_pem()))
+        console.print(Text(f"HTTPS with a certificate from Strongroom's own CA, {ca_path}\n"
+                           f"  CA SHA-256 fingerprint {fp}\n"
+                           f"  check it: openssl x509 -noout -fingerprint -sha256 -in {ca_path}\n"
+                           f"  trust it: curl --cacert {ca_path} {url}/readyz; in a browser, import it as an "
+                           "authority (or compare the fingerprint when the browser asks)"), soft_wrap=True)
+    else:
+        console.print(Text(f"HTTPS with {settings.tls_cert_file}"), soft_wrap=True)
 
 
 @app.command()
@@ -74,27 +133,33 @@ def init() -> None:
 
 
 @app.command()
-def serve() -> None:
-    """Run the key server (initialises on first run and prints the admin password)."""
+def serve(
+    insecure_http: Annotated[bool, typer.Option(
+        "--insecure-http", help="serve the REST API and console over plain HTTP (local only; never in "
+                                "production): passwords, cookies and data keys then travel in clear")] = False,
+) -> None:
+    """Run the key server (initialises on first run and hands over the admin password)."""
     import uvicorn
 
     from keyserver.api.app import create_app
     from keyserver.logs import configure
+    from keyserver.tls import rest_tls_context, uvicorn_tls
 
-    settings = Settings()
+    if insecure_http:
+        os.environ["STRONGROOM_INSECURE_HTTP"] = "true"  # the workers read their settings too
+    try:
+        settings = Settings()
+    except ValueError as exc:
+        console.print(Text(f"cannot start: {exc}"), style="red")
+        raise typer.Exit(EXIT_FAILED) from None
     configure(settings.log_level)
     services = _services()
     password = _initialize(services)
-    scheme = "https" if settings.tls_cert_file else "http"
-    url = settings.public_url or f"{scheme}://{settings.host}:{settings.port}"
-    console.print(Panel.fit(f"Strongroom key server at [bold]{url}[/bold]\nAPI reference: {url}/api/docs",
-                            border_style="green"))
+    _print_banner(settings, services)
     if password:
-        _print_password("admin", password)
-    ssl = {"ssl_certfile": str(settings.tls_cert_file), "ssl_keyfile": str(settings.tls_key_file)} \
-        if settings.tls_cert_file else {}
+        _hand_over_password(settings, "admin", password)
     common = {"log_config": None, "access_log": False, "proxy_headers": False, "server_header": False,
-              "timeout_keep_alive": 30, **ssl}
+              "timeout_keep_alive": 30}
     if settings.workers > 1:
         if settings.effective_database_url.startswith("sqlite"):
             console.print("[red]several workers need PostgreSQL[/red]: set STRONGROOM_DATABASE_URL, "
@@ -128,6 +193,7 @@ def serve() -> None:
         from keyserver.agentport import agent_sidecar, run_servers
 
         app = create_app(services)
+        common.update(uvicorn_tls(rest_tls_context(settings, services.ca)))
         try:
             sidecar = agent_sidecar(services, app, common)
             if sidecar is not None and services.agent_url:
@@ -146,10 +212,13 @@ def _print_agent_port(services: Services, url: str) -> None:
     from keyserver.core.ca import display_fingerprint
 
     fp = display_fingerprint(x509.load_pem_x509_certificate(services.ca.certificate_pem()))
-    # soft_wrap: the one-liner must stay copyable whatever the terminal's width
-    console.print(f"Agent port (hosts, mutual TLS) at [bold]{url}[/bold]\n  CA SHA-256 fingerprint {fp}\n"
-                  f"  enroll a host: curl -fsS --cacert ca.pem {url}/install.sh | sudo sh -s -- --token TOKEN\n"
-                  "  (ca.pem from /ca.pem, a token from the console: Hosts > Enroll a host)", soft_wrap=True)
+    # soft_wrap: the one-liner must stay copyable whatever the terminal's width; Text, not
+    # markup: a fingerprint is printed exactly (":cd:" in it once became an emoji).
+    console.print(Text.assemble("Agent port (hosts, mutual TLS) at ", (url, "bold"),
+                                f"\n  CA SHA-256 fingerprint {fp}\n"
+                                f"  enroll a host: curl -fsS --cacert ca.pem {url}/install.sh | sudo sh -s -- "
+                                "--token TOKEN\n  (ca.pem from /ca.pem, a token from the console: Hosts > "
+                                "Enroll a host)"), soft_wrap=True)
 
 
 def _agent_port_failed(settings: Settings, exc: OSError) -> None:

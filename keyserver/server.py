@@ -36,11 +36,14 @@ def _worker(host: str, port: int, uvicorn_kwargs: dict[str, Any]) -> None:
 
     from keyserver.agentport import agent_sidecar, run_servers
     from keyserver.asgi import app_factory
+    from keyserver.tls import rest_tls_context, uvicorn_tls
 
     app = app_factory()
+    services = app.state.services
     sock = bind_socket(host, port)
-    sidecar = agent_sidecar(app.state.services, app, uvicorn_kwargs)  # the agent port: same SO_REUSEPORT sharing
-    run_servers(uvicorn.Server(uvicorn.Config(app, **uvicorn_kwargs)), [sidecar] if sidecar else [], [sock])
+    sidecar = agent_sidecar(services, app, uvicorn_kwargs)  # the agent port: same SO_REUSEPORT sharing
+    tls = uvicorn_tls(rest_tls_context(services.settings, services.ca))
+    run_servers(uvicorn.Server(uvicorn.Config(app, **uvicorn_kwargs, **tls)), [sidecar] if sidecar else [], [sock])
 
 
 def serve_workers(*, host: str, port: int, workers: int, uvicorn_kwargs: dict[str, Any]) -> None:

@@ -1,8 +1,8 @@
 """One settings object for the whole keyserver, read from STRONGROOM_* variables.
 
 Nothing is parsed at import time: `Settings()` is built by the entry point and passed
-down. The embedded default (SQLite + SoftHSM2 under `data_dir`) needs no settings at
-all; anything that is not local requires real secrets.
+down. The embedded default (SQLite + SoftHSM2 under `data_dir`, HTTPS from the internal
+CA) needs no settings at all; anything that is not local requires real secrets and TLS.
 """
 
 from __future__ import annotations
@@ -34,8 +34,15 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8800, ge=1, le=65535)
     public_url: str | None = None
+    # The REST/console port serves HTTPS: with the operator's certificate files when
+    # given, else with a certificate the internal CA issues for `server_names` (plus
+    # localhost, the host name and `host`). Plain HTTP only with `insecure_http`.
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+    server_names: list[str] = Field(
+        default_factory=list, description="extra DNS names / IPs for the REST port's certificate")
+    insecure_http: bool = Field(
+        default=False, description="serve the REST API and console over plain HTTP (never in production)")
     workers: int = Field(default=1, ge=1, le=64)
     threads: int = Field(default=64, ge=4, le=1024, description="request worker threads")
 
@@ -83,7 +90,16 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _production_needs_real_secrets(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("set both STRONGROOM_TLS_CERT_FILE and STRONGROOM_TLS_KEY_FILE, or neither "
+                             "(the internal CA then issues the REST port's certificate)")
+        if self.insecure_http and self.tls_cert_file is not None:
+            raise ValueError("STRONGROOM_INSECURE_HTTP contradicts STRONGROOM_TLS_CERT_FILE: choose one")
         if self.environment != "local":
+            if self.insecure_http:
+                raise ValueError("plain HTTP is refused in production (it would carry passwords, session "
+                                 "cookies and data keys in clear): unset STRONGROOM_INSECURE_HTTP; the port "
+                                 "serves HTTPS with STRONGROOM_TLS_CERT_FILE/KEY_FILE or the internal CA")
             if not self.hsm_user_pin or not self.hsm_so_pin:
                 raise ValueError(
                     "STRONGROOM_HSM_USER_PIN and STRONGROOM_HSM_SO_PIN must be set "
@@ -103,7 +119,15 @@ class Settings(BaseSettings):
     def secure_cookies(self) -> bool:
         if self.cookie_secure is not None:
             return self.cookie_secure
-        return self.tls_cert_file is not None
+        return not self.insecure_http
+
+    @property
+    def url(self) -> str:
+        """The REST/console port's URL as users reach it."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'http' if self.insecure_http else 'https'}://{host}:{self.port}"
 
     def hsm_config(self) -> HsmConfig:
         """HSM settings; in the local environment, PINs are generated once and kept

@@ -1,12 +1,15 @@
-"""TLS for the keyserver's own listeners (KMIP, the agent port): certificates from the
-internal CA, TLS 1.2/1.3, forward-secret AEAD suites only, client certificates checked
-against the internal CA."""
+"""TLS for the keyserver's listeners (REST/console, KMIP, the agent port): certificates
+from the internal CA unless the operator supplies the REST port's own, TLS 1.2/1.3,
+forward-secret AEAD suites only, client certificates checked against the internal CA."""
 
 from __future__ import annotations
 
 import ssl
+from typing import Any
+from urllib.parse import urlsplit
 
 from keyserver.core.ca import CertificateAuthority, load_into_context
+from keyserver.settings import Settings
 
 # ECDHE key exchange only (forward secrecy), AEAD ciphers only, for TLS 1.2.
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
@@ -28,3 +31,32 @@ def server_context(ca: CertificateAuthority, names: list[str], *, client_cert: s
     cert_pem, key = ca.issue_server(names, common_name=common_name)
     load_into_context(ctx, cert_pem, key)
     return ctx
+
+
+def rest_tls_context(settings: Settings, ca: CertificateAuthority) -> ssl.SSLContext | None:
+    """The REST/console port's context: the operator's certificate files, else a
+    certificate from the internal CA; None only when plain HTTP was asked for."""
+    if settings.insecure_http:
+        return None
+    if settings.tls_cert_file is not None:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.set_ciphers(TLS12_CIPHERS)
+        ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION | ssl.OP_CIPHER_SERVER_PREFERENCE
+        ctx.load_cert_chain(str(settings.tls_cert_file), str(settings.tls_key_file))
+        return ctx
+    names = list(settings.server_names)
+    if settings.host not in ("0.0.0.0", "::", ""):  # noqa: S104 - compared, not bound
+        names.append(settings.host)
+    if settings.public_url:
+        public_host = urlsplit(settings.public_url).hostname
+        if public_host:
+            names.append(public_host)
+    return server_context(ca, names, client_cert=ssl.CERT_NONE, common_name="Strongroom key server")
+
+
+def uvicorn_tls(context: ssl.SSLContext | None) -> dict[str, Any]:
+    """uvicorn.Config keyword arguments that serve `context` (nothing for plain HTTP)."""
+    if context is None:
+        return {}
+    return {"ssl_context_factory": lambda _config, _default: context}

@@ -62,6 +62,8 @@ def parser() -> argparse.ArgumentParser:
                                                 "(default <out>/work, removed afterwards)")
     p.add_argument("--keyserver", help="measure this running key server (base URL) instead of a throwaway one")
     p.add_argument("--token", help="API token for --keyserver")
+    p.add_argument("--cacert", type=Path, help="--keyserver's CA certificate (the ca.pem its data directory "
+                                               "holds, as for curl --cacert; default: the system's trust store)")
     p.add_argument("--key", help="key to generate data keys from on --keyserver (default: a new kms-bench-* key)")
     p.add_argument("--postgres", help="PostgreSQL URL for the kmip suite's scratch database (default: a throwaway "
                                       "cluster in the work directory)")
@@ -88,7 +90,8 @@ def config(args: argparse.Namespace) -> Config:
     out = args.out or Path.cwd() / f"kms-bench-{stamp}"
     overrides: dict[str, Any] = {
         "suites": args.suites, "runs": args.runs or (2 if args.quick else 3), "out": out,
-        "work": args.workdir or out / "work", "keyserver": args.keyserver, "token": args.token, "key": args.key}
+        "work": args.workdir or out / "work", "keyserver": args.keyserver, "token": args.token, "key": args.key,
+        "cacert": args.cacert}
     for name, attr in (("copy_sizes", "copy_sizes_mib"), ("threads", "threads"), ("files", "files_per_thread"),
                        ("pg_scale", "pg_scale"), ("pg_seconds", "pg_seconds"), ("clients", "clients"),
                        ("seconds", "load_seconds"), ("rotation_files", "rotation_files"), ("postgres", "postgres")):

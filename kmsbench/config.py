@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,13 @@ class Config:
     keyserver: str | None = None
     token: str | None = None
     key: str | None = None
+    cacert: Path | None = None  # --keyserver's CA (its data directory's ca.pem); None: the system's
+
+    def keyserver_tls(self) -> ssl.SSLContext:
+        """How --keyserver's certificate is verified (as `curl --cacert`)."""
+        if self.cacert is not None:
+            return ssl.create_default_context(cafile=str(self.cacert))
+        return ssl.create_default_context()
     postgres: str | None = None  # kmip: None starts a throwaway cluster in the work directory
     # rotation
     rotation_files: int = 1000

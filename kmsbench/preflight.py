@@ -82,17 +82,19 @@ def keyserver(cfg: Config) -> list[BenchError]:
         return [BenchError(Exit.USAGE, "--keyserver needs --token", "create an API token with the keys scope in "
                            "the console (or `keyserver token create`) and pass it with --token")]
     try:
-        ready = httpx.get(f"{base}/readyz", timeout=5)
+        ready = httpx.get(f"{base}/readyz", timeout=5, verify=cfg.keyserver_tls())
     except httpx.HTTPError as exc:
         return [BenchError(Exit.SERVICE, f"the key server at {base} does not answer ({exc.__class__.__name__}: "
-                           f"{exc})", "start it (keyserver serve), check the URL and port, or leave out "
-                           "--keyserver to benchmark a throwaway server on this machine")]
+                           f"{exc})", "start it (keyserver serve), check the URL and port (and --cacert: the "
+                           "server's ca.pem), or leave out --keyserver to benchmark a throwaway server on this "
+                           "machine")]
     if ready.status_code != 200:
         return [BenchError(Exit.SERVICE, f"the key server at {base} is not ready (readyz answered "
                            f"{ready.status_code})", "check its logs (database, HSM), then run kms-bench again")]
     headers = {"Authorization": f"Bearer {cfg.token}"}
     try:
-        probe = httpx.get(f"{base}/api/v1/keys", params={"limit": 1}, headers=headers, timeout=10)
+        probe = httpx.get(f"{base}/api/v1/keys", params={"limit": 1}, headers=headers, timeout=10,
+                          verify=cfg.keyserver_tls())
     except httpx.HTTPError as exc:
         return [BenchError(Exit.SERVICE, f"the key server at {base} failed a request: {exc}",
                            "check the server, then run kms-bench again")]

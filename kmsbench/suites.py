@@ -150,7 +150,8 @@ def _existing_keyserver(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
     if key is None:
         key = f"kms-bench-{uuid.uuid4().hex[:8]}"
         made = httpx.post(f"{base}/api/v1/keys", json={"name": key, "description": "created by kms-bench"},
-                          headers={"Authorization": f"Bearer {cfg.token}"}, timeout=30)
+                          headers={"Authorization": f"Bearer {cfg.token}"}, timeout=30,
+                          verify=cfg.keyserver_tls())
         if made.status_code != 201:
             raise BenchError(Exit.SERVICE, f"could not create a benchmark key on {base}: {made.status_code} "
                              f"{made.text[:200]}", "pass an existing key with --key NAME, or a token that may "

@@ -1,10 +1,17 @@
-"""Session-wide real dependencies: a PostgreSQL database, a SoftHSM2 token, the
-keyserver's services, and a uvicorn server on a loopback port."""
+"""Session-wide real dependencies: a database, a SoftHSM2 token, the keyserver's
+services, and a uvicorn server on a loopback port.
+
+The store is PostgreSQL unless STRONGROOM_TEST_STORE=embedded: then it is the
+embedded default exactly as `scripts/start` makes it (no database URL: the SQLite
+file in the data directory). `scripts/test` runs the integration suites on both.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -24,11 +31,37 @@ from keyserver.api.app import create_app
 from keyserver.core.principal import system_context
 from keyserver.services import Services, build_services
 from keyserver.settings import Settings
+from keyserver.tls import rest_tls_context, uvicorn_tls
+from tests import https
 from tests.pg import scratch_database
+
+STORE = os.environ.get("STRONGROOM_TEST_STORE", "postgresql")
+assert STORE in ("postgresql", "embedded"), f"STRONGROOM_TEST_STORE={STORE}: postgresql or embedded"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On the embedded store, run every test that goes through the key server's store
+    (it uses the `services` fixture); the rest (file format, HSM, tooling, servers a
+    test starts itself) does not depend on the fixture's store and ran once already."""
+    if STORE != "embedded":
+        return
+    selected, deselected = [], []
+    for item in items:
+        (selected if "services" in getattr(item, "fixturenames", ()) else deselected).append(item)
+    config.hook.pytest_deselected(items=deselected)
+    items[:] = selected
 
 
 @pytest.fixture(scope="session")
-def database_url() -> Iterator[str]:
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="session")
+def database_url(data_dir: Path) -> Iterator[str]:
+    if STORE == "embedded":
+        yield Settings(data_dir=data_dir).effective_database_url
+        return
     with scratch_database() as url:
         yield url
 
@@ -53,8 +86,8 @@ class _ClosingBackend:
 
 
 @pytest.fixture(scope="session")
-def settings(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    return Settings(database_url=database_url, data_dir=tmp_path_factory.mktemp("data"),
+def settings(database_url: str, data_dir: Path) -> Settings:
+    return Settings(database_url=None if STORE == "embedded" else database_url, data_dir=data_dir,
                     scheduler_interval_seconds=3600, session_idle_minutes=30, agent_port=0)
 
 
@@ -100,14 +133,30 @@ def app(services: Services) -> FastAPI:
 
 
 @pytest.fixture(scope="session")
-def base_url(app: FastAPI) -> Iterator[str]:
-    """A real HTTP server on loopback, in this process so tests can also reach the
-    services directly (e.g. to flush the audit chain)."""
+def ca_file(services: Services, data_dir: Path) -> Path:
+    """The internal CA's certificate, as `keyserver serve` leaves it in the data directory."""
+    path = data_dir / "ca.pem"
+    path.write_bytes(services.ca.certificate_pem())
+    return path
+
+
+@pytest.fixture(scope="session")
+def tls(ca_file: Path) -> ssl.SSLContext:
+    """What a client that trusts the internal CA verifies the server with (httpx `verify=`)."""
+    return https.trust(ca_file)
+
+
+@pytest.fixture(scope="session")
+def base_url(app: FastAPI, services: Services, tls: ssl.SSLContext) -> Iterator[str]:
+    """A real HTTPS server on loopback, with its certificate from the internal CA as by
+    default, in this process so tests can also reach the services directly (e.g. to
+    flush the audit chain)."""
     port = _free_port()
+    tls = uvicorn_tls(rest_tls_context(services.settings, services.ca))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
-                                           access_log=False, lifespan="on"))
+                                           access_log=False, lifespan="on", **tls))
     with _serving(server):
-        yield f"http://127.0.0.1:{port}"
+        yield f"https://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="session")
@@ -135,25 +184,26 @@ class Actor:
         self.session = session  # browser session: cookie + X-CSRF-Token
 
 
-def _make_actor(services: Services, base_url: str, role: str) -> Actor:
+def _make_actor(services: Services, base_url: str, tls: ssl.SSLContext, role: str) -> Actor:
     username = unique(role.replace("-", ""))
     password = f"correct-horse-{uuid.uuid4().hex}"
     ctx = system_context("tests")
     services.identity.create_user(ctx, username=username, role=role, password=password)
-    session = httpx.Client(base_url=base_url, timeout=30)
+    session = httpx.Client(base_url=base_url, verify=tls, timeout=30)
     r = session.post("/api/v1/auth/login", json={"username": username, "password": password})
     assert r.status_code == 200, r.text
     session.headers["X-CSRF-Token"] = r.json()["csrf_token"]
     r = session.post("/api/v1/tokens", json={"name": "tests"})
     assert r.status_code == 201, r.text
     secret = r.json()["secret"]
-    client = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {secret}"}, timeout=30)
+    client = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {secret}"}, verify=tls,
+                          timeout=30)
     return Actor(role, username, password, client, session)
 
 
 @pytest.fixture(scope="session")
-def actors(services: Services, base_url: str) -> Iterator[dict[str, Actor]]:
-    made = {role: _make_actor(services, base_url, role)
+def actors(services: Services, base_url: str, tls: ssl.SSLContext) -> Iterator[dict[str, Actor]]:
+    made = {role: _make_actor(services, base_url, tls, role)
             for role in ("admin", "key-officer", "operator", "auditor")}
     yield made
     for a in made.values():

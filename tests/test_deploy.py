@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
-import socket
+import ssl
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,59 +14,35 @@ import httpx
 import pytest
 
 from tests.conftest import REPO
-
-KEYSERVER = str(Path(sys.executable).with_name("keyserver"))
+from tests.serve import KEYSERVER, Server, free_port, server_env
 
 
 def _env(data_dir: Path, port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STRONGROOM_", "SOFTHSM2_CONF"))}
-    env.update(STRONGROOM_DATA_DIR=str(data_dir), STRONGROOM_PORT=str(port),
-               STRONGROOM_LOG_LEVEL="WARNING", STRONGROOM_KMIP_PORT="0")  # any free port: runs may overlap
-    return env
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return server_env(data_dir, port)
 
 
 def test_embedded_default_first_run(tmp_path: Path) -> None:
     """`keyserver serve` on an empty data directory: SQLite + SoftHSM2 token created,
-    URL and one-time password printed, sign-in works; a restart keeps everything."""
-    data, port = tmp_path / "data", _port()
-    proc = subprocess.Popen([KEYSERVER, "serve"], env=_env(data, port), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    out = ""
-    try:
-        deadline = time.monotonic() + 60
-        password = None
-        assert proc.stdout is not None
-        while time.monotonic() < deadline and password is None:
-            line = proc.stdout.readline()
-            out += line
-            m = re.search(r"password:\s+(\S+)", line)
-            if m:
-                password = m.group(1)
-        assert password, out
-        assert f"http://127.0.0.1:{port}" in out
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                if httpx.get(f"{base}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        with httpx.Client(base_url=base) as c:
-            r = c.post("/api/v1/auth/login", json={"username": "admin", "password": password})
+    HTTPS with the internal CA's certificate, the one-time password handed over (not a
+    terminal: in a 0600 file, never in the output), sign-in works; a restart keeps
+    everything."""
+    data = tmp_path / "data"
+    with Server(data) as server:
+        assert f"Strongroom key server at https://127.0.0.1:{server.port}" in server.output
+        username, password = (data / "first-run-admin-password").read_text().split()
+        assert password not in server.output and "first-run-admin-password" in server.output
+        with server.client() as c:
+            r = c.post("/api/v1/auth/login", json={"username": username, "password": password})
             assert r.status_code == 200 and r.json()["user"]["must_change_password"]
+            assert "; secure" in r.headers["set-cookie"].lower()
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            httpx.get(f"{server.url}/readyz")  # the system's trust store does not know the CA
         assert (data / "strongroom.db").exists()
         assert (data / "tokens").is_dir()
         assert oct((data / "hsm-pins.json").stat().st_mode & 0o777) == "0o600"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        assert oct((data / "first-run-admin-password").stat().st_mode & 0o777) == "0o600"
     # Second start: no new password, same data.
+    port = free_port()
     r = subprocess.run([KEYSERVER, "init"], env=_env(data, port), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "password:" not in r.stderr and "initialized" in r.stderr
@@ -77,9 +51,23 @@ def test_embedded_default_first_run(tmp_path: Path) -> None:
     assert r.returncode == 0 and "intact" in r.stderr, r.stderr
 
 
+def test_plain_http_only_when_asked_and_never_in_production(tmp_path: Path) -> None:
+    with Server(tmp_path / "data", "--insecure-http") as server:
+        assert "PLAIN HTTP" in server.output
+        assert httpx.get(f"{server.url}/readyz").status_code == 200
+        _, password = (tmp_path / "data" / "first-run-admin-password").read_text().split()
+        r = httpx.post(f"{server.url}/api/v1/auth/login", json={"username": "admin", "password": password})
+        assert r.status_code == 200 and "secure" not in r.headers["set-cookie"].lower()
+    env = {**_env(tmp_path / "prod", free_port()), "STRONGROOM_ENVIRONMENT": "production",
+           "STRONGROOM_HSM_USER_PIN": "u" * 20, "STRONGROOM_HSM_SO_PIN": "s" * 20,
+           "STRONGROOM_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:1/none"}
+    r = subprocess.run([KEYSERVER, "serve", "--insecure-http"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "plain HTTP is refused in production" in r.stderr, r.stderr
+
+
 def test_cli_create_admin_rotate_kek_and_broken_chain(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    env = _env(data, _port())
+    env = _env(data, free_port())
     r = subprocess.run([KEYSERVER, "create-admin", "second"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "second" in r.stderr, r.stderr
     r = subprocess.run([KEYSERVER, "create-admin", "second"], env=env, capture_output=True, text=True, timeout=60)
@@ -95,7 +83,7 @@ def test_cli_create_admin_rotate_kek_and_broken_chain(tmp_path: Path) -> None:
 
 
 def test_production_refuses_missing_secrets(tmp_path: Path) -> None:
-    env = _env(tmp_path, _port())
+    env = _env(tmp_path, free_port())
     env["STRONGROOM_ENVIRONMENT"] = "production"
     r = subprocess.run([KEYSERVER, "init"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
@@ -117,27 +105,31 @@ def test_compose_file_is_valid() -> None:
     assert r.returncode != 0 and "STRONGROOM_HSM_USER_PIN" in r.stderr
 
 
+def _trust(tmp_path: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(tmp_path / "data" / "ca.pem"))
+
+
 def test_several_workers_on_postgresql(tmp_path: Path) -> None:
     """`STRONGROOM_WORKERS=2`: one SO_REUSEPORT socket per worker, both serving the
     same database; SIGTERM stops every process."""
     from tests.pg import scratch_database
 
-    port = _port()
+    port = free_port()
     with scratch_database() as url:
         env = {**_env(tmp_path / "data", port), "STRONGROOM_WORKERS": "2", "STRONGROOM_DATABASE_URL": url}
-        proc = subprocess.Popen([KEYSERVER, "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        proc = subprocess.Popen([KEYSERVER, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            base = f"http://127.0.0.1:{port}"
+            base = f"https://127.0.0.1:{port}"
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 try:
-                    if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    if httpx.get(f"{base}/readyz", timeout=2, verify=_trust(tmp_path)).status_code == 200:
                         break
-                except httpx.TransportError:
+                except (httpx.TransportError, FileNotFoundError):
                     time.sleep(0.2)
             # Many fresh connections: the kernel spreads them over both workers' sockets.
-            codes = {httpx.get(f"{base}/healthz", timeout=5).status_code for _ in range(40)}
+            trust = _trust(tmp_path)
+            codes = {httpx.get(f"{base}/healthz", timeout=5, verify=trust).status_code for _ in range(40)}
             assert codes == {200}
             children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
             assert len(children) >= 2, children
@@ -159,6 +151,6 @@ def test_several_workers_on_postgresql(tmp_path: Path) -> None:
 
 
 def test_several_workers_refused_on_sqlite(tmp_path: Path) -> None:
-    env = {**_env(tmp_path / "data", _port()), "STRONGROOM_WORKERS": "2"}
+    env = {**_env(tmp_path / "data", free_port()), "STRONGROOM_WORKERS": "2"}
     r = subprocess.run([KEYSERVER, "serve"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "need PostgreSQL" in r.stderr

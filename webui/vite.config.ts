@@ -4,8 +4,8 @@ import { defineConfig } from "vite";
 
 // The keyserver serves dist/ at "/"; during development, `npm run dev` proxies the API
 // (and the CA certificate download) to a keyserver on STRONGROOM_URL (default
-// http://127.0.0.1:8800).
-const upstream = process.env.STRONGROOM_URL ?? "http://127.0.0.1:8800";
+// https://127.0.0.1:8800; Node trusts its CA with NODE_EXTRA_CA_CERTS=../data/ca.pem).
+const upstream = process.env.STRONGROOM_URL ?? "https://127.0.0.1:8800";
 export default defineConfig({
   plugins: [react()],
   build: { chunkSizeWarningLimit: 1500, sourcemap: false },

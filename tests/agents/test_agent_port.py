@@ -21,6 +21,7 @@ from agents.keyclient.spool import EventSpool
 from hsm import WrappedKey
 from keyserver.services import Services
 from keyserver.store.models import KeyVersion, ManagedKey
+from tests import https
 from tests.conftest import unique
 
 
@@ -35,7 +36,7 @@ class Host:
 
 def _ca_file(tmp_path: Path, base_url: str) -> Path:
     ca = tmp_path / "ca.pem"
-    ca.write_bytes(httpx.get(f"{base_url}/ca.pem").content)
+    ca.write_bytes(https.get(f"{base_url}/ca.pem").content)
     return ca
 
 

@@ -24,6 +24,7 @@ import pytest
 from agents.cryptfile import read_header
 from keyserver.agentdist import build_wheel
 from keyserver.services import Services
+from tests import https
 from tests.conftest import unique
 
 
@@ -40,19 +41,19 @@ def test_the_agent_wheel_is_complete_and_reproducible() -> None:
 
 def test_downloads_and_installer_are_served(base_url: str, agent_url: str) -> None:
     wheel = build_wheel()
-    ca = httpx.get(f"{base_url}/ca.pem")
+    ca = https.get(f"{base_url}/ca.pem")
     assert ca.status_code == 200 and ca.text.startswith("-----BEGIN CERTIFICATE-----")
-    r = httpx.get(f"{base_url}/downloads/{wheel.filename}")
+    r = https.get(f"{base_url}/downloads/{wheel.filename}")
     assert r.status_code == 200 and r.content == wheel.data and r.headers["x-checksum-sha256"] == wheel.sha256
-    missing = httpx.get(f"{base_url}/downloads/other-1.0.whl")
+    missing = https.get(f"{base_url}/downloads/other-1.0.whl")
     assert missing.status_code == 404 and wheel.filename in missing.json()["detail"]
-    script = httpx.get(f"{base_url}/install.sh").text
+    script = https.get(f"{base_url}/install.sh").text
     assert f"SERVER_URL='{agent_url}'" in script and wheel.sha256 in script and "@" + "CA_PEM@" not in script
 
 
 def test_the_installer_refuses_without_a_token(tmp_path: Path, base_url: str) -> None:
     script = tmp_path / "install.sh"
-    script.write_text(httpx.get(f"{base_url}/install.sh").text)
+    script.write_text(https.get(f"{base_url}/install.sh").text)
     r = subprocess.run(["sh", str(script), "--prefix", str(tmp_path / "p")], capture_output=True, text=True,
                        env={**os.environ, "STRONGROOM_ENROLL_TOKEN": ""}, check=False)
     assert r.returncode == 1 and "enrollment token is required" in r.stderr

@@ -10,11 +10,12 @@ from sqlalchemy import update
 from keyserver.core.principal import system_context
 from keyserver.services import Services
 from keyserver.store.models import BrowserSession
+from tests import https
 from tests.conftest import Actor, unique
 
 
 def login(base_url: str, username: str, password: str) -> tuple[httpx.Client, httpx.Response]:
-    c = httpx.Client(base_url=base_url, timeout=30)
+    c = https.client(base_url=base_url, timeout=30)
     r = c.post("/api/v1/auth/login", json={"username": username, "password": password})
     if r.status_code == 200:
         c.headers["X-CSRF-Token"] = r.json()["csrf_token"]
@@ -57,7 +58,7 @@ def test_logout_ends_the_session(base_url: str, actors: dict[str, Actor]) -> Non
     c, _ = login(base_url, a.username, a.password)
     cookie = c.cookies.get("strongroom_session")
     assert c.post("/api/v1/auth/logout").status_code == 204
-    with httpx.Client(base_url=base_url, cookies={"strongroom_session": cookie or ""}) as replay:
+    with https.client(base_url=base_url, cookies={"strongroom_session": cookie or ""}) as replay:
         r = replay.get("/api/v1/auth/me")
     assert r.status_code == 401 and r.json()["code"] == "session_expired"
     c.close()
@@ -117,7 +118,7 @@ def test_api_token_revocation_and_expiry(base_url: str, actors: dict[str, Actor]
     listed = a.session.get("/api/v1/tokens").json()
     assert any(t["id"] == created["token"]["id"] for t in listed)
     assert all("secret" not in t for t in listed)
-    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {created['secret']}"}) as c:
+    with https.client(base_url=base_url, headers={"Authorization": f"Bearer {created['secret']}"}) as c:
         assert c.get("/api/v1/keys").status_code == 200
         # Two days later (the service's clock is injectable) the token has expired,
         # cached or not.
@@ -142,7 +143,7 @@ def test_tokens_cannot_mint_tokens(actors: dict[str, Actor]) -> None:
 
 
 def test_malformed_authorization(base_url: str) -> None:
-    with httpx.Client(base_url=base_url) as c:
+    with https.client(base_url=base_url) as c:
         for header in ("Basic abc", "Bearer", "Bearer srk_nope", "Bearer srk_abc_def", "Bearer " + "x" * 5000):
             r = c.get("/api/v1/keys", headers={"Authorization": header})
             assert r.status_code == 401, header
@@ -195,7 +196,7 @@ def test_revocation_in_another_replica_is_honoured(base_url: str, actors: dict[s
 
     a = actors["key-officer"]
     created = a.session.post("/api/v1/tokens", json={"name": "replicated"}).json()
-    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {created['secret']}"}) as c:
+    with https.client(base_url=base_url, headers={"Authorization": f"Bearer {created['secret']}"}) as c:
         assert c.get("/api/v1/keys").status_code == 200
         assert services.identity.cached_token(created["secret"]) is not None
         other = build_services(settings, hsm=services.hsm, migrate=False)  # type: ignore[arg-type]

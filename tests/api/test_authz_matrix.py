@@ -15,6 +15,7 @@ import pytest
 
 from keyserver.core.policy import ROLE_PERMISSIONS, Permission, Role
 from keyserver.services import Services
+from tests import https
 from tests.conftest import Actor, unique
 
 P = Permission
@@ -252,7 +253,7 @@ def test_token_scopes_narrow_the_role(actors: dict[str, Actor], new_key: dict[st
     admin = actors["admin"]
     r = admin.session.post("/api/v1/tokens", json={"name": "read-only", "scopes": ["keys:read"]})
     assert r.status_code == 201
-    with httpx.Client(base_url=str(admin.client.base_url),
+    with https.client(base_url=str(admin.client.base_url),
                       headers={"Authorization": f"Bearer {r.json()['secret']}"}) as c:
         assert c.get(f"/api/v1/keys/{new_key['name']}").status_code == 200
         assert c.post(f"/api/v1/keys/{new_key['name']}/rotate").status_code == 403

@@ -18,6 +18,7 @@ from hsm.config import HsmConfig
 from keyserver.api.app import create_app
 from keyserver.services import LazyHsm, Services, build_services
 from keyserver.settings import Settings
+from tests import https
 from tests.conftest import unique
 
 
@@ -40,7 +41,7 @@ def serve(services: Services) -> Iterator[str]:
 
 
 def test_health_ready_and_metrics(base_url: str, admin: httpx.Client) -> None:
-    with httpx.Client(base_url=base_url) as anon:
+    with https.client(base_url=base_url) as anon:
         assert anon.get("/healthz").json() == {"status": "ok"}
         r = anon.get("/readyz")
         assert r.status_code == 200 and r.json()["checks"] == {"database": "ok", "hsm": "ok"}
@@ -52,7 +53,7 @@ def test_health_ready_and_metrics(base_url: str, admin: httpx.Client) -> None:
 
 
 def test_security_headers_and_unknown_routes(base_url: str) -> None:
-    with httpx.Client(base_url=base_url) as c:
+    with https.client(base_url=base_url) as c:
         r = c.get("/api/v1/nothing-here")
         assert r.status_code == 404 and r.json()["code"] == "not_found"
         assert r.headers["x-content-type-options"] == "nosniff"
@@ -74,7 +75,7 @@ def test_missing_hsm_gives_503_with_advice(settings: Settings) -> None:
                                module_path="/nonexistent/libpkcs11.so"))
     services = build_services(settings, hsm=broken, migrate=False)  # type: ignore[arg-type]
     try:
-        with serve(services) as url, httpx.Client(base_url=url) as c:
+        with serve(services) as url, https.client(base_url=url) as c:
             r = c.get("/readyz")
             assert r.status_code == 503
             assert "/nonexistent/libpkcs11.so" in r.json()["checks"]["hsm"]
@@ -91,7 +92,7 @@ def test_key_operation_without_hsm_is_503(settings: Settings, actors: dict[str, 
     services = build_services(settings, hsm=broken, migrate=False)  # type: ignore[arg-type]
     token = actors["key-officer"].client.headers["authorization"]  # type: ignore[attr-defined]
     try:
-        with serve(services) as url, httpx.Client(base_url=url, headers={"Authorization": token}) as c:
+        with serve(services) as url, https.client(base_url=url, headers={"Authorization": token}) as c:
             r = c.post("/api/v1/keys", json={"name": unique("nohsm")})
             assert r.status_code == 503
             body = r.json()
@@ -109,7 +110,7 @@ def test_database_down_is_503_and_recovers(settings: Settings, hsm_backend: obje
     services = build_services(dead, hsm=hsm_backend, migrate=False)  # type: ignore[arg-type]
     token = actors["admin"].client.headers["authorization"]  # type: ignore[attr-defined]
     try:
-        with serve(services) as url, httpx.Client(base_url=url, headers={"Authorization": token}) as c:
+        with serve(services) as url, https.client(base_url=url, headers={"Authorization": token}) as c:
             r = c.get("/api/v1/keys")
             assert r.status_code == 503 and r.json()["code"] == "database_unavailable"
             assert c.get("/readyz").json()["checks"]["database"].startswith("unreachable")
@@ -132,7 +133,7 @@ def test_database_down_is_503_and_recovers(settings: Settings, hsm_backend: obje
 
 
 def test_openapi_documents_errors_and_operation_ids(base_url: str) -> None:
-    spec = httpx.get(f"{base_url}/api/v1/openapi.json").json()
+    spec = https.get(f"{base_url}/api/v1/openapi.json").json()
     assert spec["components"]["schemas"]["Problem"]["required"] == ["type", "title", "status", "detail", "code"]
     for path, item in spec["paths"].items():
         for method, op in item.items():

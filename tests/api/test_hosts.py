@@ -17,11 +17,12 @@ from hsm import WrappedKey
 from keyserver.core.errors import Forbidden, Unauthenticated
 from keyserver.services import Services
 from keyserver.store.models import EnrollmentToken, KeyVersion, ManagedKey
+from tests import https
 from tests.conftest import Actor, unique
 
 
 def enroll(base_url: str, secret: str, ident: HostIdentity, hostname: str) -> httpx.Response:
-    return httpx.post(f"{base_url}/api/v1/enroll", json={
+    return https.post(f"{base_url}/api/v1/enroll", json={
         "token": secret, "csr_pem": ident.csr(hostname).decode(), "hostname": hostname,
         "os": "Debian 12", "agent_version": "0.1.0"})
 
@@ -115,7 +116,7 @@ def test_bad_enrollment_requests(tmp_path: Path, base_url: str, operator: httpx.
     secret = operator.post("/api/v1/enrollment-tokens", json={"host_group": "bad"}).json()["secret"]
     ident = HostIdentity.load_or_create(tmp_path / "a")
     body = {"token": secret, "csr_pem": ident.csr("h.example").decode(), "hostname": "h.example", **change}
-    r = httpx.post(f"{base_url}/api/v1/enroll", json=body)
+    r = https.post(f"{base_url}/api/v1/enroll", json=body)
     assert r.status_code == status, r.text
 
 
@@ -128,6 +129,6 @@ def test_weak_host_keys_are_refused(base_url: str, operator: httpx.Client) -> No
            .subject_name(x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "weak.example")]))
            .sign(weak, hashes.SHA256()))
     secret = operator.post("/api/v1/enrollment-tokens", json={"host_group": "weak"}).json()["secret"]
-    r = httpx.post(f"{base_url}/api/v1/enroll", json={
+    r = https.post(f"{base_url}/api/v1/enroll", json={
         "token": secret, "csr_pem": csr.public_bytes(serialization.Encoding.PEM).decode(), "hostname": "weak.example"})
     assert r.status_code == 400 and "2048" in r.json()["detail"]

@@ -41,13 +41,21 @@ def test_a_keyserver_that_is_down_is_reported_before_any_work(tmp_path: Path) ->
     assert not out.exists()
 
 
-def test_a_refused_token_is_reported_before_any_work(base_url: str, tmp_path: Path) -> None:
+def test_a_refused_token_is_reported_before_any_work(base_url: str, ca_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = kms_bench("--suites", "keyserver", "--keyserver", base_url, "--token", "srk_not-a-token", "--out",
-                     str(out), timeout=60)
+    done = kms_bench("--suites", "keyserver", "--keyserver", base_url, "--cacert", str(ca_file), "--token",
+                     "srk_not-a-token", "--out", str(out), timeout=60)
     assert done.returncode == Exit.SERVICE
     assert "refused the token" in done.stderr and "valid" in done.stderr
     assert not out.exists()
+
+
+def test_a_server_whose_ca_is_not_trusted_is_refused_with_advice(base_url: str, tmp_path: Path) -> None:
+    # The key server's certificate comes from its own CA: without --cacert, nothing is sent to it.
+    done = kms_bench("--suites", "keyserver", "--keyserver", base_url, "--token", "srk_t", "--out",
+                     str(tmp_path / "out"), timeout=60)
+    assert done.returncode == Exit.SERVICE
+    assert "CERTIFICATE_VERIFY_FAILED" in done.stderr and "--cacert" in done.stderr
 
 
 def test_too_little_disk_for_the_chosen_size_is_refused(tmp_path: Path) -> None:

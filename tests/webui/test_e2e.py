@@ -34,7 +34,9 @@ from agents.keyclient.client import HostRevoked, ServerClient, ServerRefused
 from agents.keyclient.identity import HostIdentity
 from keyserver.core.principal import system_context
 from keyserver.services import Services
+from tests import https
 from tests.conftest import REPO
+from tests.https import server_spki_pin
 
 WEBUI = REPO / "webui"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -52,7 +54,7 @@ def _require_prerequisites(base_url: str) -> str:
     if not (WEBUI / "dist" / "index.html").exists():
         missing.append("webui/dist (cd webui && npm run build)")
     assert not missing, "scripts/test prepares these; missing: " + "; ".join(missing)
-    page = httpx.get(base_url + "/", timeout=10).text
+    page = https.get(base_url + "/", timeout=10).text
     assert '<div id="root">' in page, ("the test server does not serve the console: webui/dist did not exist "
                                        "when the session's server started")
     assert node
@@ -97,7 +99,7 @@ def _prepare_hosts(tmp_path: Path, base_url: str, agent_url: str, admin: httpx.C
     """Two online database hosts (one with a guard point in error), a web host that never
     sent a heartbeat, and one to revoke from the console; keys for the database group."""
     ca_file = tmp_path / "ca.pem"
-    ca_file.write_bytes(httpx.get(f"{base_url}/ca.pem").content)
+    ca_file.write_bytes(https.get(f"{base_url}/ca.pem").content)
     for name in ("pg-main", "pg-wal"):
         r = admin.post("/api/v1/keys", json={"name": name, "description": f"PostgreSQL {name[3:]} volume",
                                              "tags": {"host-group": GROUP, "env": "prod"}})
@@ -145,11 +147,11 @@ def _heartbeating(hosts: list[FakeHost], every: float = 5.0) -> Iterator[None]:
 
 @pytest.mark.slow
 def test_console_end_to_end(base_url: str, agent_url: str, services: Services, admin: httpx.Client,
-                            tmp_path: Path) -> None:
+                            ca_file: Path, tmp_path: Path) -> None:
     node = _require_prerequisites(base_url)
     hosts = _prepare_hosts(tmp_path, base_url, agent_url, admin)
     spare = _token(admin, "web", 5)  # revoked in the console
-    ca = x509.load_pem_x509_certificate(httpx.get(f"{base_url}/ca.pem").content)
+    ca = x509.load_pem_x509_certificate(https.get(f"{base_url}/ca.pem").content)
     out = tmp_path / "e2e-out"
     out.mkdir()
     ctx = system_context("tests")
@@ -163,6 +165,8 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
     env = {
         "PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path),
         "BASE_URL": base_url, "CHROMIUM": CHROMIUM, "SCREENSHOT_DIR": str(shots),
+        # The browser pins the server's key; the test's own API calls (Node) trust the CA.
+        "TRUST_SPKI": server_spki_pin(base_url), "NODE_EXTRA_CA_CERTS": str(ca_file),
         "ADMIN_USER": admin_user, "ADMIN_OTP": otp,
         "AUDITOR_USER": auditor_user, "AUDITOR_PASSWORD": auditor_password,
         "AGENT_URL": agent_url, "CA_FINGERPRINT": ca.fingerprint(hashes.SHA256()).hex(":").upper(),
