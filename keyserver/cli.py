@@ -116,6 +116,11 @@ def _print_banner(settings: Settings, services: Services) -> None:
                            "authority (or compare the fingerprint when the browser asks)"), soft_wrap=True)
     else:
         console.print(Text(f"HTTPS with {settings.tls_cert_file}"), soft_wrap=True)
+    pins = settings.data_dir / "hsm-pins.json"
+    if settings.environment == "local" and pins.exists():
+        console.print(Text(f"HSM token {settings.data_dir.resolve() / 'tokens'}, its PINs in {pins.resolve()} (mode "
+                           "0600): back them up together and protect the PIN file like the token itself"),
+                      soft_wrap=True)
 
 
 @app.command()
