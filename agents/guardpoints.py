@@ -33,9 +33,16 @@ from agents.cryptfile import FormatError, KeyVersion, decrypt_file, encrypt_file
 from agents.cryptfile.transform import TMP_PREFIX, atomic_replace
 from agents.fs.policy import AccessPolicy, Effect, Mode, Rule
 from agents.fs.protect import plan
+from agents.keyclient.spool import EventSpool
 
 log = logging.getLogger("strongroom.agent.guardpoints")
 WATCH_SECONDS = 1.0
+# A guard point's process that dies is restarted after RESTART_FIRST_SECONDS, doubling
+# while it keeps dying within RESTART_RESET_SECONDS of its restart, up to the maximum.
+WATCH_CRASH_SECONDS = 0.1
+RESTART_FIRST_SECONDS = 0.1
+RESTART_MAX_SECONDS = 30.0
+RESTART_RESET_SECONDS = 60.0
 
 
 def policy_from(definition: dict[str, Any]) -> AccessPolicy:
@@ -154,7 +161,6 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
     from agents.fs.guardpoint import GuardPoint, serve
     from agents.keyclient.client import ServerClient, ServerKeyring
     from agents.keyclient.identity import HostIdentity
-    from agents.keyclient.spool import EventSpool
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s guard point {gp_id[:8]}: %(message)s")
     config = AgentConfig.load(Path(config_path) if config_path else None)
@@ -412,9 +418,15 @@ def _serve_raw(definition_file: Path, status_file: Path, unprotect_file: Path, k
 class _Running:
     process: multiprocessing.process.BaseProcess
     path: str
+    started: float  # time.monotonic()
 
 
 class GuardPointManager:
+    """Runs one process per guard point and keeps it running: a process that dies (a
+    crash, a kill -9) is restarted at once by a watcher thread, not at the next
+    heartbeat, and the crash is reported (`guardpoint.serve_failed`, audited as an
+    error). Crashing again soon after a restart backs off, up to RESTART_MAX_SECONDS."""
+
     def __init__(self, config: AgentConfig, config_path: Path | None) -> None:
         self._config_path = str(config_path) if config_path else None
         self._dir = config.state_dir / "guardpoints"
@@ -422,9 +434,48 @@ class GuardPointManager:
         self._running: dict[str, _Running] = {}
         self._definitions: dict[str, dict[str, Any]] = {}
         self._ctx = multiprocessing.get_context("spawn")
+        self._spool = EventSpool(config.spool_dir)
+        self._lock = threading.RLock()
+        self._crashes: dict[str, tuple[int, float]] = {}  # guard point -> (crashes in a row, restart due at)
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="guard-point-watch", daemon=True)
+        self._watcher.start()
+
+    def _start(self, gp_id: str) -> None:
+        d = self._definitions[gp_id]
+        p = self._ctx.Process(target=serve_guard_point, args=(self._config_path, str(self._dir), gp_id),
+                              name=f"guard point {d['path']}", daemon=False)
+        p.start()
+        self._running[gp_id] = _Running(p, d["path"], time.monotonic())
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(WATCH_CRASH_SECONDS):
+            with self._lock:
+                for gp_id, running in list(self._running.items()):
+                    code = running.process.exitcode
+                    if code is None or code == 0 or gp_id not in self._definitions:
+                        continue  # alive, or ended on purpose (its status file says why)
+                    now = time.monotonic()
+                    crashes, due = self._crashes.get(gp_id, (0, 0.0))
+                    if due == 0.0:  # a new crash: report it once, and decide when to restart
+                        lived = now - running.started
+                        crashes = 1 if lived > RESTART_RESET_SECONDS else crashes + 1
+                        due = now + min(RESTART_MAX_SECONDS, RESTART_FIRST_SECONDS * 2 ** (crashes - 1))
+                        self._crashes[gp_id] = (crashes, due)
+                        log.error("guard point %s stopped unexpectedly (exit %s); restarting it", running.path, code)
+                        self._spool.append({"event": "guardpoint.serve_failed", "guard_point": gp_id,
+                                            "path": running.path, "exit_code": code, "crashes_in_a_row": crashes})
+                    if now >= due:
+                        self._crashes[gp_id] = (crashes, 0.0)
+                        _unmount(running.path)  # "transport endpoint is not connected" until then
+                        self._start(gp_id)
 
     def apply(self, definitions: list[dict[str, Any]], active_versions: dict[str, int | None]) -> None:
         """Make the running mounts match the server's definitions."""
+        with self._lock:
+            self._apply(definitions, active_versions)
+
+    def _apply(self, definitions: list[dict[str, Any]], active_versions: dict[str, int | None]) -> None:
         wanted = {d["id"]: {**d, "active_version": active_versions.get(d["key_id"])} for d in definitions}
         for gp_id in set(self._running) - set(wanted):
             self._stop(gp_id)
@@ -442,17 +493,18 @@ class GuardPointManager:
                 _write_json(self._dir / f"{gp_id}.json", d)
             self._definitions[gp_id] = d
             running = self._running.get(gp_id)
-            if running is None or not running.process.is_alive():
-                if running is not None:
-                    log.warning("guard point %s exited (%s); restarting it", d["path"], running.process.exitcode)
-                    _unmount(running.path)
-                p = self._ctx.Process(target=serve_guard_point, args=(self._config_path, str(self._dir), gp_id),
-                                      name=f"guard-point {d['path']}", daemon=False)
-                p.start()
-                self._running[gp_id] = _Running(p, d["path"])
+            if running is None:
+                self._start(gp_id)
+            elif running.process.exitcode == 0:  # ended on purpose: tried again at each heartbeat
+                _unmount(running.path)
+                self._start(gp_id)
 
     def reports(self) -> list[dict[str, Any]]:
         """What each guard point applied, for the heartbeat."""
+        with self._lock:
+            return self._reports()
+
+    def _reports(self) -> list[dict[str, Any]]:
         out = []
         for gp_id, d in self._definitions.items():
             status = _read_json(self._dir / f"{gp_id}.status.json") or {"state": "unmounted", "detail": "starting"}
@@ -465,7 +517,7 @@ class GuardPointManager:
                         "unprotect": status.get("unprotect")})
         return out
 
-    def _stop(self, gp_id: str, *, deleted: bool = True) -> None:
+    def _stop(self, gp_id: str, *, deleted: bool = True) -> None:  # with self._lock held
         """Stop serving a guard point; `deleted`: the server no longer defines it (an
         unprotected one then gives its path back its plaintext: release())."""
         d = self._definitions.pop(gp_id, None)
@@ -484,6 +536,7 @@ class GuardPointManager:
                             d["path"], d["backing_path"])
 
     def _halt(self, gp_id: str) -> None:
+        self._crashes.pop(gp_id, None)
         running = self._running.pop(gp_id)
         if running.process.is_alive() and running.process.pid:
             os.kill(running.process.pid, signal.SIGTERM)
@@ -494,8 +547,10 @@ class GuardPointManager:
             running.process.join(timeout=5)
 
     def stop_all(self) -> None:
-        for gp_id in list(self._running):
-            self._stop(gp_id, deleted=False)
+        self._stopping.set()
+        with self._lock:
+            for gp_id in list(self._running):
+                self._stop(gp_id, deleted=False)
 
 
 def local_reports(state_dir: Path) -> list[dict[str, Any]]:

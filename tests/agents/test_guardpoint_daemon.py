@@ -312,3 +312,31 @@ def test_stopping_the_daemon_keeps_what_a_restart_resumes_from(tmp_path: Path, a
     manager.stop_all()
     assert not os.path.ismount(mnt)
     assert (state / f"{gp['id']}.json").exists() and (state / f"{gp['id']}.rekey.json").exists()
+
+
+def test_a_crashed_guard_point_comes_back_at_once_and_the_crash_is_audited(
+        tmp_path: Path, agent: tuple[Host, AgentDaemon], admin: httpx.Client, services: Services) -> None:
+    host, daemon = agent
+    key = admin.post("/api/v1/keys", json={"name": unique("gpc")}).json()
+    mnt = tmp_path / "crashy"
+    gp = admin.post("/api/v1/guard-points", json={"host_id": host.id, "path": str(mnt),
+                                                  "backing_path": str(tmp_path / "crashy-b"), "key": key["name"],
+                                                  "default_effect": "permit"}).json()
+    daemon.beat()
+    eventually(lambda: os.path.ismount(mnt), "the mount")
+    (mnt / "kept.txt").write_text("survives the crash")
+    manager = daemon._manager
+    assert manager is not None
+    victim = manager._running[gp["id"]].process
+    os.kill(victim.pid or 0, 9)
+    victim.join(10)
+    # No heartbeat in between: the manager's watcher restarts it by itself.
+    eventually(lambda: manager._running[gp["id"]].process.pid != victim.pid
+               and os.path.ismount(mnt) and (mnt / "kept.txt").exists(), "the guard point back after a crash")
+    assert (mnt / "kept.txt").read_text() == "survives the crash"
+    daemon.beat()  # ships the spool
+    services.audit.flush()
+    events = admin.get("/api/v1/audit/events", params={"action": "agent.guardpoint.serve_failed",
+                                                       "limit": 50}).json()["items"]
+    mine = [e for e in events if e["details"].get("guard_point") == gp["id"]]
+    assert mine and mine[0]["outcome"] == "error" and mine[0]["details"]["exit_code"] == -9
