@@ -36,14 +36,20 @@
 _Static_assert(OFF_NONCE == SRCF_HEADER_AAD_SIZE, "the AAD ends where the wrap begins");
 _Static_assert(OFF_TAG + SRCF_TAG_SIZE == SRCF_HEADER_SIZE, "the header is 128 bytes");
 
-static pthread_once_t gcm_once = PTHREAD_ONCE_INIT;
-static EVP_CIPHER *gcm;
-
-static void fetch_gcm(void) { gcm = EVP_CIPHER_fetch(NULL, "AES-256-GCM", NULL); }
+/* Fetched on first use and kept for the life of the process. A compare-and-swap rather
+ * than pthread_once: the library then needs nothing newer than glibc 2.4. */
+static _Atomic(EVP_CIPHER *) gcm;
 
 const EVP_CIPHER *srcf_gcm(void) {
-    pthread_once(&gcm_once, fetch_gcm);
-    return gcm;
+    EVP_CIPHER *c = atomic_load_explicit(&gcm, memory_order_acquire), *none = NULL;
+    if (c != NULL) return c;
+    c = EVP_CIPHER_fetch(NULL, "AES-256-GCM", NULL);
+    if (c == NULL) return NULL;
+    if (!atomic_compare_exchange_strong_explicit(&gcm, &none, c, memory_order_acq_rel, memory_order_acquire)) {
+        EVP_CIPHER_free(c);   /* another thread won */
+        return none;
+    }
+    return c;
 }
 
 int srcf_header_parse(const uint8_t *data, size_t len, srcf_header *out) {
