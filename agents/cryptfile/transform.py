@@ -5,8 +5,8 @@ fsyncs the directory (agents/cryptfile/replace.py): an interruption at any momen
 either the old file or the new one, both complete and readable, plus at most a stray
 `.srtmp-*` file.
 
-The bulk work goes through the compiled engine (agents/cryptfile/native.py: runs of 256
-chunks per call, file keys only in the library's locked memory) wherever it loads; on a
+The bulk work goes through the compiled engine (agents/cryptfile/native.py: runs of about
+1 MiB per call, file keys only in the library's locked memory) wherever it loads; on a
 host where it cannot, through the Python reference implementation, with the same result
 byte for byte apart from the random nonces and keys.
 """
@@ -30,7 +30,13 @@ __all__ = ["TMP_PREFIX", "atomic_replace", "decrypt_file", "encrypt_file", "encr
            "rekey_file", "rewrap_file"]
 
 Progress = Callable[[int], None]  # called with the number of bytes just processed
-_RUN = 256  # chunks sealed per run
+_RUN_BYTES = 1 << 20  # plaintext per run: 256 chunks of 4 KiB, 16 of 64 KiB, one of 1 MiB
+
+
+def _run_chunks(chunk_size: int) -> int:
+    """Chunks per run: runs stay near 1 MiB whatever the chunk size (256 chunks of 1 MiB
+    would be 256 MiB buffers)."""
+    return max(1, _RUN_BYTES // chunk_size)
 
 
 def _file_mode(path: str | Path) -> int:
@@ -125,13 +131,14 @@ class _Stored:
             self.file.close()
             raise IntegrityError(path, f"chunk {body // stored_chunk} (file length)") from None
         self.count = native.chunk_count(self.size, self.chunk)
-        self._stored = bytearray(_RUN * stored_chunk)
+        self.run = _run_chunks(self.chunk)
+        self._stored = bytearray(self.run * stored_chunk)
 
     def runs(self, out: bytearray) -> Iterator[tuple[int, int, int]]:
         """(first index, chunks, plaintext bytes) of each run, decrypted into `out`."""
         stored_chunk = self.chunk + CHUNK_OVERHEAD
-        for first in range(0, self.count, _RUN):
-            count = min(_RUN, self.count - first)
+        for first in range(0, self.count, self.run):
+            count = min(self.run, self.count - first)
             start = HEADER_SIZE + first * stored_chunk
             length = min(self.length, start + count * stored_chunk) - start
             view = memoryview(self._stored)[:length]
@@ -145,7 +152,7 @@ class _Stored:
 
 def _encrypt_stream_native(src: BinaryIO, dst: BinaryIO, key: KeyVersion, *, chunk_size: int,
                            progress: Progress | None) -> None:
-    run = chunk_size * _RUN
+    run = chunk_size * _run_chunks(chunk_size)
     with native.NativeKey(key) as nkey, native.NativeFile.create(nkey, chunk_size=chunk_size) as nf:
         dst.write(nf.header)
         current, following = bytearray(run), bytearray(run)
@@ -170,7 +177,7 @@ def _decrypt_native(src: str | Path, dst: str | Path, keyring: Keyring, *, progr
     with open(src, "rb") as fin:
         stored = _Stored(fin, str(src), keyring)
         try:
-            out = bytearray(_RUN * stored.chunk)
+            out = bytearray(stored.run * stored.chunk)
             with atomic_replace(dst, mode=_file_mode(src)) as fout:
                 for _, _, n in stored.runs(out):
                     fout.write(memoryview(out)[:n])
@@ -188,7 +195,7 @@ def _rekey_native(path: str | Path, keyring: Keyring, new_key: KeyVersion, *, pr
             with native.NativeKey(new_key) as nkey, \
                     native.NativeFile.create(nkey, chunk_size=stored.chunk, path=path) as nf, \
                     atomic_replace(path, mode=_file_mode(path)) as fout:
-                plain = bytearray(_RUN * stored.chunk)
+                plain = bytearray(stored.run * stored.chunk)
                 out = bytearray(native.run_stored_len(len(plain), stored.chunk))
                 fout.write(nf.header)
                 for first, _, n in stored.runs(plain):
@@ -224,7 +231,7 @@ def _encrypt_stream_python(src: BinaryIO, dst: BinaryIO, key: KeyVersion, *, chu
     header = seal_header(file_key, key, file_id=file_id, chunk_size=chunk_size)
     cipher = ChunkCipher(file_key, file_id)
     dst.write(header.encode())
-    run = chunk_size * _RUN
+    run = chunk_size * _run_chunks(chunk_size)
     index, current = 0, _read_full(src, run)
     while True:
         # Read one run ahead: the file's final chunk is sealed with last=1.
@@ -253,7 +260,7 @@ def _read_full(f: BinaryIO, n: int) -> bytes:
 
 def _decrypt_python(src: str | Path, dst: str | Path, keyring: Keyring, *, progress: Progress | None) -> None:
     with EncryptedFile.open(str(src), keyring) as ef, atomic_replace(dst, mode=_file_mode(src)) as fout:
-        step = ef.header.chunk_size * 256
+        step = ef.header.chunk_size * _run_chunks(ef.header.chunk_size)
         for offset in range(0, ef.size, step):
             data = ef.read(offset, step)
             fout.write(data)
