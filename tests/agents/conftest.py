@@ -25,14 +25,9 @@ def _build() -> str | None:
     return None
 
 
-_NOT_BUILT: list[str | None] = []
-
-
 @pytest.fixture(scope="session", autouse=True)
 def native_built() -> str | None:
-    if not _NOT_BUILT:
-        _NOT_BUILT.append(_build())
-    return _NOT_BUILT[0]
+    return _build()
 
 
 @pytest.fixture(scope="session")
