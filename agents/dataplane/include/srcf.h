@@ -19,7 +19,9 @@
  *
  * Key material (key versions and file keys) lives only in memory that is mlock()ed,
  * excluded from core dumps (MADV_DONTDUMP) and from forked children (MADV_WIPEONFORK
- * where the kernel has it), and is wiped with OPENSSL_cleanse() when freed. OpenSSL's
+ * where the kernel has it: there every call on an inherited key or file fails with
+ * SRCF_E_FORKED rather than use a zeroed key), and is wiped with OPENSSL_cleanse() when
+ * freed. OpenSSL's
  * cipher contexts hold the expanded AES key schedule in OpenSSL's own heap (wiped when
  * the context is freed); a process holding keys should call srcf_harden_process().
  *
@@ -69,6 +71,8 @@ typedef enum srcf_status {
     SRCF_E_MLOCK = 5,           /* cannot lock memory for key material (RLIMIT_MEMLOCK) */
     SRCF_E_CRYPTO = 6,          /* OpenSSL failed (not an authentication failure) */
     SRCF_E_RANDOM = 7,          /* OpenSSL's random generator failed */
+    SRCF_E_FORKED = 8,          /* key material is gone: this is a forked child (MADV_WIPEONFORK);
+                                   open the file again from its header in this process */
 
     /* 10..19 format: the bytes are not a v1 file (FORMAT.md, "Header"); one code each */
     SRCF_E_HEADER_TRUNCATED = 10, /* fewer than 128 bytes (after a good magic and version) */

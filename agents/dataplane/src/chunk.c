@@ -15,12 +15,21 @@
 #define NONCE_BATCH 256u
 #define AAD_SIZE (SRCF_ID_SIZE + 8u + 1u)
 
-static struct srcf_ctx *borrow(srcf_file *f) {
+/* NULL with *rc set: no context (out of memory), or a forked child's wiped file key. The
+ * contexts a child inherited would still work, but one rule is simpler: nothing on an
+ * inherited file works in a child. */
+static struct srcf_ctx *borrow(srcf_file *f, int *rc) {
+    if (!srcf_secure_live(f->file_key)) {
+        *rc = SRCF_E_FORKED;
+        return NULL;
+    }
     pthread_mutex_lock(&f->lock);
     struct srcf_ctx *c = f->idle;
     if (c != NULL) f->idle = c->next;
     pthread_mutex_unlock(&f->lock);
-    return c != NULL ? c : calloc(1, sizeof *c);
+    if (c == NULL) c = calloc(1, sizeof *c);
+    if (c == NULL) *rc = SRCF_E_NOMEM;
+    return c;
 }
 
 static void give_back(srcf_file *f, struct srcf_ctx *c) {
@@ -109,8 +118,8 @@ int srcf_seal_run(srcf_file *file, uint64_t first_index, uint64_t final_index, c
         (nonces != NULL && srcf_overlap(nonces, count * SRCF_NONCE_SIZE, out, need)))
         return SRCF_E_ARGUMENT;
 
-    struct srcf_ctx *c = borrow(file);
-    if (c == NULL) return SRCF_E_NOMEM;
+    struct srcf_ctx *c = borrow(file, &rc);
+    if (c == NULL) return rc;
     EVP_CIPHER_CTX *ctx = keyed(file, c, 1);
     uint8_t pool[NONCE_BATCH * SRCF_NONCE_SIZE];
     size_t pos = 0;
@@ -158,8 +167,8 @@ int srcf_open_run(srcf_file *file, uint64_t first_index, uint64_t final_index, c
     if ((out == NULL && need != 0) || out_cap < need || srcf_overlap(stored, stored_len, out, need))
         return SRCF_E_ARGUMENT;
 
-    struct srcf_ctx *c = borrow(file);
-    if (c == NULL) return SRCF_E_NOMEM;
+    struct srcf_ctx *c = borrow(file, &rc);
+    if (c == NULL) return rc;
     EVP_CIPHER_CTX *ctx = keyed(file, c, 0);
     rc = ctx != NULL ? SRCF_OK : SRCF_E_CRYPTO;
     size_t pos = 0, opos = 0;
@@ -196,8 +205,8 @@ int srcf_seal_chunk(srcf_file *file, uint64_t index, int last, const uint8_t *pl
         if (RAND_bytes(fresh, SRCF_NONCE_SIZE) != 1) return SRCF_E_RANDOM;
         nonce = fresh;
     }
-    struct srcf_ctx *c = borrow(file);
-    if (c == NULL) return SRCF_E_NOMEM;
+    struct srcf_ctx *c = borrow(file, &rc);
+    if (c == NULL) return rc;
     EVP_CIPHER_CTX *ctx = keyed(file, c, 1);
     rc = ctx != NULL ? seal_one(ctx, file->file_id, index, last, nonce, plain, plain_len, out) : SRCF_E_CRYPTO;
     give_back(file, c);
@@ -215,8 +224,8 @@ int srcf_open_chunk(srcf_file *file, uint64_t index, int last, const uint8_t *st
     if (stored_len < SRCF_CHUNK_OVERHEAD) return SRCF_E_INTEGRITY;
     size_t n = stored_len - SRCF_CHUNK_OVERHEAD;
     if ((out == NULL && n != 0) || srcf_overlap(stored, stored_len, out, n)) return SRCF_E_ARGUMENT;
-    struct srcf_ctx *c = borrow(file);
-    if (c == NULL) return SRCF_E_NOMEM;
+    struct srcf_ctx *c = borrow(file, &rc);
+    if (c == NULL) return rc;
     EVP_CIPHER_CTX *ctx = keyed(file, c, 0);
     rc = ctx != NULL ? open_one(ctx, file->file_id, index, last, stored, n, out) : SRCF_E_CRYPTO;
     give_back(file, c);

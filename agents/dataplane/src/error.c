@@ -15,6 +15,7 @@ const char *srcf_strerror(int code) {
     case SRCF_E_MLOCK: return "cannot lock memory for key material (RLIMIT_MEMLOCK)";
     case SRCF_E_CRYPTO: return "OpenSSL failure";
     case SRCF_E_RANDOM: return "OpenSSL random generator failure";
+    case SRCF_E_FORKED: return "key material is not inherited by a forked process";
     case SRCF_E_HEADER_TRUNCATED: return "truncated header";
     case SRCF_E_BAD_MAGIC: return "not a Strongroom encrypted file (bad magic)";
     case SRCF_E_BAD_VERSION: return "unsupported format version (this library reads version 1)";

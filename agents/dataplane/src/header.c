@@ -156,6 +156,7 @@ int srcf_file_create_fixed(srcf_file **file, uint8_t header[SRCF_HEADER_SIZE], c
                            uint32_t chunk_size, const uint8_t *file_key, const uint8_t *file_id,
                            const uint8_t *wrap_nonce) {
     if (file == NULL || header == NULL || key == NULL) return SRCF_E_ARGUMENT;
+    if (!srcf_secure_live(key)) return SRCF_E_FORKED;
     int rc = srcf_check_chunk_size(chunk_size);
     if (rc != SRCF_OK) return rc;
     uint8_t id[SRCF_ID_SIZE];
@@ -184,6 +185,7 @@ int srcf_file_create(srcf_file **file, uint8_t header[SRCF_HEADER_SIZE], const s
 int srcf_file_open(srcf_file **file, const uint8_t *header, size_t len, const srcf_key *key) {
     srcf_header h;
     if (file == NULL || key == NULL) return SRCF_E_ARGUMENT;
+    if (!srcf_secure_live(key)) return SRCF_E_FORKED;
     int rc = srcf_header_parse(header, len, &h);
     if (rc != SRCF_OK) return rc;
     if (h.key_version != key->version || memcmp(h.key_id, key->key_id, SRCF_ID_SIZE) != 0)
@@ -204,6 +206,7 @@ int srcf_file_open(srcf_file **file, const uint8_t *header, size_t len, const sr
 int srcf_file_rewrap(const srcf_file *file, const srcf_key *new_key, uint8_t header[SRCF_HEADER_SIZE],
                      const uint8_t *wrap_nonce) {
     if (file == NULL || new_key == NULL || header == NULL) return SRCF_E_ARGUMENT;
+    if (!srcf_secure_live(file->file_key) || !srcf_secure_live(new_key)) return SRCF_E_FORKED;
     return seal_header(header, new_key, file->chunk_size, file->file_id, file->file_key, wrap_nonce);
 }
 

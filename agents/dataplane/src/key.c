@@ -4,7 +4,7 @@
 int srcf_key_new(srcf_key **key, const uint8_t key_id[SRCF_ID_SIZE], uint32_t version,
                  const uint8_t material[SRCF_KEY_SIZE]) {
     if (key == NULL || key_id == NULL || material == NULL || version == 0) return SRCF_E_ARGUMENT;
-    _Static_assert(sizeof(struct srcf_key) <= SECMEM_SLOT, "a key version fits one secure slot");
+    _Static_assert(sizeof(struct srcf_key) <= SECMEM_USABLE, "a key version fits one secure slot");
     struct srcf_key *k = srcf_secure_alloc();
     if (k == NULL) return SRCF_E_MLOCK;
     memcpy(k->material, material, SRCF_KEY_SIZE);

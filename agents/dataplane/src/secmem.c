@@ -5,7 +5,9 @@
  * unprivileged process quickly. So arenas of locked pages are cut into 64-byte slots
  * (64 per 4 KiB page). Every arena is mmap()ed privately, mlock()ed (never swapped),
  * madvise()d MADV_DONTDUMP (never in a core dump) and MADV_WIPEONFORK (a forked child
- * sees zeros; best effort: Linux >= 4.14). A freed slot is wiped with OPENSSL_cleanse;
+ * sees zeros; best effort: Linux >= 4.14). Each slot ends in a 4-byte marker, so code
+ * in a forked child can tell a wiped key from a key and refuse (SRCF_E_FORKED) instead
+ * of encrypting under zeros. A freed slot is wiped with OPENSSL_cleanse;
  * an arena whose slots are all free is unmapped, except the first (so a process that
  * opens and closes one file repeatedly does not mmap/munmap each time).
  *
@@ -29,8 +31,21 @@ struct arena {
     struct arena *next;
 };
 
+static const uint8_t LIVE[4] = {'l', 'i', 'v', 'e'};
+
 static pthread_mutex_t arenas_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct arena *arenas;
+static int atfork_registered;
+
+/* fork(): a child inherits the arenas wiped (MADV_WIPEONFORK) and unlocked (mlock is not
+ * inherited), so it forgets them and maps fresh locked arenas for whatever keys it makes
+ * itself; the lock is held across fork so the child never inherits it taken. */
+static void before_fork(void) { pthread_mutex_lock(&arenas_lock); }
+static void after_fork_parent(void) { pthread_mutex_unlock(&arenas_lock); }
+static void after_fork_child(void) {
+    pthread_mutex_init(&arenas_lock, NULL);
+    arenas = NULL;   /* the inherited mappings stay (wiped): a page or two per fork */
+}
 
 static struct arena *arena_new(void) {
     long page = sysconf(_SC_PAGESIZE);
@@ -63,6 +78,8 @@ static struct arena *arena_new(void) {
 void *srcf_secure_alloc(void) {
     void *slot = NULL;
     pthread_mutex_lock(&arenas_lock);
+    if (!atfork_registered && pthread_atfork(before_fork, after_fork_parent, after_fork_child) == 0)
+        atfork_registered = 1;
     struct arena *a = arenas;
     while (a != NULL && a->used == UINT64_MAX) a = a->next;
     if (a == NULL) {
@@ -76,7 +93,8 @@ void *srcf_secure_alloc(void) {
         int i = __builtin_ctzll(~a->used);
         a->used |= UINT64_C(1) << i;
         slot = a->base + (size_t)i * SECMEM_SLOT;
-        memset(slot, 0, SECMEM_SLOT);
+        memset(slot, 0, SECMEM_USABLE);
+        memcpy((uint8_t *)slot + SECMEM_USABLE, LIVE, sizeof LIVE);
     }
     pthread_mutex_unlock(&arenas_lock);
     return slot;
@@ -100,4 +118,8 @@ void srcf_secure_free(void *slot) {
         break;
     }
     pthread_mutex_unlock(&arenas_lock);
+}
+
+int srcf_secure_live(const void *slot) {
+    return slot != NULL && memcmp((const uint8_t *)slot + SECMEM_USABLE, LIVE, sizeof LIVE) == 0;
 }

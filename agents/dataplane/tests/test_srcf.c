@@ -478,13 +478,13 @@ static void test_secure_memory(void) {
     for (int i = 0; i < N; i++) {
         slots[i] = srcf_secure_alloc();
         ok &= slots[i] != NULL;
-        if (slots[i] != NULL) memset(slots[i], 0xa5, SECMEM_SLOT);
+        if (slots[i] != NULL) memset(slots[i], 0xa5, SECMEM_USABLE);
     }
     CHECK(ok);
     for (int i = 0; i < N; i += 2) srcf_secure_free(slots[i]);
     for (int i = 0; i < N; i += 2) {
         slots[i] = srcf_secure_alloc();
-        ok &= slots[i] != NULL && slots[i][0] == 0 && slots[i][SECMEM_SLOT - 1] == 0;
+        ok &= slots[i] != NULL && slots[i][0] == 0 && slots[i][SECMEM_USABLE - 1] == 0 && srcf_secure_live(slots[i]);
     }
     CHECK(ok);
     for (int i = 0; i < N; i++) srcf_secure_free(slots[i]);
@@ -506,13 +506,40 @@ static void test_secure_memory(void) {
     locked = 1;   /* ASan makes mlock() a no-op (its shadow memory); the call is still made */
 #endif
     CHECK(locked && dontdump);
-    /* A forked child does not see key material (MADV_WIPEONFORK). */
-    memset(probe, 0x77, SECMEM_SLOT);
+    /* A forked child does not see key material (MADV_WIPEONFORK), and refuses to use
+     * what it inherited rather than encrypt under a zeroed key. */
+    memset(probe, 0x77, SECMEM_USABLE);
+    srcf_key *key = random_key(1);
+    srcf_file *f = NULL;
+    uint8_t header[128], plain[512] = {1}, out[540], back[512];
+    size_t got;
+    uint64_t bad;
+    CHECK_RC(srcf_file_create(&f, header, key, 512), SRCF_OK);
+    CHECK_RC(srcf_seal_run(f, 0, 0, plain, 512, out, sizeof out, &got, NULL), SRCF_OK);
     pid_t pid = fork();
-    if (pid == 0) _exit(probe[0] == 0 ? 0 : 1);
+    if (pid == 0) {
+        srcf_file *g = NULL;
+        int child_ok = probe[0] == 0 && !srcf_secure_live(probe) &&
+                       srcf_seal_run(f, 0, 0, plain, 512, out, sizeof out, &got, NULL) == SRCF_E_FORKED &&
+                       srcf_open_run(f, 0, 0, out, sizeof out, back, 512, &got, &bad) == SRCF_E_FORKED &&
+                       srcf_file_open(&g, header, 128, key) == SRCF_E_FORKED &&
+                       srcf_file_create(&g, header, key, 512) == SRCF_E_FORKED &&
+                       srcf_file_rewrap(f, key, header, NULL) == SRCF_E_FORKED;
+        /* keys the child makes itself live in fresh locked arenas and work */
+        srcf_key *mine = NULL;
+        child_ok = child_ok && srcf_key_new(&mine, header, 1, plain) == SRCF_OK &&
+                   srcf_file_create(&g, header, mine, 512) == SRCF_OK &&
+                   srcf_seal_run(g, 0, 0, plain, 512, out, sizeof out, &got, NULL) == SRCF_OK;
+        srcf_file_free(g);
+        srcf_key_free(mine);
+        _exit(child_ok ? 0 : 1);
+    }
     int status = -1;
     waitpid(pid, &status, 0);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK_RC(srcf_open_run(f, 0, 0, out, sizeof out, back, 512, &got, &bad), SRCF_OK);   /* the parent still can */
+    srcf_file_free(f);
+    srcf_key_free(key);
     srcf_secure_free(probe);
 }
 
