@@ -1,5 +1,13 @@
 # Production image of the keyserver. The HSM is a PKCS#11 module by path: SoftHSM2
 # is included for evaluation; mount your vendor's module and set STRONGROOM_HSM_MODULE.
+# The compiled format engine (agents/dataplane) is built in a stage of its own: the agent
+# wheel this server hands to hosts carries libsrcf.so for this image's platform.
+FROM python:3.11-slim-bookworm AS dataplane
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libssl-dev make \
+    && rm -rf /var/lib/apt/lists/*
+COPY agents/dataplane /src/dataplane
+RUN make -C /src/dataplane clean lib
+
 FROM python:3.11-slim-bookworm
 RUN apt-get update && apt-get install -y --no-install-recommends softhsm2 \
     && rm -rf /var/lib/apt/lists/* \
@@ -9,6 +17,7 @@ COPY pyproject.toml README.md ./
 COPY keyserver ./keyserver
 COPY hsm ./hsm
 COPY agents ./agents
+COPY --from=dataplane /src/dataplane/build/libsrcf.so ./agents/dataplane/build/libsrcf.so
 COPY migrations ./migrations
 COPY webui/dist ./webui/dist
 RUN pip install --no-cache-dir .

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from agents import __version__
 from agents.config import AgentConfig, ConfigError
-from agents.cryptfile import FormatError, IntegrityError, KeyUnavailable, read_header
+from agents.cryptfile import FormatError, IntegrityError, KeyUnavailable, native, read_header
 from agents.cryptfile.transform import TMP_PREFIX, decrypt_file, encrypt_file, is_encrypted, rekey_file, rewrap_file
 from agents.daemon import AgentDaemon, clock_skew, os_description
 from agents.guardpoints import GuardPointManager, local_reports
@@ -183,13 +183,14 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="machine-readabl
               "host_group": beat["host_group"], "state": beat["state"], "clock_skew_seconds": round(skew, 1),
               "pending_events": spool.pending(), "state_dir": str(identity.state_dir), "keys": keys,
               "guard_points": local_reports(config.state_dir),
-              "agent_version": __version__}
+              "agent_version": __version__, "format_engine": native.describe()}
     if as_json:
         out.print_json(json.dumps(report))
         return
     out.print(f"host [bold]{beat['hostname']}[/bold] ({beat['host_id']}), group {beat['host_group']}: "
               f"[green]{beat['state']}[/green] at {config.server_url}")
     out.print(f"clock skew {skew:+.1f} s · {report['pending_events']} event(s) waiting to be shipped")
+    out.print(f"format engine: {report['format_engine']}")
     table = Table("key", "id", "active version")
     for k in keys:
         table.add_row(k["name"], k["key_id"], str(k["active_version"] or "none"))

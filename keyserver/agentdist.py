@@ -5,6 +5,12 @@ server that serves it (docs/decisions/0007-agent-port-and-distribution.md).
 The wheel is assembled in memory, reproducibly (sorted entries, fixed timestamps): every
 worker serves the same bytes, and the installer checks them against the SHA-256 it was
 given over the same pinned-CA connection.
+
+It carries the compiled format engine, `agents/dataplane/build/libsrcf.so`, as built on
+this server (`scripts/start` builds it): hosts of the server's architecture with glibc
+and OpenSSL 3 use it with no compiler of their own; on any other host the agent says
+why it cannot load it and uses the Python reference (docs/agents.md). The wheel stays
+`py3-none-any` so that every host can install the agent.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import base64
 import hashlib
 import importlib.util
 import io
+import logging
 import threading
 import zipfile
 from dataclasses import dataclass
@@ -22,6 +29,9 @@ DIST_NAME = "strongroom-agent"
 REQUIRES = ["cryptography>=46", "httpx>=0.28", "typer>=0.16", "rich>=14", "mfusepy>=3.1"]
 ENTRY_POINTS = "[console_scripts]\nkms-agent = agents.cli:main\n"
 _EPOCH = (2026, 1, 1, 0, 0, 0)  # zip entries need a date; a fixed one keeps builds identical
+NATIVE_LIBRARY = "dataplane/build/libsrcf.so"  # inside the agents package (agents/cryptfile/native.py)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +65,13 @@ def build_wheel(source: Path | None = None) -> AgentWheel:
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.suffix in (".py", ".md") and "__pycache__" not in p.parts
     ]
+    native = root / NATIVE_LIBRARY
+    if native.is_file():
+        files.append((f"agents/{NATIVE_LIBRARY}", native.read_bytes()))
+        files.sort()
+    else:
+        log.warning("agent wheel without the compiled format engine: %s is not built "
+                    "(make -C agents/dataplane lib); hosts will use the Python reference", native)
     metadata = "\n".join([
         "Metadata-Version: 2.1", f"Name: {DIST_NAME}", f"Version: {version}",
         "Summary: Strongroom host agent: encrypted files, guard points, key delivery over mutual TLS",

@@ -76,3 +76,18 @@ webui_build() {
   log "building the web console"
   (cd "$w" && npm run --silent build)
 }
+
+# native_need — the compiled format engine (agents/dataplane: libsrcf.so and .a), built
+# with the distribution's gcc against OpenSSL 3 when its sources changed since the last
+# build (or the library is missing). The agent wheel the key server serves carries it.
+native_need() {
+  apt_need libssl-dev:/usr/include/openssl/evp.h make:make gcc:gcc
+  local dir="$ROOT/agents/dataplane" stamp="$ROOT/agents/dataplane/build/.strongroom-built"
+  local want; want="$(cd "$dir" && cat Makefile include/*.h src/*.c | sha256sum | cut -c1-16)"
+  if [[ -f "$dir/build/libsrcf.so" && -f "$dir/build/libsrcf.a" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    return 0
+  fi
+  log "building the compiled format engine (agents/dataplane)"
+  make -s -C "$dir" lib >&2
+  echo "$want" >"$stamp"
+}

@@ -26,6 +26,7 @@ from agents.cryptfile.header import (
     seal_header,
 )
 from agents.cryptfile.keys import Keyring, KeyVersion
+from agents.cryptfile.replace import atomic_replace
 
 # Chunks sealed per write system call. Large enough that any write of the mount (at most
 # 1 MiB, i.e. 257 chunks of 4 KiB when unaligned) is ONE pwrite: a killed agent then
@@ -272,8 +273,6 @@ class EncryptedFile:
         this object wait for the copy (the file lock) and never see a mix. `on_replaced`
         runs under the lock with the new file's stat (the mount re-keys its registry).
         Returns False when the file already uses `new_key`."""
-        from agents.cryptfile.transform import atomic_replace
-
         with self._lock:
             if (self.header.key_id, self.header.key_version) == (new_key.key_id, new_key.version):
                 return False
@@ -306,8 +305,6 @@ class EncryptedFile:
         `new_key`, without closing it: every chunk is authenticated and sealed anew into
         a new file that is fsynced and renamed over the path, then this object continues
         on it. Readers and writers of this object wait for it (the file lock)."""
-        from agents.cryptfile.transform import atomic_replace
-
         with self._lock:
             file_key, file_id = os.urandom(FILE_KEY_SIZE), os.urandom(16)
             header = seal_header(file_key, new_key, file_id=file_id, chunk_size=self._chunk)

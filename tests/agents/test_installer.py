@@ -37,6 +37,8 @@ def test_the_agent_wheel_is_complete_and_reproducible() -> None:
     entry = zipfile.ZipFile(BytesIO(wheel.data)).read(f"{dist}/entry_points.txt").decode()
     assert "kms-agent = agents.cli:main" in entry
     assert not any("__pycache__" in n or n.startswith(("keyserver/", "hsm/")) for n in names)
+    # The compiled format engine as built on this server (tests/agents/conftest.py builds it).
+    assert "agents/dataplane/build/libsrcf.so" in names
 
 
 def test_downloads_and_installer_are_served(base_url: str, agent_url: str) -> None:
@@ -95,6 +97,7 @@ def test_a_new_host_from_installer_to_revocation(tmp_path: Path, base_url: str, 
     assert st.returncode == 0, st.stderr
     report = json.loads(st.stdout)
     assert report["host_group"] == group and report["state"] == "active"
+    assert report["format_engine"].startswith("native ("), report["format_engine"]  # the wheel's library loads
     assert [k["name"] for k in report["keys"]] == [key["name"]]
 
     # Encrypt a directory in place, then decrypt it back.
