@@ -45,6 +45,7 @@ struct sr_inode {
 };
 
 struct sr_handle {
+	struct sr_handle *prev, *next; /* every open handle: freed at exit if never released */
 	struct sr_inode *inode;
 	int flags;
 };
@@ -62,7 +63,28 @@ static struct {
 	pthread_mutex_t table_lock;
 	struct sr_inode *table[TABLE_SIZE];
 	int as_root;
+	pthread_mutex_t handles_lock;
+	struct sr_handle handles; /* list head */
 } fs;
+
+static void handle_add(struct sr_handle *h)
+{
+	pthread_mutex_lock(&fs.handles_lock);
+	h->next = fs.handles.next;
+	h->prev = &fs.handles;
+	fs.handles.next->prev = h;
+	fs.handles.next = h;
+	pthread_mutex_unlock(&fs.handles_lock);
+}
+
+static void handle_free(struct sr_handle *h)
+{
+	pthread_mutex_lock(&fs.handles_lock);
+	h->prev->next = h->next;
+	h->next->prev = h->prev;
+	pthread_mutex_unlock(&fs.handles_lock);
+	free(h);
+}
 
 /* ---- helpers --------------------------------------------------------------------- */
 static struct sr_inode *inode_of(fuse_ino_t ino)
@@ -637,6 +659,7 @@ static int finish_open(struct sr_inode *inode, struct fuse_file_info *fi, int fd
 	}
 	h->inode = inode;
 	h->flags = fi->flags;
+	handle_add(h);
 	fi->fh = (uint64_t)(uintptr_t)h;
 	/* Keep the page cache across opens: every change passes through this mount. */
 	fi->keep_cache = 1;
@@ -654,7 +677,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	} else if (fuse_reply_open(req, fi) == -ENOENT) {
 		/* the caller was interrupted: no release will come for this handle */
 		content_put(inode);
-		free((void *)(uintptr_t)fi->fh);
+		handle_free((struct sr_handle *)(uintptr_t)fi->fh);
 	}
 }
 
@@ -712,7 +735,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	}
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
 		content_put(inode_of(e.ino));
-		free((void *)(uintptr_t)fi->fh);
+		handle_free((struct sr_handle *)(uintptr_t)fi->fh);
 	}
 }
 
@@ -779,7 +802,7 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	(void)ino;
 	struct sr_handle *h = (struct sr_handle *)(uintptr_t)fi->fh;
 	content_put(h->inode);
-	free(h);
+	handle_free(h);
 	fuse_reply_err(req, 0);
 }
 
@@ -1075,6 +1098,8 @@ int sr_fs_init(const struct sr_fs_config *cfg)
 {
 	fs.cfg = *cfg;
 	pthread_mutex_init(&fs.table_lock, NULL);
+	pthread_mutex_init(&fs.handles_lock, NULL);
+	fs.handles.next = fs.handles.prev = &fs.handles;
 	struct stat st;
 	if (fstatat(cfg->backing_fd, "", &st, AT_EMPTY_PATH) < 0)
 		return -errno;
@@ -1093,6 +1118,8 @@ int sr_fs_init(const struct sr_fs_config *cfg)
 /* After the session ended: inodes the kernel never forgot (an unmount forgets nothing). */
 void sr_fs_destroy(void)
 {
+	while (fs.handles.next != &fs.handles)
+		handle_free(fs.handles.next);
 	for (unsigned b = 0; b < TABLE_SIZE; b++) {
 		struct sr_inode *p = fs.table[b];
 		while (p) {

@@ -129,6 +129,7 @@ int main(int argc, char **argv)
 	char *fargv[] = { argv[0], "-o", opts, debug ? "-d" : NULL, NULL };
 	struct fuse_args args = FUSE_ARGS_INIT(debug ? 4 : 3, fargv);
 	struct fuse_session *se = fuse_session_new(&args, &sr_fs_ops, sizeof(sr_fs_ops), NULL);
+	fuse_opt_free_args(&args);
 	if (!se)
 		return EXIT_MOUNT;
 	int status = EXIT_OK;
@@ -147,7 +148,8 @@ int main(int argc, char **argv)
 	fuse_loop_cfg_set_max_threads(lc, (unsigned)threads);
 	fuse_loop_cfg_set_idle_threads(lc, (unsigned)(threads / 2 ? threads / 2 : 1));
 	fuse_loop_cfg_set_clone_fd(lc, 0);
-	if (fuse_session_loop_mt(se, lc) != 0)
+	/* 0, or the number of the signal that ended it (SIGTERM/SIGINT/SIGHUP): both clean */
+	if (fuse_session_loop_mt(se, lc) < 0)
 		status = EXIT_LOOP;
 	fuse_loop_cfg_destroy(lc);
 	fuse_session_unmount(se);
