@@ -151,9 +151,9 @@ class Control:
     def status(self) -> dict[str, int]:
         rtype, b = self.reply(self.send(STATUS_REQ))
         assert rtype == STATUS
-        mode, default, nrules, keys, gen, sent, dropped, pid, proto = struct.unpack(">BBHIQQQII", b)
+        mode, default, nrules, keys, gen, sent, dropped, pid, proto, inodes = struct.unpack(">BBHIQQQIIQ", b)
         return {"mode": mode, "default_permit": default, "rules": nrules, "keys": keys, "generation": gen,
-                "events_sent": sent, "events_dropped": dropped, "pid": pid, "protocol": proto}
+                "events_sent": sent, "events_dropped": dropped, "pid": pid, "protocol": proto, "inodes": inodes}
 
     def clear_events(self) -> None:
         """Forget every event so far: events are queued before the denial returns, and
@@ -842,3 +842,46 @@ def test_kill_9_leaves_the_backing_directory_intact(daemon: Path) -> None:
         assert os.readlink(m.b("s")) == "d/f"
         assert Path(m.b("w")).read_bytes() == b"w" * 4096
         assert sorted(os.listdir(m.backing)) == ["d", "g", "s", "w"]
+
+
+def test_forgotten_inodes_leave_the_table(daemon: Path) -> None:
+    with mounted(daemon, control=True) as m:
+        c = m.control
+        assert c is not None
+        assert c.request(SET_POLICY, policy(OFF, True)) == 0
+        base = c.status()["inodes"]
+        os.mkdir(m.p("d"))
+        for i in range(200):
+            Path(m.p("d", f"f{i}")).write_bytes(b"x")
+        os.link(m.p("d", "f0"), m.p("d", "again"))
+        assert c.status()["inodes"] == base + 201  # a hard link is no new inode
+        for name in os.listdir(m.p("d")):
+            os.unlink(m.p("d", name))
+        os.rmdir(m.p("d"))
+        # unlinked inodes are evicted by the kernel at once, and forgotten (forget_multi)
+        deadline = time.monotonic() + 10
+        while c.status()["inodes"] > base and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.status()["inodes"] == base
+
+
+def test_mmap_sparse_files_and_huge_sizes(daemon: Path) -> None:
+    import mmap
+
+    with mounted(daemon) as m:
+        with open(m.p("map"), "w+b") as f:
+            f.truncate(1 << 20)
+            with mmap.mmap(f.fileno(), 1 << 20) as mm:
+                mm[4096:4101] = b"mmapd"
+                mm.flush()
+        assert Path(m.p("map")).read_bytes()[4096:4101] == b"mmapd"
+        assert Path(m.b("map")).read_bytes()[4096:4101] == b"mmapd"
+        # a huge size costs no space on the plain layer, and past the limit fails at once
+        os.truncate(m.p("map"), 1 << 40)
+        assert os.stat(m.p("map")).st_size == 1 << 40
+        assert os.stat(m.b("map")).st_blocks * 512 < 16 << 20
+        with pytest.raises(OSError) as e:
+            os.truncate(m.p("map"), (1 << 63) - 1)
+        assert e.value.errno in (errno.EFBIG, errno.EINVAL)
+        os.truncate(m.p("map"), 0)
+        assert os.stat(m.p("map")).st_size == 0

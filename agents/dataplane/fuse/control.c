@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -489,7 +490,7 @@ static void result(uint32_t seq, int err)
 
 static void send_status(uint32_t seq)
 {
-	uint8_t b[40];
+	uint8_t b[48];
 	memset(b, 0, sizeof(b));
 	pthread_rwlock_rdlock(&policy_lock);
 	if (policy) {
@@ -506,6 +507,7 @@ static void send_status(uint32_t seq)
 	pthread_mutex_unlock(&out_lock);
 	put32(b + 32, (uint32_t)getpid());
 	put32(b + 36, SR_PROTO_VERSION);
+	put64(b + 40, sr_fs_inodes());
 	enqueue(SR_MSG_STATUS, seq, b, sizeof(b), 0);
 }
 
@@ -648,7 +650,15 @@ void sr_control_stop(void)
 		out_closing = 1;
 		pthread_cond_broadcast(&out_cond);
 		pthread_mutex_unlock(&out_lock);
-		pthread_join(writer_thread, NULL);
+		/* Flush what is queued, for 2 s at most: a plane that stopped reading must not
+		 * keep the daemon from exiting (shutdown wakes a blocked send). */
+		struct timespec deadline;
+		clock_gettime(CLOCK_REALTIME, &deadline);
+		deadline.tv_sec += 2;
+		if (pthread_timedjoin_np(writer_thread, NULL, &deadline) != 0) {
+			shutdown(ctl_fd, SHUT_RDWR);
+			pthread_join(writer_thread, NULL);
+		}
 		shutdown(ctl_fd, SHUT_RDWR); /* wakes the reader if the plane is still there */
 		pthread_join(reader_thread, NULL);
 		close(ctl_fd);

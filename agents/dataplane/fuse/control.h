@@ -67,4 +67,7 @@ void sr_event_send(enum sr_event_kind kind, int access, enum sr_op op, const str
 int sr_key_get(const uint8_t id[16], uint32_t version, uint8_t out[32]);
 void sr_keys_wipe(void);
 
+/* From fs.c, for STATUS: inodes the kernel holds lookups on. */
+uint64_t sr_fs_inodes(void);
+
 #endif

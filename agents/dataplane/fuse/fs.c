@@ -57,6 +57,13 @@ struct sr_dir {
 };
 
 #define TABLE_SIZE 4096u
+static uint64_t inode_count; /* inodes the kernel holds lookups on, the root excluded */
+
+uint64_t sr_fs_inodes(void)
+{
+	return __atomic_load_n(&inode_count, __ATOMIC_RELAXED);
+}
+
 static struct {
 	struct sr_fs_config cfg;
 	struct sr_inode root;
@@ -230,6 +237,7 @@ static int do_lookup(struct sr_inode *parent, const char *name, struct fuse_entr
 		unsigned b = bucket(st.st_dev, st.st_ino);
 		inode->next = fs.table[b];
 		fs.table[b] = inode;
+		__atomic_add_fetch(&inode_count, 1, __ATOMIC_RELAXED);
 	}
 	pthread_mutex_unlock(&fs.table_lock);
 	e->ino = (fuse_ino_t)(uintptr_t)inode;
@@ -254,6 +262,7 @@ static void forget_one(fuse_ino_t ino, uint64_t n)
 			pp = &(*pp)->next;
 		if (*pp)
 			*pp = inode->next;
+		__atomic_sub_fetch(&inode_count, 1, __ATOMIC_RELAXED);
 		pthread_mutex_unlock(&fs.table_lock);
 		close(inode->fd);
 		if (inode->content) /* cannot happen: the kernel releases before it forgets */
