@@ -1,3 +1,4 @@
+# ruff: noqa: S103 - permissive modes are the point: other users must reach the mount
 """The native guard-point daemon (agents/dataplane/fuse, `strongroom-fuse`) on real FUSE
 mounts: file-system semantics, concurrency, the control channel (policy, keys, events,
 shutdown) and crash safety. Every test runs against the optimised build and the
@@ -269,7 +270,7 @@ def mounted(daemon: Path, *, control: bool = False, prepare: object = None,
 
 def as_user(uid: int, code: str, gid: int | None = None) -> subprocess.CompletedProcess[str]:
     """Run Python code as another user; it prints the errno it met, or 0."""
-    wrapped = f"import errno, os, sys\ntry:\n" + "".join(f"    {line}\n" for line in code.splitlines()) + \
+    wrapped = "import errno, os, sys\ntry:\n" + "".join(f"    {line}\n" for line in code.splitlines()) + \
         "    print(0)\nexcept OSError as e:\n    print(e.errno)\n"
     return subprocess.run([PY, "-c", wrapped], user=uid, group=uid if gid is None else gid,
                           extra_groups=[], capture_output=True, text=True, timeout=30, check=False)
@@ -585,7 +586,7 @@ def test_concurrent_io_on_distinct_files_and_on_one_file(daemon: Path) -> None:
                         f.write(blobs[i][off:off + 192 * 1024])
                 for _ in range(2):
                     assert Path(m.p(f"f{i}")).read_bytes() == blobs[i]
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:
                 errors.append(e)
 
         threads = [threading.Thread(target=write_file, args=(i,)) for i in range(4)]
@@ -612,7 +613,7 @@ def test_concurrent_io_on_distinct_files_and_on_one_file(daemon: Path) -> None:
                     expect[j * stripe:(j + 1) * stripe] = data
                     assert os.pwrite(fd, data, j * stripe) == stripe
                     assert len(os.pread(fd, stripe, ((j + 3) % (total // stripe)) * stripe)) == stripe
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:
                 errors.append(e)
 
         threads = [threading.Thread(target=stripes, args=(k,)) for k in range(n)]
@@ -885,3 +886,93 @@ def test_mmap_sparse_files_and_huge_sizes(daemon: Path) -> None:
         assert e.value.errno in (errno.EFBIG, errno.EINVAL)
         os.truncate(m.p("map"), 0)
         assert os.stat(m.p("map")).st_size == 0
+
+
+# --- a model test: the same random operations on the mount and on a plain directory -----
+def test_model_mount_behaves_like_a_plain_directory(daemon: Path) -> None:
+    from hypothesis import HealthCheck, settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+    names = st.sampled_from(["a", "b", "c", "d/x", "d/y"])
+
+    with mounted(daemon) as m:
+        counter = iter(range(1_000_000))
+
+        class MountVsPlain(RuleBasedStateMachine):
+            def __init__(self) -> None:
+                super().__init__()
+                n = next(counter)
+                self.roots = (m.p(f"run{n}"), os.path.join(m.top, f"plain{n}"))
+                for r in self.roots:
+                    os.makedirs(os.path.join(r, "d"))
+
+            def both(self, fn: object, *names_: str) -> None:
+                outcomes: list[int | None] = []
+                for r in self.roots:
+                    try:
+                        fn(*(os.path.join(r, n) for n in names_))  # type: ignore[operator]
+                        outcomes.append(None)
+                    except OSError as e:
+                        outcomes.append(e.errno)
+                assert outcomes[0] == outcomes[1], outcomes
+
+            @rule(name=names, off=st.integers(0, 300_000), data=st.binary(min_size=1, max_size=70_000))
+            def write(self, name: str, off: int, data: bytes) -> None:
+                def w(p: str) -> None:
+                    fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o644)
+                    try:
+                        os.pwrite(fd, data, off)
+                    finally:
+                        os.close(fd)
+                self.both(w, name)
+
+            @rule(name=names, data=st.binary(max_size=5000))
+            def append(self, name: str, data: bytes) -> None:
+                def a(p: str) -> None:
+                    with open(p, "ab") as f:
+                        f.write(data)
+                self.both(a, name)
+
+            @rule(name=names, size=st.integers(0, 400_000))
+            def truncate(self, name: str, size: int) -> None:
+                self.both(lambda p: os.truncate(p, size), name)
+
+            @rule(src=names, dst=names)
+            def rename(self, src: str, dst: str) -> None:
+                self.both(os.rename, src, dst)
+
+            @rule(src=names, dst=names)
+            def link(self, src: str, dst: str) -> None:
+                self.both(os.link, src, dst)
+
+            @rule(name=names)
+            def unlink(self, name: str) -> None:
+                self.both(os.unlink, name)
+
+            @rule(name=names, mode=st.sampled_from([0o600, 0o644, 0o755, 0o400]))
+            def chmod(self, name: str, mode: int) -> None:
+                self.both(lambda p: os.chmod(p, mode), name)
+
+            @rule(name=names, ns=st.integers(0, 2**40))
+            def utime(self, name: str, ns: int) -> None:
+                self.both(lambda p: os.utime(p, ns=(ns, ns + 1)), name)
+                with contextlib.suppress(FileNotFoundError):
+                    stats = [os.stat(os.path.join(r, name)) for r in self.roots]
+                    assert [(x.st_atime_ns, x.st_mtime_ns) for x in stats] == [(ns, ns + 1)] * 2
+
+            @invariant()
+            def same_tree(self) -> None:
+                def snapshot(r: str) -> dict[str, tuple[int, int, int, bytes]]:
+                    out = {}
+                    for dirpath, _dirs, files in os.walk(r):
+                        for f in files:
+                            p = os.path.join(dirpath, f)
+                            s = os.stat(p)
+                            out[os.path.relpath(p, r)] = (s.st_size, s.st_mode, s.st_nlink, Path(p).read_bytes())
+                    return out
+                assert snapshot(self.roots[0]) == snapshot(self.roots[1])
+
+        run_state_machine_as_test(MountVsPlain, settings=settings(
+            max_examples=12, stateful_step_count=25, deadline=None, database=None,
+            suppress_health_check=list(HealthCheck)))
