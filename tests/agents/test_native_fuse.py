@@ -15,6 +15,7 @@ import ctypes
 import errno
 import os
 import random
+import re
 import shutil
 import socket
 import stat
@@ -976,3 +977,22 @@ def test_model_mount_behaves_like_a_plain_directory(daemon: Path) -> None:
         run_state_machine_as_test(MountVsPlain, settings=settings(
             max_examples=12, stateful_step_count=25, deadline=None, database=None,
             suppress_health_check=list(HealthCheck)))
+
+
+def test_requests_are_one_mebibyte(daemon: Path) -> None:
+    with mounted(daemon, args=("--debug",)) as m:
+        with open(m.p("f"), "wb") as f:
+            f.write(os.urandom(8 << 20))
+        fd = os.open(m.p("f"), os.O_RDONLY | os.O_DIRECT)
+        try:
+            while os.read(fd, 4 << 20):
+                pass
+        finally:
+            os.close(fd)
+        trace = m.stderr()
+    writes = re.findall(r"opcode: WRITE \(16\), nodeid: \d+, insize: (\d+)", trace)
+    header = 80  # fuse_in_header + fuse_write_in
+    assert writes and all(int(n) - header == 1 << 20 for n in writes), writes
+    # 8 MiB of O_DIRECT reads in about 8 requests (128 KiB requests would be 64)
+    assert 8 <= trace.count("opcode: READ (15)") <= 12
+    assert "max_write=0x00100000" in trace
