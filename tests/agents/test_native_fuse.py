@@ -217,7 +217,7 @@ class Mount:
 
 @contextlib.contextmanager
 def mounted(daemon: Path, *, control: bool = False, prepare: object = None,
-            args: tuple[str, ...] = ()) -> Iterator[Mount]:
+            args: tuple[str, ...] = (), pass_fds: tuple[int, ...] = ()) -> Iterator[Mount]:
     top = tempfile.mkdtemp(prefix="srfuse-", dir="/tmp")
     os.chmod(top, 0o755)  # other test users must reach the mount
     # The backing directory's name is longer than the mount's: paths near PATH_MAX in
@@ -228,11 +228,10 @@ def mounted(daemon: Path, *, control: bool = False, prepare: object = None,
     if callable(prepare):
         prepare(backing, mnt)
     ours = theirs = None
-    pass_fds: tuple[int, ...] = ()
     cmd = [str(daemon), "--allow-other", *args]
     if control:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        pass_fds = (theirs.fileno(),)
+        pass_fds = (*pass_fds, theirs.fileno())
         cmd += ["--control-fd", str(theirs.fileno())]
     cmd += [backing, mnt]
     stderr_path = os.path.join(top, "daemon.stderr")
@@ -269,12 +268,13 @@ def mounted(daemon: Path, *, control: bool = False, prepare: object = None,
         assert proc.returncode in (0, -9), (proc.returncode, report)
 
 
-def as_user(uid: int, code: str, gid: int | None = None) -> subprocess.CompletedProcess[str]:
+def as_user(uid: int, code: str, gid: int | None = None,
+            groups: tuple[int, ...] = ()) -> subprocess.CompletedProcess[str]:
     """Run Python code as another user; it prints the errno it met, or 0."""
     wrapped = "import errno, os, sys\ntry:\n" + "".join(f"    {line}\n" for line in code.splitlines()) + \
         "    print(0)\nexcept OSError as e:\n    print(e.errno)\n"
     return subprocess.run([PY, "-c", wrapped], user=uid, group=uid if gid is None else gid,
-                          extra_groups=[], capture_output=True, text=True, timeout=30, check=False)
+                          extra_groups=list(groups), capture_output=True, text=True, timeout=30, check=False)
 
 
 # The system interpreter by its real path: what /proc/<pid>/exe shows for the test users.
@@ -562,6 +562,25 @@ def test_root_shows_and_changes_the_protected_directory(daemon: Path) -> None:
     os.close(held["fd"])
 
 
+def test_root_fd_names_the_protected_directory(daemon: Path) -> None:
+    """The control plane opens the protected directory itself and passes it (--root-fd)."""
+    other = tempfile.mkdtemp(prefix="srfuse-top-")
+    try:
+        os.chmod(other, 0o710)
+        os.chown(other, 1111, 2222)
+        fd = os.open(other, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with mounted(daemon, args=("--root-fd", str(fd)), pass_fds=(fd,)) as m:
+                st = os.stat(m.mnt)
+                assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o710, 1111, 2222)
+                os.chmod(m.mnt, 0o750)
+                assert stat.S_IMODE(os.stat(other).st_mode) == 0o750
+        finally:
+            os.close(fd)
+    finally:
+        shutil.rmtree(other)
+
+
 def test_default_permissions_are_the_kernels(daemon: Path) -> None:
     with mounted(daemon) as m:
         Path(m.p("secret")).write_bytes(b"s")
@@ -736,6 +755,10 @@ def test_policy_swaps_live_and_learn_mode_records(daemon: Path) -> None:
         assert c.request(SET_POLICY, policy(ENFORCE, True, Rule(permit=False, exes=(PY,), uids=(OTHER,)))) == 0
         assert as_user(OTHER, read).stdout.strip() == str(errno.EACCES)
         assert subprocess.run(["cat", m.p("f")], user=OTHER, capture_output=True).returncode == 0
+        # a rule by supplementary group (the control plane resolved the name to 777)
+        assert c.request(SET_POLICY, policy(ENFORCE, True, Rule(permit=False, gids=(777,)))) == 0
+        assert as_user(OTHER, read, groups=(777,)).stdout.strip() == str(errno.EACCES)
+        assert as_user(OTHER, read, groups=(778,)).stdout.strip() == "0"
         # swapped live, no remount: learn lets it through and says what enforce would do
         c.clear_events()
         assert c.request(SET_POLICY, policy(LEARN, False)) == 0
@@ -746,12 +769,12 @@ def test_policy_swaps_live_and_learn_mode_records(daemon: Path) -> None:
         c.clear_events()
         assert as_user(OTHER, read).stdout.strip() == "0"
         st = c.status()
-        assert st["generation"] == gen + 3 and st["mode"] == OFF
+        assert st["generation"] == gen + 4 and st["mode"] == OFF
         assert os.path.ismount(m.mnt)
         # malformed tables are refused whole, the running one stays
         assert c.request(SET_POLICY, policy(ENFORCE, False)[:-1] + b"\x00\x01") == errno.EINVAL
         assert c.request(SET_POLICY, b"\x07\x00\x00\x00") == errno.EINVAL
-        assert c.status()["generation"] == gen + 3
+        assert c.status()["generation"] == gen + 4
         assert c.request(0x7F) == errno.EOPNOTSUPP
         rtype, body = c.reply(c.send(STATUS_REQ, version=2))
         assert (rtype, struct.unpack(">i", body)[0]) == (RESULT, errno.EPROTONOSUPPORT)
@@ -996,3 +1019,13 @@ def test_requests_are_one_mebibyte(daemon: Path) -> None:
     # 8 MiB of O_DIRECT reads in about 8 requests (128 KiB requests would be 64)
     assert 8 <= trace.count("opcode: READ (15)") <= 12
     assert "max_write=0x00100000" in trace
+
+
+def test_policy_parser_fuzz_corpus_replays_clean() -> None:
+    """The libFuzzer harness (make fuzz) over its committed corpus: no sanitizer finding."""
+    if shutil.which("clang") is None:
+        pytest.fail("clang is missing: apt-get install clang (the fuzz harness needs libFuzzer)")
+    subprocess.run(["make", "-s", "-C", str(SRC), "fuzz"], check=True, capture_output=True)
+    r = subprocess.run([str(SRC / "fuzz-control"), "-runs=0", str(SRC / "fuzz-corpus")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
