@@ -593,8 +593,9 @@ def test_default_permissions_are_the_kernels(daemon: Path) -> None:
 
 
 # --- concurrency ------------------------------------------------------------------------
-def test_concurrent_io_on_distinct_files_and_on_one_file(daemon: Path) -> None:
-    with mounted(daemon) as m:
+@pytest.mark.parametrize("threads", ["2", "16"])
+def test_concurrent_io_on_distinct_files_and_on_one_file(daemon: Path, threads: str) -> None:
+    with mounted(daemon, args=("--threads", threads)) as m:
         size = 2 << 20
         blobs = [random.Random(i).randbytes(size) for i in range(4)]
         errors: list[BaseException] = []

@@ -513,6 +513,30 @@ static void send_status(uint32_t seq)
 
 /* Unmount from inside: the kernel ends the connection, the request loop sees ENODEV. A
  * busy mount is detached, and its connection aborted so open files lose plaintext now. */
+int sr_mount_device(const char *mountpoint, unsigned *maj, unsigned *mnr)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	if (!f)
+		return -errno;
+	char line[2 * PATH_MAX];
+	int found = 0;
+	while (fgets(line, sizeof(line), f)) {
+		char where[PATH_MAX];
+		unsigned a, b;
+		/* id parent maj:min root mountpoint ... (the last match is the one on top) */
+		if (sscanf(line, "%*d %*d %u:%u %*s %4095s", &a, &b, where) == 3 && !strcmp(where, mountpoint)) {
+			*maj = a;
+			*mnr = b;
+			found = 1;
+		}
+	}
+	fclose(f);
+	return found ? 0 : -ENOENT;
+}
+
+/* Unmount from inside: the kernel ends the connection, the request loop sees ENODEV. A
+ * busy mount is detached, and its connection aborted so open files lose plaintext now.
+ * Never a stat() of the mount: the loop may already have stopped answering. */
 static void shut_down(void)
 {
 	sr_keys_wipe();
@@ -520,16 +544,15 @@ static void shut_down(void)
 		return;
 	if (!session)
 		return;
+	unsigned maj = 0, mnr = 0;
+	int have_dev = mount_path && sr_mount_device(mount_path, &maj, &mnr) == 0;
 	fuse_session_exit(session);
-	struct stat st;
-	int have_dev = mount_path && stat(mount_path, &st) == 0;
 	int r = umount2(mount_path, 0) < 0 ? errno : 0;
 	if (r == EBUSY) {
 		(void)umount2(mount_path, MNT_DETACH);
 		if (have_dev) {
 			char abort_path[96];
-			snprintf(abort_path, sizeof(abort_path), "/sys/fs/fuse/connections/%u/abort",
-				 minor(st.st_dev));
+			snprintf(abort_path, sizeof(abort_path), "/sys/fs/fuse/connections/%u/abort", mnr);
 			int fd = open(abort_path, O_WRONLY | O_CLOEXEC);
 			if (fd >= 0) {
 				(void)!write(fd, "1", 1);

@@ -67,6 +67,10 @@ void sr_event_send(enum sr_event_kind kind, int access, enum sr_op op, const str
 int sr_key_get(const uint8_t id[16], uint32_t version, uint8_t out[32]);
 void sr_keys_wipe(void);
 
+/* The device number of the mount on top at `mountpoint`, from /proc/self/mountinfo
+ * (no request to our own file system). 0 or -ENOENT. */
+int sr_mount_device(const char *mountpoint, unsigned *maj, unsigned *mnr);
+
 /* From fs.c, for STATUS: inodes the kernel holds lookups on. */
 uint64_t sr_fs_inodes(void);
 

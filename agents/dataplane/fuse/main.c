@@ -41,24 +41,15 @@ static void usage(FILE *f)
 /* Let the kernel read ahead in 1 MiB requests: it sets a FUSE mount's read-ahead to
  * min(the device's current value, the max_readahead our INIT reply gives), and the
  * current value is the 128 KiB default unless root raises it between the mount and
- * INIT, which is now (the loop has not started). The device number comes
- * from /proc/self/mountinfo: a stat() of the mount would wait for our own loop. */
+ * INIT, which is now (the loop has not started): a stat() of the mount would wait
+ * for our own loop, so the device number comes from /proc/self/mountinfo. */
 static void widen_read_ahead(const char *mountpoint)
 {
-	FILE *f = fopen("/proc/self/mountinfo", "re");
-	if (!f)
-		return;
-	char line[2 * PATH_MAX], dev[32] = "";
 	unsigned maj, mnr;
-	while (fgets(line, sizeof(line), f)) {
-		char where[PATH_MAX];
-		/* id parent maj:min root mountpoint ... */
-		if (sscanf(line, "%*d %*d %u:%u %*s %4095s", &maj, &mnr, where) == 3 && !strcmp(where, mountpoint))
-			snprintf(dev, sizeof(dev), "%u:%u", maj, mnr); /* the last one is on top */
-	}
-	fclose(f);
-	if (!dev[0])
+	if (sr_mount_device(mountpoint, &maj, &mnr) < 0)
 		return;
+	char dev[32];
+	snprintf(dev, sizeof(dev), "%u:%u", maj, mnr);
 	char path[96];
 	snprintf(path, sizeof(path), "/sys/class/bdi/%s/read_ahead_kb", dev);
 	int fd = open(path, O_WRONLY | O_CLOEXEC);
