@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 import random
 import re
@@ -516,6 +517,21 @@ def test_fallocate_xattrs_statfs(daemon: Path) -> None:
         os.mkdir(m.p("d"))
         os.setxattr(m.p("d"), "user.d", b"dir")
         assert os.getxattr(m.p("d"), "user.d") == b"dir"
+        dfd = os.open(m.p("d"), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)  # fsyncdir
+        finally:
+            os.close(dfd)
+        # locks are the kernel's: BSD and POSIX locks conflict between processes as usual
+        with open(m.p("f"), "r+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            fcntl.lockf(f, fcntl.LOCK_EX, 10, 0)
+            probe = ("import fcntl, sys\nf = open(sys.argv[1], 'r+b')\n"
+                     "try:\n    fcntl.{}(f, fcntl.LOCK_EX | fcntl.LOCK_NB{})\n    print('got')\n"
+                     "except BlockingIOError:\n    print('busy')\n")
+            for fn, extra in (("flock", ""), ("lockf", ", 10, 0")):
+                r = subprocess.run([PY, "-c", probe.format(fn, extra), m.p("f")], capture_output=True, text=True)
+                assert r.stdout.strip() == "busy", (fn, r)
         a, b = os.statvfs(m.mnt), os.statvfs(m.backing)
         assert (a.f_bsize, a.f_blocks, a.f_files) == (b.f_bsize, b.f_blocks, b.f_files)
         assert abs(a.f_bavail - b.f_bavail) * a.f_bsize < 64 << 20
@@ -593,9 +609,9 @@ def test_default_permissions_are_the_kernels(daemon: Path) -> None:
 
 
 # --- concurrency ------------------------------------------------------------------------
-@pytest.mark.parametrize("threads", ["2", "16"])
-def test_concurrent_io_on_distinct_files_and_on_one_file(daemon: Path, threads: str) -> None:
-    with mounted(daemon, args=("--threads", threads)) as m:
+@pytest.mark.parametrize("max_threads", ["2", "16"])
+def test_concurrent_io_on_distinct_files_and_on_one_file(daemon: Path, max_threads: str) -> None:
+    with mounted(daemon, args=("--threads", max_threads)) as m:
         size = 2 << 20
         blobs = [random.Random(i).randbytes(size) for i in range(4)]
         errors: list[BaseException] = []
