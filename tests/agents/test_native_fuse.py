@@ -832,13 +832,21 @@ def test_shutdown_with_open_files_and_end_of_control_channel(daemon: Path) -> No
         f = open(m.p("open"), "wb")  # noqa: SIM115 - held open across the shutdown
         f.write(b"x")
         f.flush()
+        Path(m.p("cached")).write_bytes(b"plaintext")
+        reader = os.open(m.p("cached"), os.O_RDONLY)
         try:
+            assert os.pread(reader, 9, 0) == b"plaintext"  # now in the page cache
             assert c.request(SHUTDOWN) == 0
             assert m.proc.wait(timeout=15) == 0
             assert not os.path.ismount(m.mnt)
+            # a descriptor that outlived the mount gets no plaintext, not even cached
+            with pytest.raises(OSError):
+                os.pread(reader, 9, 0)
         finally:
             with contextlib.suppress(OSError):
                 f.close()
+            with contextlib.suppress(OSError):
+                os.close(reader)
         assert Path(m.b("open")).read_bytes() == b"x"
     with mounted(daemon, control=True) as m:
         assert m.control is not None
@@ -851,9 +859,17 @@ def test_shutdown_with_open_files_and_end_of_control_channel(daemon: Path) -> No
 def test_sigterm_unmounts_cleanly(daemon: Path) -> None:
     with mounted(daemon) as m:
         Path(m.p("f")).write_bytes(b"kept")
-        m.proc.terminate()
-        assert m.proc.wait(timeout=15) == 0
-        assert not os.path.ismount(m.mnt)
+        reader = os.open(m.p("f"), os.O_RDONLY)
+        try:
+            assert os.pread(reader, 4, 0) == b"kept"
+            m.proc.terminate()
+            assert m.proc.wait(timeout=15) == 0
+            assert not os.path.ismount(m.mnt)
+            with pytest.raises(OSError):
+                os.pread(reader, 4, 0)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(reader)
         assert Path(m.b("f")).read_bytes() == b"kept"
 
 

@@ -15,11 +15,14 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
+
+#include "fs.h"
 
 /* ---- big-endian helpers ------------------------------------------------------- */
 static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
@@ -537,6 +540,12 @@ int sr_mount_device(const char *mountpoint, unsigned *maj, unsigned *mnr)
 /* Unmount from inside: the kernel ends the connection, the request loop sees ENODEV. A
  * busy mount is detached, and its connection aborted so open files lose plaintext now.
  * Never a stat() of the mount: the loop may already have stopped answering. */
+static pthread_mutex_t shutdown_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t shutdown_cond = PTHREAD_COND_INITIALIZER;
+static int shutdown_running;
+
+static void unmount_from_inside(void);
+
 static void shut_down(void)
 {
 	sr_keys_wipe();
@@ -544,12 +553,40 @@ static void shut_down(void)
 		return;
 	if (!session)
 		return;
+	/* The request loop ends as soon as the connection does, and main() must not exit
+	 * the process under our feet before the unmount is complete (sr_control_wait). */
+	pthread_mutex_lock(&shutdown_lock);
+	shutdown_running = 1;
+	pthread_mutex_unlock(&shutdown_lock);
+	unmount_from_inside();
+	pthread_mutex_lock(&shutdown_lock);
+	shutdown_running = 0;
+	pthread_cond_broadcast(&shutdown_cond);
+	pthread_mutex_unlock(&shutdown_lock);
+}
+
+void sr_control_wait(void)
+{
+	pthread_mutex_lock(&shutdown_lock);
+	while (shutdown_running)
+		pthread_cond_wait(&shutdown_cond, &shutdown_lock);
+	pthread_mutex_unlock(&shutdown_lock);
+}
+
+static void unmount_from_inside(void)
+{
 	unsigned maj = 0, mnr = 0;
 	int have_dev = mount_path && sr_mount_device(mount_path, &maj, &mnr) == 0;
+	if (have_dev)
+		sr_fs_seal(session);
 	fuse_session_exit(session);
 	int r = umount2(mount_path, 0) < 0 ? errno : 0;
 	if (r == EBUSY) {
-		(void)umount2(mount_path, MNT_DETACH);
+		/* MNT_FORCE aborts the FUSE connection (umount_begin) even when the umount
+		 * itself still fails; the detach then takes the mount away. The fusectl abort
+		 * is the same thing where MNT_FORCE is not allowed. */
+		if (umount2(mount_path, MNT_FORCE) < 0)
+			(void)umount2(mount_path, MNT_DETACH);
 		if (have_dev) {
 			char abort_path[96];
 			snprintf(abort_path, sizeof(abort_path), "/sys/fs/fuse/connections/%u/abort", mnr);
@@ -566,7 +603,14 @@ static void shut_down(void)
 			execlp("fusermount3", "fusermount3", "-u", "-z", mount_path, (char *)NULL);
 			_exit(127);
 		}
+		if (pid > 0)
+			(void)waitpid(pid, NULL, 0);
 	}
+}
+
+void sr_shutdown(void)
+{
+	shut_down();
 }
 
 static int read_full(int fd, uint8_t *b, size_t n)

@@ -54,6 +54,11 @@ struct fuse_session;
 int sr_control_start(int fd, struct fuse_session *se, const char *mountpoint);
 void sr_control_ready(void);
 void sr_control_stop(void);
+/* Wipe the keys, seal the file system (no more plaintext, page cache dropped), unmount:
+ * what SHUTDOWN, end of the control channel and SIGTERM/SIGINT/SIGHUP do. */
+void sr_shutdown(void);
+/* After the request loop ended: wait until a shutdown under way has unmounted. */
+void sr_control_wait(void);
 
 /* The access decision for one operation: 0 or -EACCES (after the event is queued).
  * `want` is SR_ACCESS_READ, SR_ACCESS_WRITE or both. `path` names the object inside

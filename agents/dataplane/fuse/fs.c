@@ -72,7 +72,13 @@ static struct {
 	int as_root;
 	pthread_mutex_t handles_lock;
 	struct sr_handle handles; /* list head */
+	int sealed; /* shutting down: no more plaintext (sr_fs_seal) */
 } fs;
+
+static int sealed(void)
+{
+	return __atomic_load_n(&fs.sealed, __ATOMIC_ACQUIRE);
+}
 
 static void handle_add(struct sr_handle *h)
 {
@@ -678,6 +684,10 @@ static int finish_open(struct sr_inode *inode, struct fuse_file_info *fi, int fd
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct sr_inode *inode = inode_of(ino);
+	if (sealed()) {
+		fuse_reply_err(req, EIO);
+		return;
+	}
 	int r = check(req, inode, NULL, open_want(fi->flags), SR_OP_OPEN);
 	if (r == 0)
 		r = finish_open(inode, fi, -1);
@@ -695,6 +705,10 @@ static void op_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 {
 	struct sr_inode *parent = inode_of(parent_ino);
 	struct fuse_entry_param e;
+	if (sealed()) {
+		fuse_reply_err(req, EIO);
+		return;
+	}
 	int r = check(req, parent, name, SR_ACCESS_WRITE, SR_OP_CREATE);
 	if (r < 0) {
 		fuse_reply_err(req, -r);
@@ -752,6 +766,10 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 {
 	(void)ino;
 	struct sr_handle *h = (struct sr_handle *)(uintptr_t)fi->fh;
+	if (sealed()) {
+		fuse_reply_err(req, EIO);
+		return;
+	}
 	if (size > SR_MAX_IO)
 		size = SR_MAX_IO;
 	char *buf = malloc(size ? size : 1);
@@ -776,6 +794,10 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 	struct sr_handle *h = (struct sr_handle *)(uintptr_t)fi->fh;
 	struct sr_inode *inode = h->inode;
 	ssize_t n;
+	if (sealed()) {
+		fuse_reply_err(req, EIO);
+		return;
+	}
 	if (h->flags & O_APPEND) {
 		/* at the end as it is now, not where the kernel's cached size says */
 		pthread_rwlock_wrlock(&inode->io_lock);
@@ -1102,6 +1124,40 @@ const struct fuse_lowlevel_ops sr_fs_ops = {
 	.setxattr = op_setxattr,
 	.removexattr = op_removexattr,
 };
+
+/* Shutdown, before the unmount: refuse every read, write and open from now on, then
+ * drop the kernel's cached pages of every open file, so descriptors still open after
+ * the mount is gone read no plaintext from the page cache. The request loop must still
+ * run (dropping dirty mmap pages writes them back through us). */
+void sr_fs_seal(struct fuse_session *se)
+{
+	__atomic_store_n(&fs.sealed, 1, __ATOMIC_RELEASE);
+	size_t n = 0, cap = 64;
+	fuse_ino_t *open_inodes = malloc(cap * sizeof(*open_inodes));
+	if (!open_inodes)
+		return;
+	pthread_mutex_lock(&fs.table_lock);
+	for (unsigned b = 0; b < TABLE_SIZE; b++) {
+		for (struct sr_inode *p = fs.table[b]; p; p = p->next) {
+			if (p == &fs.root || p->type != S_IFREG)
+				continue;
+			if (n == cap) {
+				fuse_ino_t *bigger = realloc(open_inodes, 2 * cap * sizeof(*open_inodes));
+				if (!bigger)
+					break;
+				open_inodes = bigger;
+				cap *= 2;
+			}
+			open_inodes[n++] = (fuse_ino_t)(uintptr_t)p;
+		}
+	}
+	pthread_mutex_unlock(&fs.table_lock);
+	/* every regular inode the kernel knows: a file closed a moment ago has cached pages
+	 * too. The kernel may forget some meanwhile: notifying an unknown node is harmless. */
+	for (size_t i = 0; i < n; i++)
+		(void)fuse_lowlevel_notify_inval_inode(se, open_inodes[i], 0, 0);
+	free(open_inodes);
+}
 
 int sr_fs_init(const struct sr_fs_config *cfg)
 {

@@ -19,6 +19,7 @@ struct sr_fs_config {
 extern const struct fuse_lowlevel_ops sr_fs_ops;
 int sr_fs_init(const struct sr_fs_config *cfg);
 void sr_fs_destroy(void);
+void sr_fs_seal(struct fuse_session *se);
 
 #define SR_MAX_IO (1u << 20)
 

@@ -10,6 +10,8 @@
 #include <getopt.h>
 #include <limits.h>
 #include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +61,20 @@ static void widen_read_ahead(const char *mountpoint)
 	}
 }
 
+/* SIGTERM, SIGINT and SIGHUP take the same road as SHUTDOWN (sr_shutdown): they are
+ * blocked in every thread and taken here, so no handler runs in a request thread. */
+static sigset_t stop_signals;
+
+static void *signal_main(void *arg)
+{
+	(void)arg;
+	int sig;
+	while (sigwait(&stop_signals, &sig) != 0)
+		;
+	sr_shutdown();
+	return NULL;
+}
+
 static int parse_int(const char *s, int *out)
 {
 	char *end;
@@ -100,6 +116,14 @@ int main(int argc, char **argv)
 	}
 	if (argc - optind != 2)
 		goto bad;
+
+	/* Before any thread exists, so that every thread inherits the mask. */
+	signal(SIGPIPE, SIG_IGN);
+	sigemptyset(&stop_signals);
+	sigaddset(&stop_signals, SIGTERM);
+	sigaddset(&stop_signals, SIGINT);
+	sigaddset(&stop_signals, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
 
 	/* New inodes get exactly the mode the kernel sends (the caller's umask applied). */
 	umask(0);
@@ -159,23 +183,25 @@ int main(int argc, char **argv)
 		fuse_session_destroy(se);
 		return EXIT_CONTROL;
 	}
-	if (fuse_set_signal_handlers(se) < 0 || fuse_session_mount(se, mountpoint) < 0) {
+	if (fuse_session_mount(se, mountpoint) < 0) {
 		sr_control_stop();
 		fuse_session_destroy(se);
 		return EXIT_MOUNT;
 	}
 	widen_read_ahead(mountpoint);
+	pthread_t signal_thread;
+	if (pthread_create(&signal_thread, NULL, signal_main, NULL) == 0)
+		pthread_detach(signal_thread);
 	sr_control_ready();
 	struct fuse_loop_config *lc = fuse_loop_cfg_create();
 	fuse_loop_cfg_set_max_threads(lc, (unsigned)threads);
 	fuse_loop_cfg_set_idle_threads(lc, (unsigned)(threads / 2 ? threads / 2 : 1));
 	fuse_loop_cfg_set_clone_fd(lc, 0);
-	/* 0, or the number of the signal that ended it (SIGTERM/SIGINT/SIGHUP): both clean */
 	if (fuse_session_loop_mt(se, lc) < 0)
 		status = EXIT_LOOP;
 	fuse_loop_cfg_destroy(lc);
+	sr_control_wait();
 	fuse_session_unmount(se);
-	fuse_remove_signal_handlers(se);
 	sr_control_stop();
 	fuse_session_destroy(se);
 	sr_fs_destroy();
