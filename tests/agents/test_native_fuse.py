@@ -578,6 +578,21 @@ def test_root_shows_and_changes_the_protected_directory(daemon: Path) -> None:
     os.close(held["fd"])
 
 
+def test_writes_by_others_clear_set_id_bits(daemon: Path) -> None:
+    """The kernel kills set-user/group-ID bits on write and truncate (the daemon writes
+    as root, with CAP_FSETID: the backing file system alone would keep them)."""
+    with mounted(daemon) as m:
+        Path(m.p("suid")).write_bytes(b"#!/bin/sh\n")
+        os.chmod(m.p("suid"), 0o6777)
+        r = as_user(OTHER, f"open('{m.p('suid')}', 'a').write('echo')")
+        assert r.stdout.strip() == "0", r
+        assert stat.S_IMODE(os.stat(m.p("suid")).st_mode) == 0o777
+        assert stat.S_IMODE(os.stat(m.b("suid")).st_mode) == 0o777
+        os.chmod(m.p("suid"), 0o4777)
+        assert as_user(OTHER, f"os.truncate('{m.p('suid')}', 1)").stdout.strip() == "0"
+        assert stat.S_IMODE(os.stat(m.p("suid")).st_mode) == 0o777
+
+
 def test_root_fd_names_the_protected_directory(daemon: Path) -> None:
     """The control plane opens the protected directory itself and passes it (--root-fd)."""
     other = tempfile.mkdtemp(prefix="srfuse-top-")

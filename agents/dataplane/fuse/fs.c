@@ -377,6 +377,14 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	 * umask is 0, so the mode the kernel sends is the mode the file gets. */
 	conn->want &= ~FUSE_CAP_DONT_MASK;
 	conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+	/* Lookups and readdir of one directory may run in parallel: the inode table has its
+	 * own lock, and every backing call is a single *at() call. */
+	if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
+		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+	/* Not FUSE_CAP_HANDLE_KILLPRIV: the kernel itself clears set-user/group-ID bits on
+	 * write, truncate and chown (as a setattr). The daemon writes as root with
+	 * CAP_FSETID, so the backing file system would keep them. */
+	conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;
 	/* No getlk/setlk/flock handlers: POSIX and BSD locks stay local to the kernel. */
 }
 
