@@ -828,6 +828,9 @@ def test_keys_are_held_dropped_and_wiped_and_shutdown_unmounts(daemon: Path) -> 
         smaps = Path(f"/proc/{m.proc.pid}/smaps").read_text()
         assert any("dd" in line.split() for line in smaps.splitlines() if line.startswith("VmFlags:"))
         assert int(Path(f"/proc/{m.proc.pid}/status").read_text().split("VmLck:")[1].split()[0]) >= 4
+        limits = Path(f"/proc/{m.proc.pid}/limits").read_text()
+        assert [line.split()[4:6] for line in limits.splitlines() if line.startswith("Max core file size")] == \
+            [["0", "0"]]
         assert c.request(DROP_KEY, kid + struct.pack(">I", 1)) == 0
         assert c.request(DROP_KEY, kid + struct.pack(">I", 1)) == errno.ENOKEY
         assert c.status()["keys"] == 1

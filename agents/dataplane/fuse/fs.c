@@ -56,7 +56,7 @@ struct sr_dir {
 	struct dirent *entry;
 };
 
-#define TABLE_SIZE 4096u
+#define TABLE_SIZE 65536u /* buckets: chains stay short at 10^5..10^6 inodes */
 static uint64_t inode_count; /* inodes the kernel holds lookups on, the root excluded */
 
 uint64_t sr_fs_inodes(void)

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -124,6 +126,14 @@ int main(int argc, char **argv)
 	sigaddset(&stop_signals, SIGINT);
 	sigaddset(&stop_signals, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+
+	/* A daemon that may hold keys leaves no core dump and cannot be ptrace-attached by
+	 * processes of its own user (the key page is MADV_DONTDUMP besides). */
+	if (control_fd >= 0) {
+		struct rlimit no_core = { 0, 0 };
+		(void)setrlimit(RLIMIT_CORE, &no_core);
+		(void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	}
 
 	/* New inodes get exactly the mode the kernel sends (the caller's umask applied). */
 	umask(0);
