@@ -1080,3 +1080,29 @@ def test_policy_parser_fuzz_corpus_replays_clean() -> None:
     r = subprocess.run([str(SRC / "fuzz-control"), "-runs=0", str(SRC / "fuzz-corpus")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_sqlite_in_wal_mode_runs_on_the_mount(daemon: Path) -> None:
+    """A real database: WAL with its shared-memory file mapped, POSIX locks, fsync,
+    truncation of the log at checkpoints; two connections at once."""
+    import sqlite3
+
+    with mounted(daemon) as m:
+        db = m.p("app.db")
+        a = sqlite3.connect(db)
+        a.execute("PRAGMA journal_mode=WAL")
+        a.execute("PRAGMA synchronous=FULL")
+        a.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)")
+        with a:
+            a.executemany("INSERT INTO t VALUES (?, ?)", ((i, os.urandom(300)) for i in range(3000)))
+        b = sqlite3.connect(db)
+        assert b.execute("SELECT count(*) FROM t").fetchone() == (3000,)
+        with a:
+            a.execute("DELETE FROM t WHERE k % 2 = 0")
+        assert b.execute("SELECT count(*) FROM t").fetchone() == (1500,)
+        a.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        assert a.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        b.close()
+        a.close()
+        with contextlib.closing(sqlite3.connect(m.b("app.db"))) as direct:
+            assert direct.execute("SELECT count(*) FROM t").fetchone() == (1500,)
