@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -203,8 +203,6 @@ class Mount:
     proc: subprocess.Popen[bytes]
     control: Control | None
     stderr_path: str
-    root_fd: int = -1
-    extra: list[int] = field(default_factory=list)
 
     def p(self, *parts: str) -> str:
         return os.path.join(self.mnt, *parts)

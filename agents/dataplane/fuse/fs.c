@@ -462,6 +462,10 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int va
 		}
 	}
 	if (valid & FUSE_SET_ATTR_SIZE) {
+		if (sealed()) {
+			r = -EIO;
+			goto out;
+		}
 		if (inode->type != S_IFREG) {
 			r = inode->type == S_IFDIR ? -EISDIR : -EINVAL;
 			goto out;
@@ -857,8 +861,8 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 {
 	(void)ino;
 	struct sr_handle *h = (struct sr_handle *)(uintptr_t)fi->fh;
-	if (!fs.cfg.content->fallocate) {
-		fuse_reply_err(req, EOPNOTSUPP);
+	if (!fs.cfg.content->fallocate || sealed()) {
+		fuse_reply_err(req, sealed() ? EIO : EOPNOTSUPP);
 		return;
 	}
 	pthread_rwlock_wrlock(&h->inode->io_lock);
