@@ -1104,3 +1104,11 @@ def test_sqlite_in_wal_mode_runs_on_the_mount(daemon: Path) -> None:
         a.close()
         with contextlib.closing(sqlite3.connect(m.b("app.db"))) as direct:
             assert direct.execute("SELECT count(*) FROM t").fetchone() == (1500,)
+
+
+def test_a_broken_frame_ends_the_channel_like_end_of_file(daemon: Path) -> None:
+    with mounted(daemon, control=True) as m:
+        assert m.control is not None
+        m.control.sock.sendall(struct.pack(">IHHI", 0xFFFFFFF0, VERSION, SET_KEY, 1))
+        assert m.proc.wait(timeout=15) == 0
+        assert not os.path.ismount(m.mnt)
