@@ -1,0 +1,26 @@
+/* The low-level FUSE operations over a backing directory (fs.c). */
+#ifndef SR_FS_H
+#define SR_FS_H
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include "content.h"
+
+struct sr_fs_config {
+	int backing_fd;        /* O_PATH | O_DIRECTORY of the backing directory */
+	int protected_fd;      /* the protected directory itself, opened before the mount */
+	const char *backing_path; /* resolved, for naming objects in events */
+	const struct sr_content_ops *content;
+	void *content_layer;
+	double timeout;        /* attribute and entry cache, seconds */
+};
+
+extern const struct fuse_lowlevel_ops sr_fs_ops;
+int sr_fs_init(const struct sr_fs_config *cfg);
+void sr_fs_destroy(void);
+void sr_fs_seal(struct fuse_session *se);
+
+#define SR_MAX_IO (1u << 20)
+
+#endif

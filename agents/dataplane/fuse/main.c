@@ -1,0 +1,224 @@
+/* strongroom-fuse: serve one guard point (PROTECTED path, BACKING directory) until it
+ * is unmounted, SIGTERM/SIGINT arrives, or the control plane says SHUTDOWN or goes away.
+ * Exit codes: README.md. */
+#define _GNU_SOURCE
+#include "control.h"
+#include "fs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum {
+	EXIT_OK = 0,
+	EXIT_USAGE = 1,
+	EXIT_BACKING = 2, /* backing or protected directory unusable */
+	EXIT_MOUNT = 3,   /* the session could not be created or mounted */
+	EXIT_CONTROL = 4, /* control channel or key memory could not be set up */
+	EXIT_LOOP = 5,    /* the request loop failed */
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: strongroom-fuse [options] BACKING PROTECTED\n"
+		"  --control-fd N   inherited UNIX socket to the control plane (README.md)\n"
+		"  --root-fd N      inherited descriptor of PROTECTED, opened before anything covers it\n"
+		"  --threads N      most request threads (default 16)\n"
+		"  --allow-other    let users other than the daemon's use the mount\n"
+		"  --attr-timeout S attribute and entry cache in seconds (default 1.0)\n"
+		"  --content NAME   content layer: plain (the only one today)\n"
+		"  --debug          libfuse request trace on stderr\n");
+}
+
+/* Let the kernel read ahead in 1 MiB requests: it sets a FUSE mount's read-ahead to
+ * min(the device's current value, the max_readahead our INIT reply gives), and the
+ * current value is the 128 KiB default unless root raises it between the mount and
+ * INIT, which is now (the loop has not started): a stat() of the mount would wait
+ * for our own loop, so the device number comes from /proc/self/mountinfo. */
+static void widen_read_ahead(const char *mountpoint)
+{
+	unsigned maj, mnr;
+	if (sr_mount_device(mountpoint, &maj, &mnr) < 0)
+		return;
+	char dev[32];
+	snprintf(dev, sizeof(dev), "%u:%u", maj, mnr);
+	char path[96];
+	snprintf(path, sizeof(path), "/sys/class/bdi/%s/read_ahead_kb", dev);
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		(void)!write(fd, "4096\n", 5);
+		close(fd);
+	}
+}
+
+/* SIGTERM, SIGINT and SIGHUP take the same road as SHUTDOWN (sr_shutdown): they are
+ * blocked in every thread and taken here, so no handler runs in a request thread. */
+static sigset_t stop_signals;
+
+static void *signal_main(void *arg)
+{
+	(void)arg;
+	int sig;
+	while (sigwait(&stop_signals, &sig) != 0)
+		;
+	sr_shutdown();
+	return NULL;
+}
+
+static int parse_int(const char *s, int *out)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || *end || v < 0 || v > INT_MAX)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "control-fd", required_argument, NULL, 'c' },
+		{ "root-fd", required_argument, NULL, 'r' },
+		{ "threads", required_argument, NULL, 't' },
+		{ "allow-other", no_argument, NULL, 'a' },
+		{ "attr-timeout", required_argument, NULL, 'T' },
+		{ "content", required_argument, NULL, 'C' },
+		{ "debug", no_argument, NULL, 'd' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int control_fd = -1, root_fd = -1, threads = 16, allow_other = 0, debug = 0, opt;
+	double timeout = 1.0;
+	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+		switch (opt) {
+		case 'c': if (parse_int(optarg, &control_fd)) goto bad; break;
+		case 'r': if (parse_int(optarg, &root_fd)) goto bad; break;
+		case 't': if (parse_int(optarg, &threads) || threads < 1 || threads > 256) goto bad; break;
+		case 'a': allow_other = 1; break;
+		case 'T': timeout = strtod(optarg, NULL); if (timeout < 0 || timeout > 3600) goto bad; break;
+		case 'C': if (strcmp(optarg, "plain")) goto bad; break;
+		case 'd': debug = 1; break;
+		case 'h': usage(stdout); return EXIT_OK;
+		default: goto bad;
+		}
+	}
+	if (argc - optind != 2)
+		goto bad;
+
+	/* Before any thread exists, so that every thread inherits the mask. */
+	signal(SIGPIPE, SIG_IGN);
+	sigemptyset(&stop_signals);
+	sigaddset(&stop_signals, SIGTERM);
+	sigaddset(&stop_signals, SIGINT);
+	sigaddset(&stop_signals, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+
+	/* A daemon that may hold keys leaves no core dump and cannot be ptrace-attached by
+	 * processes of its own user (the key page is MADV_DONTDUMP besides). */
+	if (control_fd >= 0) {
+		struct rlimit no_core = { 0, 0 };
+		(void)setrlimit(RLIMIT_CORE, &no_core);
+		(void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	}
+
+	/* New inodes get exactly the mode the kernel sends (the caller's umask applied). */
+	umask(0);
+	/* Keep 1 MiB request buffers in the heap instead of a fresh mmap() per request. */
+	mallopt(M_MMAP_THRESHOLD, 32 << 20);
+	mallopt(M_TRIM_THRESHOLD, 128 << 20);
+
+	char backing[PATH_MAX], mountpoint[PATH_MAX];
+	if (!realpath(argv[optind], backing) || !realpath(argv[optind + 1], mountpoint)) {
+		perror("strongroom-fuse: realpath");
+		return EXIT_BACKING;
+	}
+	int backing_fd = open(backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (backing_fd < 0) {
+		perror("strongroom-fuse: backing directory");
+		return EXIT_BACKING;
+	}
+	if (root_fd < 0)
+		root_fd = open(mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	else
+		(void)fcntl(root_fd, F_SETFD, FD_CLOEXEC);
+	struct stat st;
+	if (root_fd < 0 || fstat(root_fd, &st) < 0 || !S_ISDIR(st.st_mode)) {
+		fprintf(stderr, "strongroom-fuse: protected directory %s unusable\n", mountpoint);
+		return EXIT_BACKING;
+	}
+
+	struct sr_fs_config cfg = {
+		.backing_fd = backing_fd,
+		.protected_fd = root_fd,
+		.backing_path = backing,
+		.content = &sr_content_plain,
+		.content_layer = NULL,
+		.timeout = timeout,
+	};
+	if (sr_fs_init(&cfg) < 0) {
+		perror("strongroom-fuse: backing directory");
+		return EXIT_BACKING;
+	}
+
+	char opts[PATH_MAX + 128];
+	snprintf(opts, sizeof(opts), "default_permissions,fsname=strongroom:%s,subtype=strongroom,max_read=%u%s",
+		 backing, SR_MAX_IO, allow_other ? ",allow_other" : "");
+	/* fsname may not contain a comma unescaped: replace, it only labels /proc/mounts */
+	for (char *p = opts + strlen("default_permissions,fsname="); *p && strncmp(p, ",subtype=", 9); p++)
+		if (*p == ',')
+			*p = '_';
+	char *fargv[] = { argv[0], "-o", opts, debug ? "-d" : NULL, NULL };
+	struct fuse_args args = FUSE_ARGS_INIT(debug ? 4 : 3, fargv);
+	struct fuse_session *se = fuse_session_new(&args, &sr_fs_ops, sizeof(sr_fs_ops), NULL);
+	fuse_opt_free_args(&args);
+	if (!se)
+		return EXIT_MOUNT;
+	int status = EXIT_OK;
+	if (sr_control_start(control_fd, se, mountpoint) < 0) {
+		fprintf(stderr, "strongroom-fuse: control channel or locked key memory unavailable\n");
+		fuse_session_destroy(se);
+		return EXIT_CONTROL;
+	}
+	if (fuse_session_mount(se, mountpoint) < 0) {
+		sr_control_stop();
+		fuse_session_destroy(se);
+		return EXIT_MOUNT;
+	}
+	widen_read_ahead(mountpoint);
+	pthread_t signal_thread;
+	if (pthread_create(&signal_thread, NULL, signal_main, NULL) == 0)
+		pthread_detach(signal_thread);
+	sr_control_ready();
+	struct fuse_loop_config *lc = fuse_loop_cfg_create();
+	fuse_loop_cfg_set_max_threads(lc, (unsigned)threads);
+	fuse_loop_cfg_set_idle_threads(lc, (unsigned)(threads / 2 ? threads / 2 : 1));
+	fuse_loop_cfg_set_clone_fd(lc, 0);
+	if (fuse_session_loop_mt(se, lc) < 0)
+		status = EXIT_LOOP;
+	fuse_loop_cfg_destroy(lc);
+	sr_control_wait();
+	fuse_session_unmount(se);
+	sr_control_stop();
+	fuse_session_destroy(se);
+	sr_fs_destroy();
+	close(root_fd);
+	close(backing_fd);
+	return status;
+bad:
+	usage(stderr);
+	return EXIT_USAGE;
+}
