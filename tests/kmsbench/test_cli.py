@@ -149,13 +149,19 @@ def _wait_for_mount(under: Path, proc: subprocess.Popen[str], timeout: float = 2
         time.sleep(0.1)
 
 
+def _default_sigint() -> None:
+    # A shell's background job ignores SIGINT, and the ignoring is inherited: give the
+    # child the default disposition a terminal's Ctrl-C meets, whoever started pytest.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @root_only
 def test_ctrl_c_unmounts_and_removes_everything_it_created(tmp_path: Path) -> None:
     out = tmp_path / "run"
     before = set(Path("/tmp").iterdir())
     proc = subprocess.Popen([sys.executable, "-m", "kmsbench", "--suites", "copy", "--quick", "--copy-sizes", "256",
                              "--runs", "20", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_default_sigint)
     try:
         _wait_for_mount(out, proc)
         time.sleep(1.0)  # inside a measurement, not just after the mount
