@@ -32,7 +32,7 @@ from agents.config import AgentConfig, ConfigError
 from agents.cryptfile import FormatError, IntegrityError, KeyUnavailable, native, read_header
 from agents.cryptfile.transform import TMP_PREFIX, decrypt_file, encrypt_file, is_encrypted, rekey_file, rewrap_file
 from agents.daemon import AgentDaemon, clock_skew, os_description
-from agents.guardpoints import GuardPointManager, local_reports
+from agents.guardpoint.manager import GuardPointManager, local_reports
 from agents.keyclient.cache import ServerUnreachable
 from agents.keyclient.client import HostRevoked, ServerClient, ServerKeyring, ServerRefused
 from agents.keyclient.identity import HostIdentity, IdentityError

@@ -2,7 +2,7 @@
 
 Every heartbeat reports the host (OS, agent version, guard points) and ships the event
 spool, and keeps this host's guard points mounted as the server defines them
-(agents/guardpoints.py). The server's answer carries its clock, checked against ours, and the interval
+(agents/guardpoint/manager.py). The server's answer carries its clock, checked against ours, and the interval
 to beat at. When the server says this host is revoked, the daemon drops every cached
 key at once, unmounts its guard points and stops (exit status 6: restarting cannot help, re-enrollment can). While
 the server is unreachable it keeps beating, and the key cache keeps serving until its
@@ -17,7 +17,7 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
-from agents.guardpoints import GuardPointManager
+from agents.guardpoint.manager import GuardPointManager
 from agents.keyclient.cache import ServerUnreachable
 from agents.keyclient.client import HostRevoked, ServerClient, ServerKeyring, ServerRefused
 from agents.keyclient.spool import EventSpool

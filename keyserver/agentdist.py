@@ -6,8 +6,9 @@ The wheel is assembled in memory, reproducibly (sorted entries, fixed timestamps
 worker serves the same bytes, and the installer checks them against the SHA-256 it was
 given over the same pinned-CA connection.
 
-It carries the compiled format engine, `agents/dataplane/build/libsrcf.so`, as built on
-this server (`scripts/start` builds it): hosts of the server's architecture with glibc
+It carries the compiled format engine, `agents/dataplane/build/libsrcf.so`, and the guard
+points' data plane, `agents/dataplane/fuse/strongroom-fuse` (libsrcf compiled in), as built
+on this server (`scripts/start` builds them): hosts of the server's architecture with glibc
 and OpenSSL 3 use it with no compiler of their own; on any other host the agent says
 why it cannot load it and uses the Python reference (docs/agents.md). The wheel stays
 `py3-none-any` so that every host can install the agent.
@@ -26,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DIST_NAME = "strongroom-agent"
-REQUIRES = ["cryptography>=46", "httpx>=0.28", "typer>=0.16", "rich>=14", "mfusepy>=3.1"]
+REQUIRES = ["cryptography>=46", "httpx>=0.28", "typer>=0.16", "rich>=14"]
 ENTRY_POINTS = "[console_scripts]\nkms-agent = agents.cli:main\n"
 _EPOCH = (2026, 1, 1, 0, 0, 0)  # zip entries need a date; a fixed one keeps builds identical
 NATIVE_LIBRARY = "dataplane/build/libsrcf.so"  # inside the agents package (agents/cryptfile/native.py)
+DATA_PLANE = "dataplane/fuse/strongroom-fuse"  # the guard points' data plane (agents/guardpoint/dataplane.py)
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +70,16 @@ def build_wheel(source: Path | None = None) -> AgentWheel:
     native = root / NATIVE_LIBRARY
     if native.is_file():
         files.append((f"agents/{NATIVE_LIBRARY}", native.read_bytes()))
-        files.sort()
     else:
         log.warning("agent wheel without the compiled format engine: %s is not built "
                     "(make -C agents/dataplane lib); hosts will use the Python reference", native)
+    daemon = root / DATA_PLANE
+    if daemon.is_file():
+        files.append((f"agents/{DATA_PLANE}", daemon.read_bytes()))
+    else:
+        log.warning("agent wheel without the guard points' data plane: %s is not built "
+                    "(make -C agents/dataplane/fuse); hosts cannot serve guard points", daemon)
+    files.sort()
     metadata = "\n".join([
         "Metadata-Version: 2.1", f"Name: {DIST_NAME}", f"Version: {version}",
         "Summary: Strongroom host agent: encrypted files, guard points, key delivery over mutual TLS",
@@ -86,7 +94,7 @@ def build_wheel(source: Path | None = None) -> AgentWheel:
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for name, data in files:
             info = zipfile.ZipInfo(name, date_time=_EPOCH)
-            info.external_attr = 0o644 << 16
+            info.external_attr = (0o755 if name.endswith("/strongroom-fuse") else 0o644) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, data)
     data = buf.getvalue()

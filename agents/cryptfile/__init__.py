@@ -6,7 +6,7 @@ from agents.cryptfile.errors import CryptfileError, FormatError, IntegrityError,
 from agents.cryptfile.file import EncryptedFile, plaintext_size, read_header, stored_size
 from agents.cryptfile.header import DEFAULT_CHUNK, HEADER_SIZE, FileHeader, parse_header
 from agents.cryptfile.keys import Keyring, KeyVersion, StaticKeyring
-from agents.cryptfile.transform import decrypt_file, encrypt_file, rekey_file, rewrap_file
+from agents.cryptfile.transform import decrypt_file, encrypt_file, rekey_file, rewrap_file, rewrap_in_place
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -27,5 +27,6 @@ __all__ = [
     "read_header",
     "rekey_file",
     "rewrap_file",
+    "rewrap_in_place",
     "stored_size",
 ]

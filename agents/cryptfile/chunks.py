@@ -7,6 +7,11 @@ A stored chunk is nonce (12) || AES-256-GCM ciphertext || tag (16) of up to
 
 so a chunk cannot be moved within a file, copied into another file, or the file
 truncated at a chunk boundary, without failing authentication.
+
+Holes ("Sparse regions"): a stored chunk that is not the file's final chunk, is a whole
+`chunk_size` + 28 bytes and is all zero bytes reads as `chunk_size` zero bytes. It is
+only looked for after the chunk has failed authentication, so a genuine chunk costs
+nothing more (and one is all zero with probability 2^-(8 (chunk_size + 28))).
 """
 
 from __future__ import annotations
@@ -23,6 +28,13 @@ from agents.cryptfile.header import NONCE_SIZE, TAG_SIZE
 CHUNK_OVERHEAD = NONCE_SIZE + TAG_SIZE
 _INDEX = struct.Struct(">QB")
 _POOL_BYTES = NONCE_SIZE * 512
+
+
+def is_hole(stored: bytes | bytearray | memoryview, chunk_size: int, *, last: bool) -> bool:
+    """Whether a stored chunk that failed authentication is a hole: not the final chunk,
+    exactly chunk_size + 28 bytes, every byte zero."""
+    length = chunk_size + CHUNK_OVERHEAD
+    return not last and len(stored) == length and bytes(stored) == bytes(length)
 
 
 class NonceSource:
@@ -98,8 +110,10 @@ class ChunkCipher:
                  final_index: int | None) -> int | None:
         """Authenticate and decrypt consecutive stored chunks (back to back in `stored`,
         the last one possibly short) straight into `out`, which holds exactly their
-        plaintext. Returns None when every chunk authenticates, else the index of the first
-        that does not; `out` is zeroed then, so no unauthenticated byte is ever left in it.
+        plaintext. A hole (not `final_index`, a whole stored chunk, all zero) reads as
+        zeros. Returns None when every chunk authenticates (or is a hole), else the index
+        of the first that does not; `out` is zeroed then, so no unauthenticated byte is
+        ever left in it.
 
         The bulk read path: no allocation and nothing but the AEAD call per chunk."""
         decrypt, prefix, pack = self._aead.decrypt_into, self._file_id, _INDEX.pack
@@ -116,8 +130,12 @@ class ChunkCipher:
                 decrypt(stored[pos:pos + NONCE_SIZE], stored[pos + NONCE_SIZE:pos + length],
                         prefix + pack(index, index == final_index), out[out_pos:out_pos + n])
             except InvalidTag:
-                out[:] = bytes(len(out))
-                return index
+                if n == chunk_size and index != final_index and is_hole(stored[pos:pos + length], chunk_size,
+                                                                       last=False):
+                    out[out_pos:out_pos + n] = bytes(n)  # a hole reads as zeros
+                else:
+                    out[:] = bytes(len(out))
+                    return index
             pos += length
             out_pos += n
             index += 1
@@ -129,12 +147,17 @@ class ChunkCipher:
         self.seal_into(index, plaintext, out, last=last, nonce=nonce)
         return bytes(out)
 
-    def open(self, index: int, stored: bytes | bytearray | memoryview, *, last: bool) -> bytes | None:
-        """The plaintext, or None if the chunk does not authenticate in this position."""
+    def open(self, index: int, stored: bytes | bytearray | memoryview, *, last: bool,
+             chunk_size: int | None = None) -> bytes | None:
+        """The plaintext, or None if the chunk does not authenticate in this position.
+        Given the file's `chunk_size`, a hole (not `last`, chunk_size + 28 bytes, all
+        zero) reads as chunk_size zero bytes; without it, a hole is None."""
         if len(stored) < CHUNK_OVERHEAD:
             return None
         view = memoryview(stored)
         try:
             return self._aead.decrypt(bytes(view[:NONCE_SIZE]), view[NONCE_SIZE:], self._aad(index, last))
         except InvalidTag:
+            if chunk_size is not None and is_hole(view, chunk_size, last=last):
+                return bytes(chunk_size)
             return None

@@ -121,7 +121,8 @@ class EncryptedFile:
         n = self._chunks()
         length = (self._size - (n - 1) * self._chunk if index == n - 1 else self._chunk) + CHUNK_OVERHEAD
         stored = os.pread(self._fd, length, HEADER_SIZE + index * self._stored_chunk)
-        plaintext = self._cipher.open(index, stored, last=index == n - 1) if len(stored) == length else None
+        plaintext = self._cipher.open(index, stored, last=index == n - 1, chunk_size=self._chunk) \
+            if len(stored) == length else None
         if plaintext is None:
             raise IntegrityError(self.path, f"chunk {index}")
         return plaintext
@@ -195,8 +196,10 @@ class EncryptedFile:
         self._require_writable()
         with self._lock:
             if size > self._size:
-                # Holes are encrypted zeros, never stored holes: an all-zero chunk on
-                # disk must not read back as data (docs/FORMAT.md, "Sparse regions").
+                # The whole chunks between the old final chunk and the new one become
+                # holes (zeros on disk, no space); the old final chunk is re-sealed full
+                # and not final, the new final chunk is sealed (docs/FORMAT.md, "Sparse
+                # regions").
                 self._write(self._size, memoryview(b""), size)
             elif size < self._size:
                 self._tail = None
@@ -222,29 +225,40 @@ class EncryptedFile:
             first = min(first, old_n - 1)  # the old final chunk loses its "last" flag
         end_write = offset + len(data)
         # Only the chunks the write covers, unless the file grows: then everything up to
-        # the new end (the gap, if any, becomes encrypted zeros).
+        # the new end.
         last = new_n - 1 if new_size > old_size else (end_write - 1) // self._chunk
         c = self._chunk
+        # A growing file's whole chunks past the old final chunk that the write does not
+        # touch, short of the new final chunk, are holes (docs/FORMAT.md, "Sparse
+        # regions"): never written, so they stay zeros on disk and cost no space. Only
+        # chunks no data was ever written to become holes. The chunks before the gap
+        # (the old final chunk, re-sealed as not final) are written first, then those
+        # after it: a crash in between leaves a torn tail repair_torn_tail mends.
+        segments = [(first, last)]
+        if new_size > old_size:
+            gap_end = min(offset // c if len(data) else new_n - 1, new_n - 1)
+            if gap_end > old_n:
+                segments = [(first, old_n - 1), (gap_end, last)]
         # Chunks that may hold old bytes the write does not cover: the edges of the write
         # and the old final chunk (which loses its "last" flag when the file grows).
         # Every other chunk of the range is wholly new data or the zeros of a gap.
         keep = {i for i in (first, last, old_n - 1)
                 if first <= i <= last and i < old_n and i * c < old_size
                 and not (offset <= i * c and end_write >= min((i + 1) * c, new_size))}
-        need = min(_BATCH, last + 1 - first) * self._stored_chunk
+        need = min(_BATCH, max(hi + 1 - lo for lo, hi in segments)) * self._stored_chunk
         # Kept across writes (under the lock): no 1 MiB calloc per request of the mount.
-        # Larger ones (a sparse extension) stay transient.
+        # Larger ones (long runs of large chunks) stay transient.
         if len(self._out) < need <= _KEEP_OUT:
             self._out = bytearray(need)
         out = self._out if need <= len(self._out) else bytearray(need)
-        for batch_start in range(first, last + 1, _BATCH):
-            batch_end = min(last + 1, batch_start + _BATCH)
+        batches = [(start, min(hi + 1, start + _BATCH)) for lo, hi in segments for start in range(lo, hi + 1, _BATCH)]
+        for batch_start, batch_end in batches:
             span_start, span_end = batch_start * c, min(batch_end * c, new_size)
             plain: memoryview
             if offset <= span_start and span_end <= end_write and not keep:
                 plain = data[span_start - offset:span_end - offset]  # the common case: no copy
             else:
-                buf = bytearray(span_end - span_start)  # zeros: the gap of a sparse write
+                buf = bytearray(span_end - span_start)  # zeros: a gap's part of a sealed chunk
                 for i in keep:
                     if batch_start <= i < batch_end:
                         tail = self._tail
@@ -382,7 +396,7 @@ def repair_torn_tail(path: str, keyring: Keyring) -> int | None:
         good, plain = 0, b""
         while good < full:
             stored = os.pread(fd, stored_chunk, HEADER_SIZE + good * stored_chunk)
-            opened = cipher.open(good, stored, last=False)
+            opened = cipher.open(good, stored, last=False, chunk_size=header.chunk_size)  # holes too
             if opened is None:
                 break
             good, plain = good + 1, opened

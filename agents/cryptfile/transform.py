@@ -13,6 +13,7 @@ byte for byte apart from the random nonces and keys.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,12 +23,12 @@ from agents.cryptfile import native
 from agents.cryptfile.chunks import CHUNK_OVERHEAD, ChunkCipher
 from agents.cryptfile.errors import FormatError, IntegrityError
 from agents.cryptfile.file import EncryptedFile, read_header
-from agents.cryptfile.header import DEFAULT_CHUNK, FILE_KEY_SIZE, HEADER_SIZE, seal_header
+from agents.cryptfile.header import DEFAULT_CHUNK, FILE_KEY_SIZE, HEADER_SIZE, FileHeader, parse_header, seal_header
 from agents.cryptfile.keys import Keyring, KeyVersion
 from agents.cryptfile.replace import TMP_PREFIX, atomic_replace
 
 __all__ = ["TMP_PREFIX", "atomic_replace", "decrypt_file", "encrypt_file", "encrypt_stream", "is_encrypted",
-           "rekey_file", "rewrap_file"]
+           "rekey_file", "rewrap_file", "rewrap_in_place"]
 
 Progress = Callable[[int], None]  # called with the number of bytes just processed
 _RUN_BYTES = 1 << 20  # plaintext per run: 256 chunks of 4 KiB, 16 of 64 KiB, one of 1 MiB
@@ -68,14 +69,11 @@ def decrypt_file(src: str | Path, dst: str | Path, keyring: Keyring, *, progress
         _decrypt_python(src, dst, keyring, progress=progress)
 
 
-def rewrap_file(path: str | Path, keyring: Keyring, new_key: KeyVersion, *,
-                progress: Progress | None = None) -> bool:
-    """Rotation: wrap the file key under `new_key`; the data chunks are copied verbatim,
-    never decrypted. Returns False when the file already uses `new_key`."""
-    path = str(path)
-    header = read_header(path)
+def _rewrapped_header(header: FileHeader, keyring: Keyring, new_key: KeyVersion, path: str) -> bytes | None:
+    """`header` with its file key wrapped under `new_key` (same file key, same file id), or
+    None when it already is."""
     if (header.key_id, header.key_version) == (new_key.key_id, new_key.version):
-        return False
+        return None
     if header.key_id != new_key.key_id:
         raise ValueError(f"{path} belongs to key {header.key_id}, not {new_key.key_id}")
     old_key = keyring.get(header.key_id, header.key_version)
@@ -83,12 +81,21 @@ def rewrap_file(path: str | Path, keyring: Keyring, new_key: KeyVersion, *,
         # The file key never leaves the library's locked memory.
         with native.NativeKey(old_key) as old, native.NativeKey(new_key) as new, \
                 native.NativeFile.open(header.encode(), old, path=path) as nf:
-            new_header = nf.rewrap(new)
-    else:
-        file_key = header.unwrap(old_key)
-        if file_key is None:
-            raise IntegrityError(path, "header")
-        new_header = seal_header(file_key, new_key, file_id=header.file_id, chunk_size=header.chunk_size).encode()
+            return nf.rewrap(new)
+    file_key = header.unwrap(old_key)
+    if file_key is None:
+        raise IntegrityError(path, "header")
+    return seal_header(file_key, new_key, file_id=header.file_id, chunk_size=header.chunk_size).encode()
+
+
+def rewrap_file(path: str | Path, keyring: Keyring, new_key: KeyVersion, *,
+                progress: Progress | None = None) -> bool:
+    """Rotation: wrap the file key under `new_key`; the data chunks are copied verbatim,
+    never decrypted. Returns False when the file already uses `new_key`."""
+    path = str(path)
+    new_header = _rewrapped_header(read_header(path), keyring, new_key, path)
+    if new_header is None:
+        return False
     with open(path, "rb") as fin, atomic_replace(path, mode=_file_mode(path)) as fout:
         fout.write(new_header)
         fin.seek(HEADER_SIZE)
@@ -97,6 +104,28 @@ def rewrap_file(path: str | Path, keyring: Keyring, new_key: KeyVersion, *,
             if progress:
                 progress(len(block))
     return True
+
+
+def rewrap_in_place(path: str | Path, keyring: Keyring, new_key: KeyVersion) -> bool:
+    """Rotation of a file a guard point's data plane may have open: only the 128-byte
+    header changes (same file key, same file id: the data plane's open state stays valid),
+    written with one pwrite inside the file's first 512-byte sector and made durable with
+    fdatasync. A sector write is atomic on the block devices and file systems Linux
+    supports (the assumption PostgreSQL makes for pg_control), so a crash leaves the old
+    header or the new one, never a mix. Returns False when the file already uses
+    `new_key`."""
+    path = str(path)
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        new_header = _rewrapped_header(parse_header(os.pread(fd, HEADER_SIZE, 0)), keyring, new_key, path)
+        if new_header is None:
+            return False
+        if os.pwrite(fd, new_header, 0) != HEADER_SIZE:
+            raise OSError(errno.EIO, f"short header write on {path}")
+        os.fdatasync(fd)
+        return True
+    finally:
+        os.close(fd)
 
 
 def rekey_file(path: str | Path, keyring: Keyring, new_key: KeyVersion, *,

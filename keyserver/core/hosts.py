@@ -44,6 +44,9 @@ HOST_GROUP_TAG = "host-group"
 EVENT_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,30}(\.[a-z][a-z0-9_]{0,30}){0,3}$")
 # Events an agent reports when it refused someone: audited as denials.
 DENIAL_EVENTS = frozenset({"access.denied"})
+# A guard point's data plane answered an application EIO (a file that does not
+# authenticate) or ENOKEY (a key version the host does not hold).
+ERROR_EVENTS = frozenset({"guardpoint.integrity_error", "guardpoint.key_missing"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +292,7 @@ class HostService:
         with self._db.begin() as s:
             for e in events:
                 outcome: Outcome = "denied" if e.name in DENIAL_EVENTS else (
-                    "error" if e.name.endswith("_failed") else "allowed")
+                    "error" if e.name.endswith("_failed") or e.name in ERROR_EVENTS else "allowed")
                 details = {**e.fields, "host": str(host.id),
                            "reported_at": datetime.fromtimestamp(e.time, UTC).isoformat()}
                 self._audit.add(s, ctx, action=f"agent.{e.name}", outcome=outcome, object_type=e.object_type,

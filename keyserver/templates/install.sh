@@ -85,6 +85,12 @@ say "installing the agent into $PREFIX"
 "$PREFIX/bin/python" -m pip install --quiet --disable-pip-version-check "$tmp/$WHEEL" \
   || die "pip could not install the agent and its dependencies (see above); it needs access to a Python package index"
 
+# pip installs the data plane 0644: available() makes it executable and says what else is missing.
+why=$("$PREFIX/bin/python" -c 'from agents.guardpoint.dataplane import available; print(available() or "")' 2>&1)
+if [ -n "$why" ]; then
+  say "note: guard points cannot be served on this host yet: $why (files, keys and the CLI work)"
+fi
+
 CONFIG="$CONFIG_DIR/agent.toml"
 cat > "$CONFIG" <<CONF
 # Strongroom agent configuration (written by the installer).

@@ -1,4 +1,5 @@
-"""The compiled format engine (agents/dataplane) is built before the agent tests run, so
+"""The compiled format engine (agents/dataplane) and the guard points' data plane
+(agents/dataplane/fuse) are built before the agent tests run, so
 they use it as a host would (`scripts/test` builds it too; make makes this a no-op
 then). Without a C toolchain the engine stays unbuilt: the agent falls back to the
 Python reference and the tests that need the engine skip, saying why."""
@@ -22,6 +23,11 @@ def _build() -> str | None:
     r = subprocess.run(["make", "-s", "-C", str(DATAPLANE), "lib"], capture_output=True, text=True, check=False)
     if r.returncode != 0:
         pytest.fail(f"make -C agents/dataplane lib failed:\n{r.stdout}{r.stderr}", pytrace=False)
+    if Path("/usr/include/fuse3/fuse_lowlevel.h").exists():  # the guard points' data plane
+        r = subprocess.run(["make", "-s", "-C", str(DATAPLANE / "fuse"), "all"], capture_output=True, text=True,
+                           check=False)
+        if r.returncode != 0:
+            pytest.fail(f"make -C agents/dataplane/fuse failed:\n{r.stdout}{r.stderr}", pytrace=False)
     return None
 
 

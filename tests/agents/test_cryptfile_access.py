@@ -303,6 +303,60 @@ def test_repair_of_a_cut_sealed_but_not_applied(tmp_path: Path, key: KeyVersion)
         assert g.read(0, g.size) == data[:2 * CHUNK + 10]
 
 
+@pytest.mark.parametrize("stage", ["old-final-resealed", "after-the-hole-half-written"])
+def test_repair_of_an_extension_past_a_hole_cut_by_a_crash(tmp_path: Path, key: KeyVersion, stage: str) -> None:
+    """An extension that leaves a hole writes the old final chunk (re-sealed full, not
+    final) first, then the chunks after the hole. Killed after the first step, or half
+    way through the second, the file is repaired like any torn tail: the holes before the
+    tear are kept (they read as zeros), the last kept chunk is sealed as final."""
+    from agents.cryptfile.chunks import ChunkCipher
+    from agents.cryptfile.file import repair_torn_tail
+    from agents.cryptfile.header import HEADER_SIZE
+
+    p, data, f = _torn(tmp_path, key, 2 * CHUNK + 100)
+    file_key = f.header.unwrap(key)
+    assert file_key is not None
+    cipher = ChunkCipher(file_key, f.header.file_id)
+    stored = CHUNK + 28
+    grown = data + bytes(3 * CHUNK - len(data))
+    with open(p, "r+b") as raw:  # chunk 2 re-sealed full, not final: the first step
+        raw.seek(HEADER_SIZE + 2 * stored)
+        raw.write(cipher.seal(2, grown[2 * CHUNK:], last=False))
+        if stage == "after-the-hole-half-written":  # chunks 3..5 a hole, chunk 6 half written
+            raw.seek(HEADER_SIZE + 6 * stored)
+            raw.write(cipher.seal(6, os.urandom(CHUNK), last=False)[:300])
+    f.close()
+    ring = StaticKeyring([key])
+    with pytest.raises(IntegrityError):
+        EncryptedFile.open(p, ring).verify()
+    expected = grown if stage == "old-final-resealed" else grown + bytes(3 * CHUNK)
+    assert repair_torn_tail(p, ring) == len(expected)
+    assert repair_torn_tail(p, ring) is None
+    with EncryptedFile.open(p, ring) as g:
+        g.verify()
+        assert g.read(0, g.size) == expected
+
+
+def test_a_truncate_up_past_a_hole_survives_reopening_and_repair_finds_it_intact(tmp_path: Path,
+                                                                                key: KeyVersion) -> None:
+    from agents.cryptfile.file import repair_torn_tail
+
+    p, data, f = _torn(tmp_path, key, CHUNK + 1)
+    f.truncate(50 * CHUNK + 3)
+    f.write(20 * CHUNK, b"in the hole")
+    f.close()
+    ring = StaticKeyring([key])
+    assert repair_torn_tail(p, ring) is None
+    expected = bytearray(data + bytes(50 * CHUNK + 3 - len(data)))
+    expected[20 * CHUNK:20 * CHUNK + 11] = b"in the hole"
+    with EncryptedFile.open(p, ring, writable=True) as g:
+        g.verify()
+        assert g.read(0, g.size) == expected
+        g.truncate(30 * CHUNK + 5)  # a cut into the hole: its new final chunk is sealed zeros
+        g.verify()
+        assert g.read(0, g.size) == expected[:30 * CHUNK + 5]
+
+
 def test_a_read_into_the_callers_buffer_leaves_no_plaintext_when_a_chunk_fails(tmp_path: Path,
                                                                               key: KeyVersion) -> None:
     """The mount decrypts straight into the kernel's reply buffer: when any chunk of the

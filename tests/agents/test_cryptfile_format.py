@@ -74,7 +74,12 @@ def independent_decrypt(data: bytes, key_material: bytes) -> bytes:
     for i in range(count):
         piece = body[i * stored:(i + 1) * stored]
         aad = file_id + struct.pack(">QB", i, 1 if i == count - 1 else 0)
-        out += AESGCM(file_key).decrypt(piece[:12], piece[12:], aad)
+        try:
+            out += AESGCM(file_key).decrypt(piece[:12], piece[12:], aad)
+        except InvalidTag:  # "Sparse regions": a whole, all-zero, non-final chunk is a hole
+            if i == count - 1 or piece != bytes(stored):
+                raise
+            out += bytes(chunk)
     return out
 
 
@@ -202,3 +207,117 @@ def test_not_our_file(tmp_path: Path, key: KeyVersion) -> None:
     p.write_bytes(b"")
     with pytest.raises(FormatError):
         read_all(p, key)
+
+
+# --- sparse regions (holes) --------------------------------------------------------
+def stored_chunk(data: bytes, index: int, chunk: int) -> bytes:
+    return data[128 + index * (chunk + 28):128 + (index + 1) * (chunk + 28)]
+
+
+def test_truncating_up_leaves_holes_that_read_as_zeros(tmp_path: Path, key: KeyVersion) -> None:
+    """The old final chunk is re-sealed full and not final, the whole chunks in between
+    are zeros on disk, the new final chunk is sealed; every reader sees zeros."""
+    p = tmp_path / "f"
+    head = os.urandom(1000)
+    with EncryptedFile.create(str(p), key, chunk_size=512) as f:
+        f.write(0, head)  # chunks 0 and 1 (488 bytes, final)
+        f.truncate(20 * 512 + 7)
+        assert f.size == 20 * 512 + 7
+    data = p.read_bytes()
+    assert len(data) == stored_size(20 * 512 + 7, 512)
+    assert all(stored_chunk(data, i, 512) == bytes(540) for i in range(2, 20))  # holes
+    assert stored_chunk(data, 1, 512) != bytes(540)  # the old final chunk, re-sealed full
+    assert data[128 + 20 * 540:] != bytes(35)  # the new final chunk, sealed
+    expected = head + bytes(20 * 512 + 7 - 1000)
+    assert read_all(p, key) == expected
+    with EncryptedFile.open(str(p), StaticKeyring([key])) as f:
+        f.verify()
+        assert f.read(5 * 512 + 3, 700) == bytes(700)
+    assert independent_decrypt(data, key.material) == expected
+
+
+def test_writing_past_the_end_leaves_holes_and_writes_into_them_seal(tmp_path: Path, key: KeyVersion) -> None:
+    p = tmp_path / "f"
+    a, b, c = os.urandom(100), os.urandom(600), bytes(512)
+    with EncryptedFile.create(str(p), key, chunk_size=512) as f:
+        f.write(0, a)
+        f.write(10 * 512 + 3, b)  # chunks 1..9 are holes, data in chunks 10 and 11
+        data = p.read_bytes()
+        assert [i for i in range(12) if stored_chunk(data, i, 512) == bytes(540)] == list(range(1, 10))
+        f.write(4 * 512, c)  # zeros written into a hole: encrypted zeros, never a hole
+        f.write(6 * 512 + 5, b"x")  # a partial write into a hole seals its chunk
+    data = p.read_bytes()
+    assert [i for i in range(12) if stored_chunk(data, i, 512) == bytes(540)] == [1, 2, 3, 5, 7, 8, 9]
+    model = bytearray(a + bytes(10 * 512 + 3 - 100) + b)
+    model[6 * 512 + 5] = ord("x")
+    assert read_all(p, key) == model
+    assert independent_decrypt(data, key.material) == model
+
+
+def test_a_large_hole_costs_no_space(tmp_path: Path, key: KeyVersion) -> None:
+    p = tmp_path / "f"
+    size = 1 << 30
+    with EncryptedFile.create(str(p), key) as f:
+        f.write(0, b"start")
+        f.truncate(size)
+        f.write(size // 2, b"middle")
+        f.fsync()
+    st = p.stat()
+    assert st.st_size == stored_size(size, 4096)
+    assert st.st_blocks * 512 < 1 << 20
+    with EncryptedFile.open(str(p), StaticKeyring([key])) as f:
+        assert f.size == size
+        assert f.read(0, 8192) == b"start" + bytes(8192 - 5)
+        assert f.read(size // 2 - 10, 16) == bytes(10) + b"middle"
+        assert f.read(size // 4, 1 << 20) == bytes(1 << 20)
+        assert f.read(size - 5000, 10000) == bytes(5000)
+
+
+def test_a_whole_zeroed_non_final_chunk_reads_as_zeros(sample: Path, key: KeyVersion) -> None:
+    """The trade-off FORMAT.md states: a non-final chunk replaced by zeros is a hole."""
+    plain = read_all(sample, key)
+    data = bytearray(sample.read_bytes())
+    data[128 + 2 * 540:128 + 3 * 540] = bytes(540)
+    sample.write_bytes(bytes(data))
+    assert read_all(sample, key) == plain[:1024] + bytes(512) + plain[1536:]
+    with EncryptedFile.open(str(sample), StaticKeyring([key])) as f:
+        f.verify()
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_zeroed_final_chunk_is_an_integrity_error(tmp_path: Path, key: KeyVersion, full: bool) -> None:
+    p = tmp_path / "f"
+    with EncryptedFile.create(str(p), key, chunk_size=512) as f:
+        f.write(0, os.urandom(4 * 512 if full else 4 * 512 + 100))
+    data = bytearray(p.read_bytes())
+    data[128 + 3 * 540 if full else 128 + 4 * 540:] = bytes(len(data) - (128 + (3 if full else 4) * 540))
+    p.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as exc:
+        read_all(p, key)
+    assert exc.value.where == f"chunk {3 if full else 4}"
+    with EncryptedFile.open(str(p), StaticKeyring([key])) as f, pytest.raises(IntegrityError):
+        f.verify()
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 270), (270, 540), (12, 540), (0, 539), (1, 540)])
+def test_a_partly_zeroed_chunk_is_an_integrity_error(sample: Path, key: KeyVersion, lo: int, hi: int) -> None:
+    data = bytearray(sample.read_bytes())
+    data[128 + 2 * 540 + lo:128 + 2 * 540 + hi] = bytes(hi - lo)
+    sample.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as exc:
+        read_all(sample, key)
+    assert exc.value.where == "chunk 2"
+    with EncryptedFile.open(str(sample), StaticKeyring([key])) as f:
+        with pytest.raises(IntegrityError, match="chunk 2"):
+            f.verify()
+        with pytest.raises(IntegrityError, match="chunk 2"):
+            f.read(2 * 512 + 10, 5)  # an unaligned read too
+
+
+def test_a_zero_filled_extension_is_no_valid_file(sample: Path, key: KeyVersion) -> None:
+    """Zeros appended after the final chunk (one whole stored chunk of them): the real
+    final chunk is then out of place and the zeros cannot be a final chunk."""
+    data = sample.read_bytes()
+    sample.write_bytes(data[:128 + 4 * 540] + bytes(540) + bytes(540))
+    with pytest.raises(IntegrityError, match="chunk 5"):
+        read_all(sample, key)

@@ -23,9 +23,18 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which(
 
 
 def _serve(backing: str, mountpoint: str, key: KeyVersion) -> None:
-    from agents.fs.guardpoint import mount
+    """A guard point on the native data plane (strongroom-fuse), in a process of its own
+    that is its control plane; the journal lives beside the backing directory."""
+    from agents.guardpoint.dataplane import serve
 
-    mount(backing, mountpoint, StaticKeyring([key]), lambda: key, chunk_size=4096)
+    serve(backing, mountpoint, [key], key, chunk_size=4096, journal=backing + ".journal")
+
+
+def _daemon_pid(proc: multiprocessing.process.BaseProcess) -> int:
+    """The strongroom-fuse process a _serve process started."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
 
 
 @dataclass
@@ -168,9 +177,10 @@ def test_fsync_and_concurrent_writers(gp: Mounted) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a mount's read-ahead is root's to tune")
 def test_the_mount_reads_ahead_in_large_requests(gp: Mounted) -> None:
-    """The kernel caps a FUSE mount's read-ahead at 128 KiB; serve() widens it so that a
-    sequential reader reaches the mount as 1 MiB requests (docs/benchmarks.md)."""
-    from agents.fs.guardpoint import READ_AHEAD_KB
+    """The kernel caps a FUSE mount's read-ahead at 128 KiB; strongroom-fuse widens it
+    before INIT to 4 MiB, so that a sequential reader keeps several 1 MiB requests in
+    flight (the kernel keeps the smaller of the device's value and our max_readahead)."""
+    READ_AHEAD_KB = 4096  # SR_READ_AHEAD: several 1 MiB requests in flight
 
     st = os.stat(gp.mnt)
     ra = Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb")
@@ -210,23 +220,39 @@ def test_a_plain_file_in_the_backing_directory_is_not_served(gp: Mounted) -> Non
 
 
 def _serve_with_control(backing: str, mountpoint: str, keys: list[KeyVersion], conn: object) -> None:
-    """A guard point whose rotation the test drives through a pipe (as the daemon will)."""
+    """A guard point whose rotation the test drives through a pipe, as the agent's
+    control plane does it (agents/guardpoint/manager.py): the new version is handed to
+    the data plane, then each header is re-wrapped in place."""
     import threading
 
-    from agents.fs.guardpoint import GuardPoint, serve
+    from agents.cryptfile import rewrap_in_place
+    from agents.guardpoint.dataplane import DataPlane
+    from agents.guardpoint.policy import PERMIT_ALL
 
-    ops = GuardPoint(backing, StaticKeyring(keys), lambda: keys[0], chunk_size=4096)
+    def configure(p: DataPlane) -> None:
+        p.set_key(keys[0])
+        p.set_active(keys[0])
+        p.set_policy(PERMIT_ALL)
+
+    plane = DataPlane(backing, mountpoint, chunk_size=4096).start(configure=configure)
 
     def control() -> None:
         while True:
-            _, path, version = conn.recv()  # type: ignore[attr-defined]
+            op, path, version = conn.recv()  # type: ignore[attr-defined]
             try:
-                conn.send(("ok", ops.rewrap(path, next(k for k in keys if k.version == version))))  # type: ignore[attr-defined]
+                key = next(k for k in keys if k.version == version)
+                if op == "rewrap":
+                    plane.set_key(key)
+                    plane.set_active(key)
+                    conn.send(("ok", rewrap_in_place(os.path.join(backing, path.lstrip("/")),  # type: ignore[attr-defined]
+                                                     StaticKeyring(keys), key)))
+                else:
+                    conn.send(("ok", plane.rekey(path.lstrip("/"))))  # type: ignore[attr-defined]
             except Exception as exc:
                 conn.send(("error", repr(exc)))  # type: ignore[attr-defined]
 
     threading.Thread(target=control, daemon=True).start()
-    serve(ops, mountpoint)
+    plane.wait()
 
 
 def test_rotation_while_files_are_open_and_written(tmp_path: Path) -> None:
@@ -342,7 +368,7 @@ def test_kill_9_mid_write_loses_nothing_fsynced(tmp_path: Path) -> None:
     t = threading.Thread(target=client)
     t.start()
     time.sleep(1.5)
-    os.kill(proc.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    os.kill(_daemon_pid(proc), signal.SIGKILL)  # the data plane itself, mid-write
     stop.set()
     t.join(20)
     proc.join(10)
@@ -406,13 +432,14 @@ def test_recovery_repairs_only_files_the_journal_lists(tmp_path: Path) -> None:
     tail on any other file stays an integrity error (a truncation attack)."""
     from agents.cryptfile.chunks import ChunkCipher
     from agents.cryptfile.header import HEADER_SIZE
-    from agents.fs.guardpoint import GuardPoint
+    from agents.guardpoint.dataplane import recover_journal
 
     key = KeyVersion(uuid.uuid4(), 1, os.urandom(32))
     ring = StaticKeyring([key])
     backing = tmp_path / "backing"
     backing.mkdir()
-    gp = GuardPoint(str(backing), ring, lambda: key)
+    journal = tmp_path / "journal"
+    journal.mkdir()
     for name in ("written", "attacked"):
         with EncryptedFile.create(str(backing / name), key) as f:
             f.write(0, b"x" * 10000)
@@ -422,11 +449,25 @@ def test_recovery_repairs_only_files_the_journal_lists(tmp_path: Path) -> None:
         with open(backing / name, "r+b") as raw:  # chunk 2 grown and no longer final; then the crash
             raw.seek(HEADER_SIZE + 2 * (4096 + 28))
             raw.write(sealed)
-    (Path(gp.journal_dir) / "1-2-abcd").write_text("written")
-    assert gp.recover() == ["/written"]
-    assert not os.listdir(gp.journal_dir)
+    (journal / "1-2-abcd").write_text("written")
+    assert recover_journal(str(backing), str(journal), ring) == ["written"]
+    assert not os.listdir(journal)
     with EncryptedFile.open(str(backing / "written"), ring) as f:
         f.verify()
         assert f.read(0, f.size) == b"x" * 12288
     with EncryptedFile.open(str(backing / "attacked"), ring) as f, pytest.raises(IntegrityError):
         f.verify()
+
+
+def test_a_file_under_a_key_the_host_does_not_hold_is_enokey(gp: Mounted) -> None:
+    """A file whose header names a key version the data plane was not given answers
+    ENOKEY (not EIO: nothing is wrong with it), and the mount goes on serving the rest."""
+    other = KeyVersion(uuid.uuid4(), 3, os.urandom(32))
+    with EncryptedFile.create(str(gp.backing / "foreign"), other) as f:
+        f.write(0, b"not ours to read")
+    with pytest.raises(OSError) as exc:
+        (gp.mnt / "foreign").read_bytes()
+    assert exc.value.errno == errno.ENOKEY
+    assert (gp.mnt / "foreign").stat().st_size == len(b"not ours to read")  # sizes need no key
+    (gp.mnt / "ours").write_bytes(b"fine")
+    assert (gp.mnt / "ours").read_bytes() == b"fine"

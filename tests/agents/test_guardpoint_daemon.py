@@ -20,7 +20,7 @@ import pytest
 from agents.config import AgentConfig
 from agents.cryptfile import read_header
 from agents.daemon import AgentDaemon
-from agents.guardpoints import GuardPointManager
+from agents.guardpoint.manager import GuardPointManager
 from agents.keyclient.client import HostRevoked, ServerKeyring
 from agents.keyclient.spool import EventSpool
 from keyserver.services import Services
@@ -349,3 +349,47 @@ def test_a_crashed_guard_point_comes_back_at_once_and_the_crash_is_audited(
                                                        "limit": 50}).json()["items"]
     mine = [e for e in events if e["details"].get("guard_point") == gp["id"]]
     assert mine and mine[0]["outcome"] == "error" and mine[0]["details"]["exit_code"] == -9
+
+
+def test_the_data_plane_dying_is_restarted_and_integrity_failures_are_audited(
+        tmp_path: Path, agent: tuple[Host, AgentDaemon], admin: httpx.Client, services: Services) -> None:
+    """kill -9 of strongroom-fuse itself (not its supervisor): the supervisor exits, the
+    manager restarts both at once and audits the crash; a backing file altered behind the
+    mount answers EIO and is audited as agent.guardpoint.integrity_error (outcome error)."""
+    host, daemon = agent
+    key = admin.post("/api/v1/keys", json={"name": unique("gpi")}).json()
+    mnt = tmp_path / "fragile"
+    backing = tmp_path / "fragile-b"
+    gp = admin.post("/api/v1/guard-points", json={"host_id": host.id, "path": str(mnt),
+                                                  "backing_path": str(backing), "key": key["name"],
+                                                  "default_effect": "permit"}).json()
+    daemon.beat()
+    eventually(lambda: os.path.ismount(mnt), "the mount")
+    (mnt / "ledger").write_bytes(os.urandom(20_000))
+    manager = daemon._manager
+    assert manager is not None
+    supervisor = manager._running[gp["id"]].process
+    children = Path(f"/proc/{supervisor.pid}/task/{supervisor.pid}/children").read_text().split()
+    assert len(children) == 1 and Path(f"/proc/{children[0]}/exe").resolve().name == "strongroom-fuse"
+    os.kill(int(children[0]), 9)
+    eventually(lambda: manager._running[gp["id"]].process.pid != supervisor.pid
+               and _serves(mnt / "ledger"), "the guard point back after its data plane died")
+    raw = bytearray((backing / "ledger").read_bytes())
+    raw[128 + 4124 + 10] ^= 1  # inside chunk 1, behind the (new) mount's back: nothing is cached yet
+    (backing / "ledger").write_bytes(bytes(raw))
+    with open(mnt / "ledger", "rb") as f:
+        assert len(f.read(4096)) == 4096
+        with pytest.raises(OSError) as exc:
+            f.read(4096)
+    assert exc.value.errno == 5
+    daemon.beat()  # ships the spool
+    services.audit.flush()
+
+    def audited(action: str) -> list[dict[str, Any]]:
+        items = admin.get("/api/v1/audit/events", params={"action": action, "limit": 50}).json()["items"]
+        return [e for e in items if e["details"].get("guard_point") == gp["id"]]
+
+    crashed = eventually(lambda: audited("agent.guardpoint.serve_failed"), "the crash in the audit log")
+    assert crashed[0]["outcome"] == "error"
+    bad = eventually(lambda: audited("agent.guardpoint.integrity_error"), "the integrity failure in the audit log")
+    assert bad[0]["outcome"] == "error" and bad[0]["object_id"] == str(mnt / "ledger")

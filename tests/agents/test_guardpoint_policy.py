@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.cryptfile import KeyVersion, StaticKeyring
-from agents.fs.policy import AccessPolicy, Caller, Effect, Mode, Rule
+from agents.cryptfile import KeyVersion
+from agents.guardpoint.policy import AccessPolicy, Caller, Effect, Mode, Rule
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None
                                 or os.geteuid() != 0, reason="needs /dev/fuse, fusermount3 and root")
@@ -44,11 +44,11 @@ def test_first_matching_rule_wins() -> None:
 
 
 def _serve(backing: str, mnt: str, key: KeyVersion, policy: AccessPolicy, spool: str) -> None:
-    from agents.fs.guardpoint import mount
+    from agents.guardpoint.dataplane import serve
     from agents.keyclient.spool import EventSpool
 
     events = EventSpool(Path(spool))
-    mount(backing, mnt, StaticKeyring([key]), lambda: key, allow_other=True, policy=policy, on_event=events.append)
+    serve(backing, mnt, [key], key, allow_other=True, policy=policy, on_event=events.append)
 
 
 @pytest.fixture

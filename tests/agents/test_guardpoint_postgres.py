@@ -28,9 +28,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def _serve(backing: str, mnt: str, key: KeyVersion) -> None:
-    from agents.fs.guardpoint import mount
+    from agents.guardpoint.dataplane import serve
 
-    mount(backing, mnt, StaticKeyring([key]), lambda: key, allow_other=True)
+    serve(backing, mnt, [key], key, allow_other=True, journal=backing + ".journal")
 
 
 def as_postgres(*cmd: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -66,7 +66,10 @@ class Rig:
 
     def kill_agent(self) -> None:
         assert self.proc is not None and self.proc.pid is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
+        from tests.agents.test_guardpoint import _daemon_pid
+
+        os.kill(_daemon_pid(self.proc), signal.SIGKILL)  # the data plane dies mid-I/O
+        os.kill(self.proc.pid, signal.SIGKILL)  # and its control plane with it
         self.proc.join(10)
         subprocess.run(["fusermount3", "-uz", str(self.mnt)], check=False, capture_output=True)
 

@@ -173,6 +173,158 @@ def test_cli_transforms_agree_across_engines(tmp_path: Path, chunk: int, size: i
         assert (tmp_path / "out").read_bytes() == plain
 
 
+# --- sparse regions (holes): written by either engine, read by the other ---------------------
+def native_sparse_write(path: Path, key: KeyVersion, chunk: int, head: bytes, tail: bytes, size: int) -> None:
+    """A file of `size` bytes written with the compiled engine as a writer that extends
+    by ftruncate: `head` from offset 0 (its chunks sealed, none final), then the stored
+    file extended past whole chunks (zeros on disk: holes), then the final chunk holding
+    `tail` at the end of the plaintext sealed in place. `head` is whole chunks."""
+    assert len(head) % chunk == 0 and 0 < len(tail) <= chunk
+    n = nat.chunk_count(size, chunk)
+    assert len(head) // chunk < n - 1 and size - (n - 1) * chunk == len(tail)
+    with nat.NativeKey(key) as nk, nat.NativeFile.create(nk, chunk_size=chunk) as nf:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            out = bytearray(nat.run_stored_len(max(len(head), len(tail)), chunk))
+            os.pwrite(fd, nf.header, 0)
+            os.pwrite(fd, memoryview(out)[:nf.seal_run(0, head, out, final_index=n - 1)], HEADER_SIZE)
+            os.ftruncate(fd, nat.stored_size(size, chunk))
+            os.pwrite(fd, memoryview(out)[:nf.seal_run(n - 1, tail, out, final_index=n - 1)],
+                      nat.chunk_offset(n - 1, chunk))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def native_read_range(path: Path, key: KeyVersion, first: int, count: int) -> bytes:
+    """Chunks first .. first + count - 1 of a stored file, opened as one run by the
+    compiled engine (as the mount reads a range)."""
+    with open(path, "rb") as f:
+        header = f.read(HEADER_SIZE)
+        length = os.fstat(f.fileno()).st_size
+        chunk = nat.parse_header(header).chunk_size
+        n = nat.chunk_count(nat.plaintext_size(length, chunk), chunk)
+        lo = nat.chunk_offset(first, chunk)
+        stored = os.pread(f.fileno(), min(length, lo + count * (chunk + 28)) - lo, lo)
+    out = bytearray(count * chunk)
+    with nat.NativeKey(key) as nk, nat.NativeFile.open(header, nk, path=str(path)) as nf:
+        return bytes(out[:nf.open_run(first, stored, out, final_index=n - 1)])
+
+
+@pytest.mark.parametrize("chunk", [512, 4096])
+def test_a_hole_written_by_python_reads_with_native(tmp_path: Path, chunk: int) -> None:
+    key = new_key()
+    p = tmp_path / "f"
+    head, tail = os.urandom(chunk + 10), os.urandom(chunk // 2)
+    with EncryptedFile.create(str(p), key, chunk_size=chunk) as f:
+        f.write(0, head)
+        f.truncate(10 * chunk)
+        f.write(15 * chunk + 7, tail)
+    model = head + bytes(15 * chunk + 7 - len(head)) + tail
+    data = p.read_bytes()
+    holes = [i for i in range(nat.chunk_count(len(model), chunk))
+             if data[nat.chunk_offset(i, chunk):nat.chunk_offset(i + 1, chunk)] == bytes(chunk + 28)]
+    assert holes == [*range(2, 9), *range(10, 15)]  # 9 was the final chunk of the truncate
+    assert native_read(data, key) == model
+    decrypt_file(p, tmp_path / "out", StaticKeyring([key]))  # the CLI's native path
+    assert (tmp_path / "out").read_bytes() == model
+    assert native_read_range(p, key, 3, 2) == bytes(2 * chunk)  # a run of holes alone
+
+
+def test_a_large_hole_written_by_python_reads_with_native(tmp_path: Path) -> None:
+    key = new_key()
+    p = tmp_path / "f"
+    size = 1 << 30
+    with EncryptedFile.create(str(p), key) as f:
+        f.write(0, b"start")
+        f.truncate(size)
+        f.fsync()
+    assert p.stat().st_blocks * 512 < 1 << 20
+    n = nat.chunk_count(size, 4096)
+    assert native_read_range(p, key, 0, 256) == b"start" + bytes(256 * 4096 - 5)
+    assert native_read_range(p, key, n // 2, 256) == bytes(256 * 4096)
+    assert native_read_range(p, key, n - 256, 256) == bytes(256 * 4096)
+
+
+@pytest.mark.parametrize("chunk", [512, 4096])
+def test_a_hole_written_by_native_reads_with_python(tmp_path: Path, chunk: int) -> None:
+    key = new_key()
+    p = tmp_path / "f"
+    head, tail = os.urandom(2 * chunk), os.urandom(chunk - 1)
+    size = 20 * chunk + len(tail)
+    native_sparse_write(p, key, chunk, head, tail, size)
+    model = head + bytes(size - len(head) - len(tail)) + tail
+    assert python_read(p, key) == model  # read whole and verified chunk by chunk
+    with EncryptedFile.open(str(p), StaticKeyring([key]), writable=True) as f:
+        assert f.read(5 * chunk + 3, chunk) == bytes(chunk)
+        f.write(7 * chunk + 1, b"x")  # a write into the hole, then a cut inside it
+        f.truncate(12 * chunk + 9)
+    after = bytearray(model[:12 * chunk + 9])
+    after[7 * chunk + 1] = ord("x")
+    assert python_read(p, key) == after
+    assert native_read(p.read_bytes(), key) == after
+
+
+def test_a_large_hole_written_by_native_reads_with_python(tmp_path: Path) -> None:
+    key = new_key()
+    p = tmp_path / "f"
+    size = (1 << 30) + 5
+    native_sparse_write(p, key, 4096, os.urandom(4096), b"tail!", size)
+    st_ = p.stat()
+    assert st_.st_size == stored_size(size, 4096) and st_.st_blocks * 512 < 1 << 20
+    with EncryptedFile.open(str(p), StaticKeyring([key])) as f:
+        assert f.size == size
+        assert f.read(4096, 1 << 20) == bytes(1 << 20)
+        assert f.read(size // 2, 1 << 20) == bytes(1 << 20)
+        assert f.read(size - 4101, 5000) == bytes(4096) + b"tail!"
+
+
+@pytest.mark.parametrize("writer", ["python", "native"])
+def test_a_zeroed_final_chunk_is_an_integrity_error_in_both(tmp_path: Path, writer: str) -> None:
+    key = new_key()
+    p = tmp_path / "f"
+    if writer == "python":
+        with EncryptedFile.create(str(p), key, chunk_size=512) as f:
+            f.write(0, os.urandom(100))
+            f.truncate(8 * 512)  # the final chunk is full: 540 stored bytes
+    else:
+        native_sparse_write(p, key, 512, os.urandom(512), os.urandom(512), 8 * 512)
+    data = p.read_bytes()
+    zeroed = data[:nat.chunk_offset(7, 512)] + bytes(540)
+    assert len(zeroed) == len(data)
+    p.write_bytes(zeroed)
+    with pytest.raises(IntegrityError, match="chunk 7"):
+        native_read(zeroed, key)
+    with pytest.raises(IntegrityError, match="chunk 7"):
+        python_read(p, key)
+    with pytest.raises(IntegrityError, match="chunk 7"):
+        decrypt_file(p, tmp_path / "out", StaticKeyring([key]))
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 270), (270, 540), (0, 539), (1, 540)])
+def test_a_partly_zeroed_chunk_is_an_integrity_error_in_both(sample: tuple[Path, KeyVersion, bytes], lo: int,
+                                                              hi: int) -> None:
+    p, key, _ = sample
+    data = p.read_bytes()
+    at = nat.chunk_offset(2, 512)
+    p.write_bytes(data[:at + lo] + bytes(hi - lo) + data[at + hi:])
+    with pytest.raises(IntegrityError, match="chunk 2"):
+        native_read(p.read_bytes(), key)
+    with pytest.raises(IntegrityError, match="chunk 2"):
+        python_read(p, key)
+
+
+def test_a_whole_zeroed_non_final_chunk_reads_as_zeros_in_both(sample: tuple[Path, KeyVersion, bytes]) -> None:
+    """The trade-off docs/FORMAT.md states ("Sparse regions")."""
+    p, key, plain = sample
+    data = p.read_bytes()
+    at = nat.chunk_offset(2, 512)
+    p.write_bytes(data[:at] + bytes(540) + data[at + 540:])
+    expected = plain[:1024] + bytes(512) + plain[1536:]
+    assert native_read(p.read_bytes(), key) == expected
+    assert python_read(p, key) == expected
+
+
 OPS = st.lists(st.one_of(
     st.tuples(st.just("write"), st.integers(0, 6), st.integers(0, 5), st.integers(0, 3)),
     st.tuples(st.just("truncate"), st.integers(0, 7), st.integers(0, 5), st.just(0)),

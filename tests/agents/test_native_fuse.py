@@ -40,8 +40,9 @@ pytestmark = [
 ]
 
 # --- the control protocol (README.md) -------------------------------------------------
-VERSION = 1
+VERSION = 2
 READY, STATUS_REQ, SET_POLICY, SET_KEY, DROP_KEY, SHUTDOWN = 0x01, 0x02, 0x03, 0x04, 0x05, 0x06
+MOUNT = 0x09
 RESULT, EVENT, STATUS = 0x80, 0x81, 0x82
 OFF, ENFORCE, LEARN = 0, 1, 2
 READ, WRITE, ALL = 1, 2, 3
@@ -234,7 +235,7 @@ def mounted(daemon: Path, *, control: bool = False, prepare: object = None,
     if callable(prepare):
         prepare(backing, mnt)
     ours = theirs = None
-    cmd = [str(daemon), "--allow-other", *args]
+    cmd = [str(daemon), "--allow-other", "--content", "plain", *args]
     if control:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pass_fds = (*pass_fds, theirs.fileno())
@@ -250,6 +251,9 @@ def mounted(daemon: Path, *, control: bool = False, prepare: object = None,
     m = Mount(top, backing, mnt, proc, Control(ours) if ours else None, stderr_path)
     try:
         deadline = time.monotonic() + 20
+        if m.control is not None:
+            # nothing configured: the daemon mounts failing closed (tested below)
+            assert m.control.request(MOUNT) == 0
         while not os.path.ismount(mnt):
             assert proc.poll() is None, f"daemon exited {proc.returncode}: {m.stderr()}"
             assert time.monotonic() < deadline, "mount did not appear"
@@ -719,6 +723,53 @@ def test_large_requests_reach_the_daemon_whole(daemon: Path) -> None:
 OTHER = 2345
 
 
+def test_the_daemon_mounts_only_when_the_plane_says_it_is_configured(daemon: Path) -> None:
+    """Keys and policy arrive before the mount appears: a caller that finds the mount
+    never meets the fail-closed state the daemon starts in."""
+    top = tempfile.mkdtemp(prefix="srfuse-", dir="/tmp")
+    backing, mnt = os.path.join(top, "b"), os.path.join(top, "m")
+    os.mkdir(backing)
+    os.mkdir(mnt)
+    try:
+        for close_early in (False, True):
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            proc = subprocess.Popen([str(daemon), "--content", "plain", "--control-fd", str(theirs.fileno()),
+                                     backing, mnt], pass_fds=(theirs.fileno(),), stderr=subprocess.PIPE)
+            theirs.close()
+            c = Control(ours)
+            try:
+                # the channel is served, the mount is not there yet
+                assert c.request(SET_POLICY, policy(OFF, True)) == 0
+                assert c.status()["mode"] == OFF and not os.path.ismount(mnt)
+                if close_early:
+                    ours.close()  # the plane went away before configuring: no mount, exit 4
+                    assert proc.wait(timeout=15) == 4 and not os.path.ismount(mnt)
+                    continue
+                assert c.request(MOUNT) == 0
+                deadline = time.monotonic() + 20
+                while c.ready is None:
+                    assert time.monotonic() < deadline, "no READY"
+                    c.pump(deadline)
+                assert os.path.ismount(mnt)
+                assert c.request(MOUNT) == errno.EALREADY
+                assert c.request(MOUNT, b"x") == errno.EINVAL
+                Path(mnt, "f").write_bytes(b"at once")  # policy off from the first request
+                assert c.request(SHUTDOWN) == 0
+                assert proc.wait(timeout=15) == 0 and not os.path.ismount(mnt)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                _unmount(mnt)
+                ours.close()
+                assert proc.stderr is not None
+                err = proc.stderr.read().decode()
+                proc.stderr.close()
+                assert "Sanitizer" not in err and "runtime error" not in err, err
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def test_policy_denies_opens_and_namespace_operations_with_events(daemon: Path) -> None:
     with mounted(daemon, control=True) as m:
         c = m.control
@@ -813,7 +864,7 @@ def test_policy_swaps_live_and_learn_mode_records(daemon: Path) -> None:
         assert c.request(SET_POLICY, b"\x07\x00\x00\x00") == errno.EINVAL
         assert c.status()["generation"] == gen + 4
         assert c.request(0x7F) == errno.EOPNOTSUPP
-        rtype, body = c.reply(c.send(STATUS_REQ, version=2))
+        rtype, body = c.reply(c.send(STATUS_REQ, version=VERSION + 1))
         assert (rtype, struct.unpack(">i", body)[0]) == (RESULT, errno.EPROTONOSUPPORT)
         time.sleep(0.1)
         assert c.events == []

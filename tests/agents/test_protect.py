@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agents.cryptfile import EncryptedFile, KeyVersion, StaticKeyring, read_header
-from agents.fs.protect import plan, protect, unprotect
+from agents.guardpoint.protect import plan, protect, unprotect
 
 
 def make_tree(root: Path) -> dict[str, bytes]:

@@ -36,15 +36,31 @@ struct sr_content_ops {
 	/* Logical size and block count of a file that is not open, from the backing file's
 	 * lstat: rewrites st->st_size (and st_blocks) in place. Must not do I/O for the
 	 * plain layer; an encrypted layer computes the size from the stored size alone
-	 * (FORMAT.md: size = f(stored - header) is exact for format v1). */
-	void (*translate_stat)(void *layer, struct stat *st);
+	 * (FORMAT.md: size = f(stored - header) is exact for format v1). `fd` is the
+	 * inode's O_PATH descriptor (the chunk size is in each file's header). */
+	void (*translate_stat)(void *layer, int fd, struct stat *st);
 	int (*fallocate)(struct sr_content *c, int mode, off_t off, off_t len);
 	int (*flush)(struct sr_content *c);
 	int (*fsync)(struct sr_content *c, int datasync);
 	void (*release)(struct sr_content *c);
+	/* Optional. Re-encrypt the open file under a new file key (the active key version)
+	 * and exchange it with the backing file `name` in directory `dirfd` (an O_RDONLY
+	 * directory descriptor); the caller holds the inode's io_lock exclusively. After
+	 * success the layer's descriptor is the new file. */
+	int (*rekey)(struct sr_content *c, int dirfd, const char *name);
+	/* The backing file's descriptor (for the core to follow a rekey's new inode). */
+	int (*fd)(struct sr_content *c);
 };
 
-/* The one implementation today: the backing file is the file (pread/pwrite). */
+/* The backing file is the file (pread/pwrite): tests of the core, and a mount without
+ * encryption. */
 extern const struct sr_content_ops sr_content_plain;
+/* Format v1 (docs/FORMAT.md) through libsrcf: what a guard point serves. */
+extern const struct sr_content_ops sr_content_srcf;
+/* Before the mount: chunk size of new files, journal directory (or -1), the backing
+ * directory's resolved path. -1 when the loaded libsrcf has another ABI. */
+int sr_content_srcf_configure(uint32_t chunk_size, int journal_fd, const char *backing_path);
+/* After the last request: make released files durable and remove their journal entries. */
+void sr_content_srcf_shutdown(void);
 
 #endif

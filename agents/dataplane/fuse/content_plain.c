@@ -77,9 +77,10 @@ static int plain_size(struct sr_content *c, off_t *size)
 	return 0;
 }
 
-static void plain_translate_stat(void *layer, struct stat *st)
+static void plain_translate_stat(void *layer, int fd, struct stat *st)
 {
 	(void)layer;
+	(void)fd;
 	(void)st;
 }
 

@@ -156,6 +156,10 @@ static int keys_init(void)
 	return 0;
 }
 
+/* The key version new files are written under (SET_ACTIVE); it must be held. */
+static uint8_t active_id[16];
+static uint32_t active_version; /* 0: none; under keys_lock */
+
 static int key_set(const uint8_t id[16], uint32_t version, const uint8_t key[32])
 {
 	if (!keys)
@@ -192,6 +196,8 @@ static int key_drop(const uint8_t id[16], uint32_t version)
 	for (int i = 0; i < KEY_SLOTS; i++) {
 		struct key_slot *s = &keys[i];
 		if (s->used && !memcmp(s->id, id, 16) && (version == 0 || s->version == version)) {
+			if (active_version == s->version && !memcmp(active_id, id, 16))
+				active_version = 0; /* no new file under a dropped key */
 			explicit_bzero(s, sizeof(*s));
 			found = 1;
 		}
@@ -217,6 +223,30 @@ int sr_key_get(const uint8_t id[16], uint32_t version, uint8_t out[32])
 	return r;
 }
 
+
+static int key_activate(const uint8_t id[16], uint32_t version)
+{
+	uint8_t probe[32];
+	int r = sr_key_get(id, version, probe);
+	explicit_bzero(probe, sizeof(probe));
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&keys_lock);
+	memcpy(active_id, id, 16);
+	active_version = version;
+	pthread_mutex_unlock(&keys_lock);
+	return 0;
+}
+
+int sr_key_active(uint8_t id[16], uint32_t *version)
+{
+	pthread_mutex_lock(&keys_lock);
+	memcpy(id, active_id, 16);
+	*version = active_version;
+	pthread_mutex_unlock(&keys_lock);
+	return *version ? 0 : -ENOKEY;
+}
+
 static uint32_t keys_count(void)
 {
 	uint32_t n = 0;
@@ -235,6 +265,7 @@ void sr_keys_wipe(void)
 		return;
 	pthread_mutex_lock(&keys_lock);
 	explicit_bzero(keys, keys_len);
+	active_version = 0;
 	pthread_mutex_unlock(&keys_lock);
 }
 
@@ -546,12 +577,41 @@ static int shutdown_running;
 
 static void unmount_from_inside(void);
 
+/* Before MOUNT the daemon has not mounted: nothing to unmount (the mount point may
+ * hold someone else's mount, e.g. a stale one the plane is about to clear). */
+static pthread_mutex_t mount_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t mount_cond = PTHREAD_COND_INITIALIZER;
+static enum { MOUNT_WAITING, MOUNT_GO, MOUNT_GONE } mount_state;
+static int mounted;
+
+static void mount_signal(int state)
+{
+	pthread_mutex_lock(&mount_lock);
+	if (mount_state == MOUNT_WAITING)
+		mount_state = state;
+	pthread_cond_broadcast(&mount_cond);
+	pthread_mutex_unlock(&mount_lock);
+}
+
+int sr_control_await_mount(void)
+{
+	if (ctl_fd < 0)
+		return 0;
+	pthread_mutex_lock(&mount_lock);
+	while (mount_state == MOUNT_WAITING)
+		pthread_cond_wait(&mount_cond, &mount_lock);
+	int go = mount_state == MOUNT_GO;
+	pthread_mutex_unlock(&mount_lock);
+	return go ? 0 : -1;
+}
+
 static void shut_down(void)
 {
 	sr_keys_wipe();
+	mount_signal(MOUNT_GONE);
 	if (__atomic_exchange_n(&stopping, 1, __ATOMIC_SEQ_CST))
 		return;
-	if (!session)
+	if (!session || !__atomic_load_n(&mounted, __ATOMIC_ACQUIRE))
 		return;
 	/* The request loop ends as soon as the connection does, and main() must not exit
 	 * the process under our feet before the unmount is complete (sr_control_wait). */
@@ -654,6 +714,24 @@ static void *reader_main(void *arg)
 			result(seq, p ? 0 : -EINVAL);
 		} else if (type == SR_MSG_SET_KEY) {
 			result(seq, plen == 52 ? key_set(payload, get32(payload + 16), payload + 20) : -EINVAL);
+		} else if (type == SR_MSG_SET_ACTIVE) {
+			result(seq, plen == 20 ? key_activate(payload, get32(payload + 16)) : -EINVAL);
+		} else if (type == SR_MSG_REKEY) {
+			if (plen == 0 || plen >= PATH_MAX || memchr(payload, 0, plen)) {
+				result(seq, -EINVAL);
+			} else {
+				char rel[PATH_MAX];
+				memcpy(rel, payload, plen);
+				rel[plen] = '\0';
+				result(seq, sr_fs_rekey(rel));
+			}
+		} else if (type == SR_MSG_MOUNT) {
+			pthread_mutex_lock(&mount_lock);
+			int first = mount_state == MOUNT_WAITING;
+			pthread_mutex_unlock(&mount_lock);
+			result(seq, plen ? -EINVAL : first ? 0 : -EALREADY);
+			if (!plen && first)
+				mount_signal(MOUNT_GO);
 		} else if (type == SR_MSG_DROP_KEY) {
 			result(seq, plen == 20 ? key_drop(payload, get32(payload + 16)) : -EINVAL);
 		} else if (type == SR_MSG_SHUTDOWN) {
@@ -701,6 +779,7 @@ int sr_control_start(int fd, struct fuse_session *se, const char *mountpoint)
 
 void sr_control_ready(void)
 {
+	__atomic_store_n(&mounted, 1, __ATOMIC_RELEASE);
 	uint8_t b[8];
 	put32(b, (uint32_t)getpid());
 	put32(b + 4, SR_PROTO_VERSION);

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define SR_PROTO_VERSION 1
+#define SR_PROTO_VERSION 2
 #define SR_MAX_FRAME (1u << 20)
 
 enum sr_msg_type {
@@ -16,7 +16,10 @@ enum sr_msg_type {
 	SR_MSG_SET_KEY = 0x04,
 	SR_MSG_DROP_KEY = 0x05,
 	SR_MSG_SHUTDOWN = 0x06,
-	SR_MSG_RESULT = 0x80, /* daemon -> plane: answer to 0x03..0x06 */
+	SR_MSG_SET_ACTIVE = 0x07, /* the key version new files are written under (held already) */
+	SR_MSG_REKEY = 0x08,      /* re-encrypt one file (path relative to BACKING) under the active key */
+	SR_MSG_MOUNT = 0x09,      /* configured: mount now (the daemon waits for it before mounting) */
+	SR_MSG_RESULT = 0x80, /* daemon -> plane: answer to every request but STATUS_REQ */
 	SR_MSG_EVENT = 0x81,
 	SR_MSG_STATUS = 0x82,
 };
@@ -52,6 +55,11 @@ struct fuse_session;
 /* Start with `fd` (or -1: no control plane, policy off). Reads messages on a thread of
  * its own; SHUTDOWN or end of file wipes the keys and unmounts `mountpoint`. */
 int sr_control_start(int fd, struct fuse_session *se, const char *mountpoint);
+/* With a control plane: block until it sends MOUNT (keys, active version and policy
+ * are in place by then, as the channel is read in order), 0; or -1 when the channel
+ * ended first. Without one: 0 at once. */
+int sr_control_await_mount(void);
+/* Mounted: say READY; from now on a shutdown unmounts. */
 void sr_control_ready(void);
 void sr_control_stop(void);
 /* Wipe the keys, seal the file system (no more plaintext, page cache dropped), unmount:
@@ -70,12 +78,16 @@ void sr_event_send(enum sr_event_kind kind, int access, enum sr_op op, const str
 
 /* Keys: copy of the key into `out`, 0 or -ENOKEY. */
 int sr_key_get(const uint8_t id[16], uint32_t version, uint8_t out[32]);
+/* The key version new files are written under: 0, or -ENOKEY before any SET_ACTIVE. */
+int sr_key_active(uint8_t id[16], uint32_t *version);
 void sr_keys_wipe(void);
 
 /* The device number of the mount on top at `mountpoint`, from /proc/self/mountinfo
  * (no request to our own file system). 0 or -ENOENT. */
 int sr_mount_device(const char *mountpoint, unsigned *maj, unsigned *mnr);
 
+/* From fs.c: online re-key of one file (REKEY), 0 or a negative errno. */
+int sr_fs_rekey(const char *rel);
 /* From fs.c, for STATUS: inodes the kernel holds lookups on. */
 uint64_t sr_fs_inodes(void);
 

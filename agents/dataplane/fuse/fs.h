@@ -22,5 +22,8 @@ void sr_fs_destroy(void);
 void sr_fs_seal(struct fuse_session *se);
 
 #define SR_MAX_IO (1u << 20)
+/* The kernel reads ahead this much in SR_MAX_IO requests, several in flight at once: they
+ * are decrypted in parallel by the request threads. */
+#define SR_READ_AHEAD (4u << 20)
 
 #endif

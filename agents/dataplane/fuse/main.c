@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "control.h"
 #include "fs.h"
+#include "srcf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -38,7 +39,10 @@ static void usage(FILE *f)
 		"  --threads N      most request threads (default 16)\n"
 		"  --allow-other    let users other than the daemon's use the mount\n"
 		"  --attr-timeout S attribute and entry cache in seconds (default 1.0)\n"
-		"  --content NAME   content layer: plain (the only one today)\n"
+		"  --content NAME   srcf (default: format v1 encryption, needs --control-fd for keys)\n"
+		"                   or plain (no encryption: tests of the file-system core)\n"
+		"  --chunk-size N   plaintext bytes per chunk of new files (default 4096)\n"
+		"  --journal DIR    write journal for crash repair (FORMAT.md; default: none)\n"
 		"  --debug          libfuse request trace on stderr\n");
 }
 
@@ -97,11 +101,15 @@ int main(int argc, char **argv)
 		{ "allow-other", no_argument, NULL, 'a' },
 		{ "attr-timeout", required_argument, NULL, 'T' },
 		{ "content", required_argument, NULL, 'C' },
+		{ "chunk-size", required_argument, NULL, 'k' },
+		{ "journal", required_argument, NULL, 'j' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	int control_fd = -1, root_fd = -1, threads = 16, allow_other = 0, debug = 0, opt;
+	int control_fd = -1, root_fd = -1, threads = 16, allow_other = 0, debug = 0, opt, encrypt = 1;
+	int chunk_size = SRCF_DEFAULT_CHUNK;
+	const char *journal = NULL;
 	double timeout = 1.0;
 	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		switch (opt) {
@@ -110,7 +118,18 @@ int main(int argc, char **argv)
 		case 't': if (parse_int(optarg, &threads) || threads < 1 || threads > 256) goto bad; break;
 		case 'a': allow_other = 1; break;
 		case 'T': timeout = strtod(optarg, NULL); if (timeout < 0 || timeout > 3600) goto bad; break;
-		case 'C': if (strcmp(optarg, "plain")) goto bad; break;
+		case 'C':
+			if (!strcmp(optarg, "plain"))
+				encrypt = 0;
+			else if (strcmp(optarg, "srcf"))
+				goto bad;
+			break;
+		case 'k':
+			if (parse_int(optarg, &chunk_size) || chunk_size < (int)SRCF_MIN_CHUNK ||
+			    chunk_size > (int)SRCF_MAX_CHUNK || (chunk_size & (chunk_size - 1)))
+				goto bad;
+			break;
+		case 'j': journal = optarg; break;
 		case 'd': debug = 1; break;
 		case 'h': usage(stdout); return EXIT_OK;
 		default: goto bad;
@@ -161,11 +180,28 @@ int main(int argc, char **argv)
 		return EXIT_BACKING;
 	}
 
+	int journal_fd = -1;
+	if (encrypt) {
+		if (journal) {
+			(void)mkdir(journal, 0700);
+			journal_fd = open(journal, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+			if (journal_fd < 0) {
+				perror("strongroom-fuse: journal directory");
+				return EXIT_BACKING;
+			}
+		}
+		if (sr_content_srcf_configure((uint32_t)chunk_size, journal_fd, backing) < 0) {
+			fprintf(stderr, "strongroom-fuse: libsrcf has another ABI version\n");
+			return EXIT_USAGE;
+		}
+		/* no core dump, no ptrace by our own user: this process will hold keys */
+		(void)srcf_harden_process();
+	}
 	struct sr_fs_config cfg = {
 		.backing_fd = backing_fd,
 		.protected_fd = root_fd,
 		.backing_path = backing,
-		.content = &sr_content_plain,
+		.content = encrypt ? &sr_content_srcf : &sr_content_plain,
 		.content_layer = NULL,
 		.timeout = timeout,
 	};
@@ -193,6 +229,12 @@ int main(int argc, char **argv)
 		fuse_session_destroy(se);
 		return EXIT_CONTROL;
 	}
+	if (sr_control_await_mount() < 0) {
+		/* the plane went away (or said SHUTDOWN) before it was configured */
+		sr_control_stop();
+		fuse_session_destroy(se);
+		return EXIT_CONTROL;
+	}
 	if (fuse_session_mount(se, mountpoint) < 0) {
 		sr_control_stop();
 		fuse_session_destroy(se);
@@ -215,8 +257,12 @@ int main(int argc, char **argv)
 	sr_control_stop();
 	fuse_session_destroy(se);
 	sr_fs_destroy();
+	if (encrypt)
+		sr_content_srcf_shutdown();
 	close(root_fd);
 	close(backing_fd);
+	if (journal_fd >= 0)
+		close(journal_fd);
 	return status;
 bad:
 	usage(stderr);

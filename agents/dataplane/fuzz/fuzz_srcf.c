@@ -4,7 +4,8 @@
  *   1. as a whole encrypted file: header parse, unwrap under the golden test key
  *      (tests/agents/golden/v1/keys.json: the seeds are real files under it, so the
  *      fuzzer starts past the wrap), size from the length, every chunk opened as one run
- *      and again chunk by chunk, and the two must agree;
+ *      and again chunk by chunk, and the two must agree; an all-zero chunk that
+ *      opens must be a hole (whole, not final) and read as zeros;
  *   2. as plaintext: sealed as a run under a fixed file (chunk size from the first
  *      byte), opened back (must round-trip), then one byte flipped at a position taken
  *      from the input (must fail, naming a chunk of the run, with the output zeroed);
@@ -44,6 +45,10 @@ static uint64_t get64(const uint8_t *p, size_t len, size_t at) {
     return v;
 }
 
+static int all_zero(const uint8_t *p, size_t n) {
+    return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+}
+
 static void as_file(const uint8_t *data, size_t len) {
     srcf_header h;
     srcf_file *f = NULL;
@@ -61,9 +66,13 @@ static void as_file(const uint8_t *data, size_t len) {
         int verdict = SRCF_OK;
         for (uint64_t i = 0; i < count && verdict == SRCF_OK; i++) {
             size_t piece = i == count - 1 ? (size_t)(size - i * h.chunk_size) : h.chunk_size;
-            verdict = srcf_open_chunk(f, i, i == count - 1, data + 128 + i * (h.chunk_size + 28ull), piece + 28, one);
+            const uint8_t *stored = data + 128 + i * (h.chunk_size + 28ull);
+            verdict = srcf_open_chunk(f, i, i == count - 1, stored, piece + 28, one);
             if (verdict == SRCF_OK && rc == SRCF_OK && memcmp(one, run + i * h.chunk_size, piece) != 0)
                 die("run and chunk disagree");
+            if (verdict == SRCF_OK && all_zero(stored, piece + 28) &&
+                (i == count - 1 || piece != h.chunk_size || !all_zero(one, piece)))
+                die("an all-zero chunk opened that is no hole, or not as zeros");
             bad2 = i;
         }
         if (verdict != rc || (rc == SRCF_E_INTEGRITY && bad != bad2)) die("run and chunk verdicts differ");

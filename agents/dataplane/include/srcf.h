@@ -170,17 +170,22 @@ SRCF_API int srcf_seal_run(srcf_file *file, uint64_t first_index, uint64_t final
                            const uint8_t *nonces);
 /* Authenticate and decrypt stored chunks lying back to back in `stored` (each
  * chunk_size + 28 bytes, the last possibly shorter) straight into `out`, which needs
- * srcf_run_plain_len(stored_len) bytes and must not overlap `stored`. On
+ * srcf_run_plain_len(stored_len) bytes and must not overlap `stored`. A hole (FORMAT.md,
+ * "Sparse regions": a chunk that is not final_index, is a whole chunk_size + 28 bytes
+ * and is all zero bytes) reads as chunk_size zero bytes; it is only recognised after
+ * the chunk failed authentication, so genuine chunks cost nothing more. On
  * SRCF_E_INTEGRITY, *bad_index names the first chunk that does not authenticate in its
- * position and every byte of out[0 .. plain length) is zeroed: no unauthenticated byte
- * is ever left behind. */
+ * position (and is no hole) and every byte of out[0 .. plain length) is zeroed: no
+ * unauthenticated byte is ever left behind. */
 SRCF_API int srcf_open_run(srcf_file *file, uint64_t first_index, uint64_t final_index, const uint8_t *stored,
                            size_t stored_len, uint8_t *out, size_t out_cap, size_t *out_len,
                            uint64_t *bad_index);
 /* One chunk: `plain_len` <= chunk_size; out needs plain_len + 28 bytes. */
 SRCF_API int srcf_seal_chunk(srcf_file *file, uint64_t index, int last, const uint8_t *plain, size_t plain_len,
                              uint8_t *out, const uint8_t *nonce);
-/* One stored chunk (28 .. chunk_size + 28 bytes) into out (stored_len - 28 bytes). */
+/* One stored chunk (28 .. chunk_size + 28 bytes) into out (stored_len - 28 bytes). A
+ * hole (not `last`, chunk_size + 28 bytes, all zero) gives SRCF_OK and zeros; on
+ * SRCF_E_INTEGRITY out is zeroed. */
 SRCF_API int srcf_open_chunk(srcf_file *file, uint64_t index, int last, const uint8_t *stored, size_t stored_len,
                              uint8_t *out);
 

@@ -6,7 +6,12 @@
  * The run functions are the data plane's hot path: a 1 MiB FUSE request at 4 KiB
  * chunks is 256 chunks. Per call, a thread borrows a cipher context already keyed
  * with the file key (one mutex round trip); per chunk there is only the IV re-init,
- * the AAD, the data and the tag. Nonces come from RAND_bytes, 256 at a time. */
+ * the AAD, the data and the tag. Nonces come from RAND_bytes, 256 at a time.
+ *
+ * Holes (FORMAT.md, "Sparse regions"): a stored chunk that is not the file's final
+ * chunk, is a whole chunk_size + 28 bytes and is all zero bytes reads as chunk_size zero
+ * bytes. It is only looked for after the chunk has failed authentication, so a genuine
+ * chunk costs nothing more. */
 #include "internal.h"
 
 #include <openssl/rand.h>
@@ -89,6 +94,13 @@ static int open_one(EVP_CIPHER_CTX *ctx, const uint8_t file_id[SRCF_ID_SIZE], ui
     /* The tag is compared inside OpenSSL, in constant time (CRYPTO_memcmp). */
     uint8_t none[SRCF_TAG_SIZE];   /* GCM's final step writes no bytes */
     return EVP_DecryptFinal_ex(ctx, none, &len) == 1 ? SRCF_OK : SRCF_E_INTEGRITY;
+}
+
+/* A hole: not the final chunk, a whole stored chunk, every byte zero. Only asked after
+ * authentication failed (a genuine chunk is all zero with probability 2^-(8 (cs + 28))). */
+static int is_hole(const uint8_t *stored, size_t stored_len, size_t chunk_size, int last) {
+    return !last && stored_len == chunk_size + SRCF_CHUNK_OVERHEAD && stored[0] == 0 &&
+           memcmp(stored, stored + 1, stored_len - 1) == 0;
 }
 
 /* Index of the run's last chunk, or SRCF_E_OVERFLOW when its offset would not fit. */
@@ -176,8 +188,12 @@ int srcf_open_run(srcf_file *file, uint64_t first_index, uint64_t final_index, c
     for (; rc == SRCF_OK && j < count; j++) {
         size_t piece = stored_len - pos < stored_chunk ? stored_len - pos : stored_chunk;
         size_t n = piece - SRCF_CHUNK_OVERHEAD;
-        rc = open_one(ctx, file->file_id, first_index + j, first_index + j == final_index, stored + pos, n,
-                      n != 0 ? out + opos : NULL);
+        int is_last = first_index + j == final_index;
+        rc = open_one(ctx, file->file_id, first_index + j, is_last, stored + pos, n, n != 0 ? out + opos : NULL);
+        if (rc == SRCF_E_INTEGRITY && is_hole(stored + pos, piece, cs, is_last)) {
+            memset(out + opos, 0, n);   /* a hole reads as zeros */
+            rc = SRCF_OK;
+        }
         pos += piece;
         opos += n;
     }
@@ -229,6 +245,10 @@ int srcf_open_chunk(srcf_file *file, uint64_t index, int last, const uint8_t *st
     EVP_CIPHER_CTX *ctx = keyed(file, c, 0);
     rc = ctx != NULL ? open_one(ctx, file->file_id, index, last, stored, n, out) : SRCF_E_CRYPTO;
     give_back(file, c);
+    if (rc == SRCF_E_INTEGRITY && is_hole(stored, stored_len, file->chunk_size, last)) {
+        memset(out, 0, n);   /* a hole reads as zeros */
+        return SRCF_OK;
+    }
     if (rc != SRCF_OK && n != 0) memset(out, 0, n);
     return rc;
 }

@@ -1,6 +1,6 @@
 /* The C tests of libsrcf: golden files byte for byte, every header rejection, runs
- * against single chunks, tampering, size arithmetic, argument checks, threads, locked
- * memory. Run by `make check` and, under ASan + UBSan, `make check-asan`; pytest runs
+ * against single chunks, tampering, holes, size arithmetic, argument checks, threads,
+ * locked memory. Run by `make check` and, under ASan + UBSan, `make check-asan`; pytest runs
  * the latter (tests/agents/test_native_format.py).
  *
  * Usage: test_srcf GOLDEN_DIR   (tests/agents/golden/v1) */
@@ -300,6 +300,136 @@ static void test_runs(void) {
 }
 
 /* Two seals of the same plaintext never share a nonce. */
+/* ---- holes (FORMAT.md, "Sparse regions"): a whole, all-zero, non-final chunk reads as
+ * zeros; anything else that is zero stays an integrity error ---- */
+static int all_bytes(const uint8_t *p, size_t n, uint8_t v) {
+    int same = 1;
+    for (size_t i = 0; i < n; i++) same &= p[i] == v;
+    return same;
+}
+
+static void holes(srcf_key *key, uint32_t cs) {
+    const size_t sc = (size_t)cs + 28;
+    srcf_file *f = NULL;
+    uint8_t header[128];
+    CHECK_RC(srcf_file_create(&f, header, key, cs), SRCF_OK);
+    /* five chunks, the final one short; and four, the final one full */
+    size_t len = 4 * (size_t)cs + 100, full_len = 4 * (size_t)cs, cap, got;
+    uint64_t bad;
+    uint8_t *plain = malloc(len), *back = malloc(len), *one = malloc(cs);
+    RAND_bytes(plain, (int)len);
+    CHECK_RC(srcf_run_stored_len(len, cs, &cap), SRCF_OK);
+    uint8_t *stored = malloc(cap), *saved = malloc(cap);
+    CHECK_RC(srcf_seal_run(f, 0, 4, plain, len, stored, cap, &got, NULL), SRCF_OK);
+    memcpy(saved, stored, cap);
+
+    /* A hole in the middle of a run: zeros there, every other chunk as written. */
+    memset(stored + 2 * sc, 0, sc);
+    memset(back, 0x55, len);
+    CHECK_RC(srcf_open_run(f, 0, 4, stored, cap, back, len, &got, &bad), SRCF_OK);
+    CHECK(got == len && memcmp(back, plain, 2 * (size_t)cs) == 0 && all_bytes(back + 2 * cs, cs, 0) &&
+          memcmp(back + 3 * cs, plain + 3 * cs, len - 3 * (size_t)cs) == 0);
+    /* the same hole alone, as a sub-run (no final chunk in it) and as one chunk */
+    memset(back, 0x55, cs);
+    CHECK_RC(srcf_open_run(f, 2, 4, stored + 2 * sc, sc, back, cs, &got, &bad), SRCF_OK);
+    CHECK(got == cs && all_bytes(back, cs, 0));
+    memset(back, 0x55, cs);
+    CHECK_RC(srcf_open_run(f, 2, SRCF_NO_FINAL, stored + 2 * sc, sc, back, cs, &got, &bad), SRCF_OK);
+    CHECK(got == cs && all_bytes(back, cs, 0));
+    memset(one, 0x55, cs);
+    CHECK_RC(srcf_open_chunk(f, 2, 0, stored + 2 * sc, sc, one), SRCF_OK);
+    CHECK(all_bytes(one, cs, 0));
+    /* ... but not as a final chunk */
+    memset(one, 0x55, cs);
+    CHECK_RC(srcf_open_chunk(f, 2, 1, stored + 2 * sc, sc, one), SRCF_E_INTEGRITY);
+    CHECK(all_bytes(one, cs, 0));
+    memset(back, 0x55, cs);
+    CHECK_RC(srcf_open_run(f, 2, 2, stored + 2 * sc, sc, back, cs, &got, &bad), SRCF_E_INTEGRITY);
+    CHECK(bad == 2 && all_bytes(back, cs, 0));
+
+    /* Holes at the start and several in a row. */
+    memset(stored, 0, 4 * sc);
+    CHECK_RC(srcf_open_run(f, 0, 4, stored, cap, back, len, &got, &bad), SRCF_OK);
+    CHECK(got == len && all_bytes(back, 4 * (size_t)cs, 0) && memcmp(back + 4 * cs, plain + 4 * cs, 100) == 0);
+
+    /* A hole before a tampered chunk: the tampered one is named, the output zeroed. */
+    memcpy(stored, saved, cap);
+    memset(stored + sc, 0, sc);
+    stored[3 * sc + 40] ^= 1;
+    memset(back, 0x55, len);
+    CHECK_RC(srcf_open_run(f, 0, 4, stored, cap, back, len, &got, &bad), SRCF_E_INTEGRITY);
+    CHECK(bad == 3 && all_bytes(back, len, 0));
+
+    /* A zeroed short final chunk: an integrity error (it is final, and short). */
+    memcpy(stored, saved, cap);
+    memset(stored + 4 * sc, 0, 128);
+    memset(back, 0x55, len);
+    CHECK_RC(srcf_open_run(f, 0, 4, stored, cap, back, len, &got, &bad), SRCF_E_INTEGRITY);
+    CHECK(bad == 4 && all_bytes(back, len, 0));
+
+    /* An all-zero short chunk that is not final (a run cut inside a chunk): an error. */
+    memset(stored + sc, 0, sc);
+    memset(back, 0x55, len);
+    CHECK_RC(srcf_open_run(f, 0, SRCF_NO_FINAL, stored, sc + 300, back, cs + 272, &got, &bad), SRCF_E_INTEGRITY);
+    CHECK(bad == 1 && all_bytes(back, cs + 272, 0));
+    memset(one, 0x55, cs);
+    CHECK_RC(srcf_open_chunk(f, 1, 0, stored + sc, 300, one), SRCF_E_INTEGRITY);
+    CHECK(all_bytes(one, 272, 0));
+    CHECK_RC(srcf_open_chunk(f, 1, 0, stored + sc, 28, one), SRCF_E_INTEGRITY);
+
+    /* A chunk zeroed all but one byte (first, middle, last): an integrity error. */
+    size_t spots[] = {0, 11, 12, sc / 2, sc - 17, sc - 1};
+    for (size_t k = 0; k < sizeof spots / sizeof spots[0]; k++) {
+        memcpy(stored, saved, cap);
+        memset(stored + 2 * sc, 0, sc);
+        stored[2 * sc + spots[k]] = 1;
+        memset(back, 0x55, len);
+        CHECK_RC(srcf_open_run(f, 0, 4, stored, cap, back, len, &got, &bad), SRCF_E_INTEGRITY);
+        CHECK(bad == 2 && all_bytes(back, len, 0));
+        memset(one, 0x55, cs);
+        CHECK_RC(srcf_open_chunk(f, 2, 0, stored + 2 * sc, sc, one), SRCF_E_INTEGRITY);
+        CHECK(all_bytes(one, cs, 0));
+    }
+
+    /* A file whose final chunk is full: zeroing that chunk is an integrity error (it is
+     * final), while the same zeros one chunk earlier are a hole. */
+    size_t full_cap;
+    CHECK_RC(srcf_run_stored_len(full_len, cs, &full_cap), SRCF_OK);
+    CHECK(full_cap == 4 * sc);
+    CHECK_RC(srcf_seal_run(f, 0, 3, plain, full_len, stored, cap, &got, NULL), SRCF_OK);
+    memset(stored + 3 * sc, 0, sc);
+    memset(back, 0x55, len);
+    CHECK_RC(srcf_open_run(f, 0, 3, stored, full_cap, back, full_len, &got, &bad), SRCF_E_INTEGRITY);
+    CHECK(bad == 3 && all_bytes(back, full_len, 0));
+    memset(one, 0x55, cs);
+    CHECK_RC(srcf_open_chunk(f, 3, 1, stored + 3 * sc, sc, one), SRCF_E_INTEGRITY);
+    CHECK(all_bytes(one, cs, 0));
+    /* Appending a zero chunk after a genuine final chunk: the old final chunk fails. */
+    CHECK_RC(srcf_seal_run(f, 0, 3, plain, full_len, stored, cap, &got, NULL), SRCF_OK);
+    memcpy(saved, stored, full_cap);
+    uint8_t *longer = calloc(1, full_cap + sc);
+    memcpy(longer, saved, full_cap);
+    uint8_t *back2 = malloc(full_len + cs);
+    CHECK_RC(srcf_open_run(f, 0, 4, longer, full_cap + sc, back2, full_len + cs, &got, &bad), SRCF_E_INTEGRITY);
+    CHECK(bad == 3);
+
+    free(back2);
+    free(longer);
+    free(plain);
+    free(back);
+    free(one);
+    free(stored);
+    free(saved);
+    srcf_file_free(f);
+}
+
+static void test_holes(void) {
+    srcf_key *key = random_key(1);
+    holes(key, 512);
+    holes(key, 4096);
+    srcf_key_free(key);
+}
+
 static void test_fresh_nonces(void) {
     srcf_key *key = random_key(1);
     srcf_file *f = NULL;
@@ -560,6 +690,7 @@ int main(int argc, char **argv) {
     test_golden();
     test_header_rejections();
     test_runs();
+    test_holes();
     test_fresh_nonces();
     test_rewrap();
     test_sizes();

@@ -2,17 +2,21 @@
 
 The daemon keeps, in `state_dir/guardpoints/`, one definition file per guard point
 (`<id>.json`: the server's definition plus the key's Active version) and runs one child
-process per guard point (`serve_guard_point`): a FUSE mount is a blocking loop with its
-own signal handling, and a process per mount isolates one mount's failure from the
-others. The child watches its definition file and applies a new revision live (the
-access policy is swapped whole, no remount); when the key's Active version moves it
-re-wraps every file header to it in the background while applications keep working. It
-reports what it applied in `<id>.status.json`, which the daemon sends with each
-heartbeat. Access decisions the policy audits go to the event spool.
+process per guard point (`serve_guard_point`), the guard point's control plane: it starts
+the compiled data plane (`strongroom-fuse`, which serves every request of applications)
+and feeds it keys and the policy; a process per guard point isolates one's failure from
+the others. The child watches its definition file and applies a new revision live (the
+access policy is swapped whole in the data plane, no remount); when the key's Active
+version moves it re-wraps every file header to it in the background while applications
+keep working. It reports what it applied in `<id>.status.json`, which the daemon sends
+with each heartbeat. The data plane's events (access decisions, integrity failures,
+missing keys) go to the event spool.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import multiprocessing
@@ -23,16 +27,18 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agents.config import AgentConfig
-from agents.cryptfile import FormatError, KeyVersion, decrypt_file, encrypt_file, read_header
+from agents.cryptfile import FormatError, KeyVersion, decrypt_file, encrypt_file, read_header, rewrap_in_place
 from agents.cryptfile.transform import TMP_PREFIX, atomic_replace
-from agents.fs.policy import AccessPolicy, Effect, Mode, Rule
-from agents.fs.protect import plan
+from agents.guardpoint.dataplane import DataPlane, DataPlaneError, Event, recover_journal
+from agents.guardpoint.dataplane import available as dataplane_unavailable
+from agents.guardpoint.policy import AccessPolicy, Effect, Mode, Rule
+from agents.guardpoint.protect import plan
 from agents.keyclient.spool import EventSpool
 
 log = logging.getLogger("strongroom.agent.guardpoints")
@@ -79,7 +85,7 @@ def initial_protection(mount: str, backing: str, key: KeyVersion, *, chunk_size:
 
     A non-empty protected directory is moved to the backing path (one rename, on the same
     file system) and an empty one put in its place, then every plaintext file in the
-    backing directory is encrypted in place (agents.fs.protect: write-new, fsync,
+    backing directory is encrypted in place (agents.guardpoint.protect: write-new, fsync,
     rename). Each step can be interrupted and is simply run again at the next start:
     files already encrypted are skipped. Nothing is ever deleted. Returns the number of
     files encrypted."""
@@ -157,8 +163,14 @@ class _Applied:
 
 
 def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> None:
-    """Child process entry: serve guard point `gp_id` until SIGTERM or unmount."""
-    from agents.fs.guardpoint import GuardPoint, serve
+    """Child process entry: serve guard point `gp_id` until SIGTERM or unmount.
+
+    This process is the guard point's control plane: it protects the directory, repairs
+    what a crash left half-written, starts the native data plane (`strongroom-fuse`,
+    agents/guardpoint/dataplane.py) and feeds it key versions and the policy; it relays
+    the data plane's events to the spool, applies new definitions live, re-wraps headers
+    on rotation and drives online re-key. No request of an application passes through it.
+    It exits non-zero when the data plane dies, so that the manager restarts it at once."""
     from agents.keyclient.client import ServerClient, ServerKeyring
     from agents.keyclient.identity import HostIdentity
 
@@ -182,11 +194,11 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
     def current_key() -> KeyVersion:
         return keyring.get(key_id, state.active)
 
-    def on_event(event: dict[str, Any]) -> None:
-        spool.append({**event, "guard_point": gp_id, "path": os.path.join(definition["path"],
-                                                                           str(event.get("path", "")).lstrip("/"))})
-
     mount, backing = definition["path"], definition["backing_path"]
+
+    def on_event(event: Event) -> None:
+        spool.append({**event.as_audit(), "guard_point": gp_id,
+                      "path": os.path.join(mount, event.path.lstrip("/"))})
 
     def status(state_name: str, detail: str, **extra: Any) -> None:
         _write_json(status_file, {"revision": definition["revision"], "state": state_name, "detail": detail, **extra})
@@ -195,6 +207,10 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
         _unmount(mount)
     if definition["mode"] == "off":
         _serve_raw(definition_file, status_file, folder / f"{gp_id}.unprotect.json", keyring, spool, gp_id)
+        return
+    unavailable = dataplane_unavailable()
+    if unavailable:
+        status("error", f"cannot serve the guard point: {unavailable}")
         return
     try:
         protected = initial_protection(mount, backing, current_key(), chunk_size=int(definition["chunk_size"]),
@@ -205,9 +221,29 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
         return
     if protected:
         spool.append({"event": "guardpoint.protected", "guard_point": gp_id, "path": mount, "files": protected})
-    ops = GuardPoint(backing, keyring, current_key, chunk_size=int(definition["chunk_size"]),
-                     policy=policy_from(definition), on_event=on_event, journal_dir=str(folder / f"{gp_id}.journal"),
-                     root_fd=os.open(mount, os.O_RDONLY | os.O_DIRECTORY))
+    journal = folder / f"{gp_id}.journal"
+    for path in recover_journal(backing, str(journal), keyring):
+        spool.append({"event": "guardpoint.repaired", "guard_point": gp_id, "path": os.path.join(mount, path)})
+    plane = DataPlane(backing, mount, chunk_size=int(definition["chunk_size"]), journal=str(journal),
+                      root_fd=os.open(mount, os.O_RDONLY | os.O_DIRECTORY), on_event=on_event)
+    def configure(p: DataPlane) -> None:
+        for version in range(1, state.active + 1):  # files may still be under any earlier version
+            try:
+                p.set_key(keyring.get(key_id, version))
+            except DataPlaneError:
+                raise
+            except Exception as exc:  # a destroyed version: its files answer ENOKEY (audited)
+                log.info("key version %d not loaded: %s", version, exc)
+        p.set_key(current_key())
+        p.set_active(current_key())
+        p.set_policy(policy_from(definition))
+
+    try:
+        plane.start(configure=configure)
+    except Exception as exc:
+        status("error", f"the data plane could not start: {exc}")
+        raise SystemExit(1) from None
+    signal.signal(signal.SIGTERM, lambda *_: plane.close_channel())  # the daemon wipes its keys and unmounts
 
     def report(detail: str = "") -> None:
         _write_json(status_file, {"revision": state.definition["revision"], "state": "mounted", "detail": detail,
@@ -215,18 +251,12 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
 
     def rewrap_all(version: KeyVersion) -> None:
         done = 0
-        for dirpath, _, names in os.walk(backing):
-            for name in names:
-                if name.startswith(TMP_PREFIX):
-                    continue
-                real = os.path.join(dirpath, name)
-                try:
-                    if os.path.islink(real) or read_header(real).key_version == version.version:
-                        continue
-                    if ops.rewrap("/" + os.path.relpath(real, backing), version):
-                        done += 1
-                except (FormatError, OSError) as exc:
-                    log.warning("rewrap of %s skipped: %s", real, exc)
+        for real in _encrypted_files(backing):
+            try:
+                if read_header(real).key_version != version.version and rewrap_in_place(real, keyring, version):
+                    done += 1
+            except (FormatError, OSError) as exc:
+                log.warning("rewrap of %s skipped: %s", real, exc)
         spool.append({"event": "guardpoint.rewrapped", "guard_point": gp_id, "path": mount,
                       "key_version": version.version, "files": done})
         report()
@@ -234,43 +264,40 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
     rekey_file_ = folder / f"{gp_id}.rekey.json"
 
     def rekey_all(generation: int) -> None:
-        """Re-encrypt every file that existed when re-key `generation` was asked for.
-        The list of (file, file id) is kept on disk first: a file is done when its file
-        id changed (a re-key makes a new one), so an interrupted run resumes where it
-        stopped and never re-encrypts a file twice. New files need nothing: each has a
-        fresh file key of its own."""
+        """Re-encrypt every file that existed when re-key `generation` was asked for,
+        each by the data plane while applications keep using it. The list of (file, file
+        id) is kept on disk first: a file is done when its file id changed (a re-key
+        makes a new one), so an interrupted run resumes where it stopped and never
+        re-encrypts a file twice. New files need nothing: each has a fresh file key."""
         plan = _read_json(rekey_file_)
         if plan is None or plan.get("generation") != generation:
             files: dict[str, str] = {}
-            for dirpath, _, names in os.walk(backing):
-                for name in names:
-                    real = os.path.join(dirpath, name)
-                    if name.startswith(TMP_PREFIX) or os.path.islink(real):
-                        continue
-                    try:
-                        files[os.path.relpath(real, backing)] = read_header(real).file_id.hex()
-                    except (FormatError, OSError):
-                        continue
+            for real in _encrypted_files(backing):
+                with contextlib.suppress(FormatError, OSError):
+                    files[os.path.relpath(real, backing)] = read_header(real).file_id.hex()
             plan = {"generation": generation, "files": files}
             _write_json(rekey_file_, plan)
-        total = len(plan["files"])
-        version = keyring.get(key_id, state.active)
+        total, skipped = len(plan["files"]), []
         for done, (rel, old_id) in enumerate(plan["files"].items(), start=1):
-            real = os.path.join(backing, rel)
             try:
-                if read_header(real).file_id.hex() == old_id:
-                    ops.rekey("/" + rel, version)
-            except (FormatError, OSError) as exc:  # gone, renamed or replaced since: its key is new or gone
+                if read_header(os.path.join(backing, rel)).file_id.hex() == old_id:
+                    rc = plane.rekey(rel)
+                    if rc == errno.EMLINK:
+                        skipped.append(rel)  # hard-linked: re-keying one name would split the file
+                    elif rc not in (0, errno.ENOENT):
+                        raise OSError(rc, f"re-key of {rel}: {os.strerror(rc)}")
+            except (FormatError, FileNotFoundError) as exc:  # gone or replaced since: its key is new or gone
                 log.info("re-key of %s skipped: %s", rel, exc)
             if done % 16 == 0 or done == total:
                 state.rekey = {"generation": generation, "done": done, "total": total, "finished": done == total}
                 report()
-        state.rekey = {"generation": generation, "done": total, "total": total, "finished": True}
+        state.rekey = {"generation": generation, "done": total, "total": total, "finished": True,
+                       **({"skipped_hard_links": skipped[:100]} if skipped else {})}
         state.rekeyed = generation
         _write_json(rekey_file_, {**plan, "done_generation": generation})
         report()
         spool.append({"event": "guardpoint.rekeyed", "guard_point": gp_id, "path": mount,
-                      "generation": generation, "files": total})
+                      "generation": generation, "files": total - len(skipped), "skipped": len(skipped)})
 
     def maybe_rekey(d: dict[str, Any]) -> None:
         generation = int(d.get("rekey_generation", 0))
@@ -304,39 +331,44 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
                 continue
             if new["mode"] == "off":
                 continue  # encryption off: the daemon replaces this mount by the raw view
-            if new["revision"] != state.definition["revision"]:
-                ops.policy = policy_from(new)  # swapped whole: no request sees half a policy
-                spool.append({"event": "guardpoint.policy_applied", "guard_point": gp_id, "path": mount,
-                              "revision": new["revision"]})
-            state.definition = new
-            report()
-            maybe_rekey(new)
-            if int(new["active_version"]) != state.active:
-                try:
+            try:
+                if new["revision"] != state.definition["revision"]:
+                    plane.set_policy(policy_from(new))  # swapped whole in the data plane: no remount
+                    spool.append({"event": "guardpoint.policy_applied", "guard_point": gp_id, "path": mount,
+                                  "revision": new["revision"]})
+                state.definition = new
+                report()
+                maybe_rekey(new)
+                if int(new["active_version"]) != state.active:
                     version = keyring.get(key_id, int(new["active_version"]))
-                except Exception as exc:  # keep serving under the old version; retry at the next change
-                    report(f"cannot fetch key version {new['active_version']}: {exc}")
-                    continue
-                state.active = version.version
-                threading.Thread(target=rewrap_all, args=(version,), daemon=True).start()
-
-    def announce() -> None:
-        while not os.path.ismount(mount):
-            time.sleep(0.05)
-        report()
-        maybe_rekey(state.definition)  # a re-key asked for before (or interrupted by) a restart
-        spool.append({"event": "guardpoint.mounted", "guard_point": gp_id, "path": mount,
-                      "revision": definition["revision"]})
+                    plane.set_key(version)
+                    plane.set_active(version)
+                    state.active = version.version
+                    threading.Thread(target=rewrap_all, args=(version,), daemon=True).start()
+            except Exception as exc:  # keep serving as before; retried at the next change
+                report(f"could not apply revision {new['revision']}: {exc}")
 
     threading.Thread(target=watch, daemon=True).start()
-    threading.Thread(target=announce, daemon=True).start()
-    try:
-        serve(ops, mount, allow_other=True)
-    except RuntimeError as exc:  # libfuse's exit status: a failed mount, or the end of a stopped one
-        if definition_file.exists():  # not stopped by the daemon: say what happened
-            _write_json(status_file, {"revision": state.definition["revision"], "state": "error",
-                                      "detail": f"the FUSE mount ended (status {exc}); see the agent's log"})
+    report()
+    maybe_rekey(state.definition)  # a re-key asked for before (or interrupted by) a restart
+    spool.append({"event": "guardpoint.mounted", "guard_point": gp_id, "path": mount,
+                  "revision": definition["revision"]})
+    code = plane.wait()
     spool.append({"event": "guardpoint.unmounted", "guard_point": gp_id, "path": mount})
+    if code != 0 and definition_file.exists():  # not stopped by the daemon: say what happened, and be restarted
+        _write_json(status_file, {"revision": state.definition["revision"], "state": "error",
+                                  "detail": f"the data plane ended with status {code}; see the agent's log"})
+        raise SystemExit(1)
+
+
+def _encrypted_files(backing: str) -> Iterator[str]:
+    """Regular files under the backing directory, temporary files of an interrupted
+    whole-file operation excepted."""
+    for dirpath, _, names in os.walk(backing):
+        for name in names:
+            real = os.path.join(dirpath, name)
+            if not name.startswith(TMP_PREFIX) and not os.path.islink(real) and os.path.isfile(real):
+                yield real
 
 
 # --- mode off: the backing files as stored -------------------------------------------------

@@ -1,0 +1,940 @@
+/* The format v1 content layer: the mount shows plaintext, the backing file holds
+ * docs/FORMAT.md's header and chunks, sealed and opened by libsrcf (OpenSSL's
+ * AES-256-GCM). Selected with --content srcf.
+ *
+ * Locking. The core holds the inode's io_lock shared for reads and positional writes
+ * and exclusively for size changes; a chunk is rewritten whole (read-modify-write), and
+ * a reader must never see a chunk half rewritten nor a stale "final" flag, so this layer
+ * adds its own rwlock per open inode: reads share it, writes and size changes take it
+ * alone. Reads of one file therefore run in parallel, and the kernel's page cache
+ * (kept across opens) answers most of them without a request at all.
+ *
+ * Sparse files. An extension past the end writes two chunks at most: the old final
+ * chunk re-sealed full and not final, and the new final chunk; whole chunks between
+ * them are left as holes in the backing file (all-zero stored chunks, read back as
+ * zeros: FORMAT.md, "Sparse regions"). truncate(10^15) costs two chunks, or EFBIG.
+ *
+ * Journal. Before the first change of a file, an entry naming it is made durable in
+ * the journal directory; it is removed when the last user of the file closes it. A
+ * crash between the steps of a size change leaves a tail that the control plane
+ * repairs at the next start for journalled files only (FORMAT.md, "Interrupted
+ * writes"). */
+#define _GNU_SOURCE
+#include "content.h"
+#include "control.h"
+#include "srcf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <stdio.h>
+#include <unistd.h>
+
+struct srcf_layer {
+	uint32_t chunk_size;      /* for new files */
+	int journal_fd;           /* directory, or -1: no journal */
+	int backing_sync_fd;      /* the backing directory, O_RDONLY: syncfs() before entries go */
+	const char *backing_path; /* to name journalled files relative to the backing directory */
+};
+
+struct sr_content {
+	int fd;
+	int writable;
+	srcf_file *file;
+	uint32_t cs;
+	uint64_t size;            /* logical size: under lock */
+	pthread_rwlock_t lock;
+	int journalled;
+	char journal_name[64];
+	/* streaming writes: stored offsets [flushed, started) are being written back */
+	uint64_t started, flushed, stream_end;
+};
+
+/* A file written sequentially would otherwise leave its ciphertext in the page cache
+ * twice over (the kernel keeps the plaintext in the mount's cache too) and dirty until the
+ * kernel's limits stall the daemon's own pwrite(): every STREAM_WINDOW bytes, writeback
+ * of the last window is started, and the window before it, written back by now, is
+ * dropped from the cache (the plaintext stays cached above). */
+#define STREAM_WINDOW (8u << 20)
+
+static struct srcf_layer layer_cfg;
+
+/* ---- per-thread buffers: a request never allocates ------------------------------- */
+struct bufs {
+	uint8_t *stored, *plain;
+	size_t stored_cap, plain_cap;
+};
+static pthread_key_t bufs_key;
+static pthread_once_t bufs_once = PTHREAD_ONCE_INIT;
+
+static void bufs_free(void *p)
+{
+	struct bufs *b = p;
+	if (!b)
+		return;
+	/* plaintext passed through here: wipe before the heap reuses it */
+	if (b->plain)
+		explicit_bzero(b->plain, b->plain_cap);
+	free(b->stored);
+	free(b->plain);
+	free(b);
+}
+
+static void bufs_make_key(void)
+{
+	(void)pthread_key_create(&bufs_key, bufs_free);
+}
+
+static struct bufs *bufs_get(size_t stored, size_t plain)
+{
+	pthread_once(&bufs_once, bufs_make_key);
+	struct bufs *b = pthread_getspecific(bufs_key);
+	if (!b) {
+		b = calloc(1, sizeof(*b));
+		if (!b || pthread_setspecific(bufs_key, b)) {
+			free(b);
+			return NULL;
+		}
+	}
+	if (b->stored_cap < stored) {
+		uint8_t *p = realloc(b->stored, stored);
+		if (!p)
+			return NULL;
+		b->stored = p;
+		b->stored_cap = stored;
+	}
+	if (b->plain_cap < plain) {
+		if (b->plain)
+			explicit_bzero(b->plain, b->plain_cap);
+		free(b->plain);
+		b->plain = malloc(plain);
+		b->plain_cap = b->plain ? plain : 0;
+		if (!b->plain)
+			return NULL;
+	}
+	return b;
+}
+
+/* ---- helpers ----------------------------------------------------------------------- */
+static int io_full(int fd, void *buf, size_t len, off_t off, int write_it)
+{
+	size_t done = 0;
+	while (done < len) {
+		ssize_t n = write_it ? pwrite(fd, (const char *)buf + done, len - done, off + (off_t)done)
+				     : pread(fd, (char *)buf + done, len - done, off + (off_t)done);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return write_it ? -EIO : -EIO; /* a read short of what the size promises: damaged */
+		done += (size_t)n;
+	}
+	return 0;
+}
+
+static uint64_t chunks_of(uint64_t size, uint32_t cs)
+{
+	uint64_t n = size / cs + (size % cs != 0);
+	return n ? n : 1;
+}
+
+static off_t chunk_off(uint64_t index, uint32_t cs)
+{
+	return (off_t)(SRCF_HEADER_SIZE + index * ((uint64_t)cs + SRCF_CHUNK_OVERHEAD));
+}
+
+/* The path of an open backing file relative to the backing directory ("d/f"). */
+static void rel_path(int fd, char *out, size_t len)
+{
+	char link[32], real[PATH_MAX];
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(link, real, sizeof(real) - 1);
+	if (n < 0) {
+		snprintf(out, len, "?");
+		return;
+	}
+	real[n] = '\0';
+	size_t bl = strlen(layer_cfg.backing_path);
+	const char *rel = real;
+	if (!strncmp(real, layer_cfg.backing_path, bl) && real[bl] == '/')
+		rel = real + bl + 1;
+	snprintf(out, len, "%s", rel);
+}
+
+/* An integrity failure or a missing key, for the audit log (no caller: the file's path). */
+static void content_event(enum sr_event_kind kind, int fd)
+{
+	char rel[PATH_MAX + 2];
+	rel[0] = '/';
+	rel_path(fd, rel + 1, sizeof(rel) - 1);
+	struct sr_caller nobody = { .uid = (uid_t)-1, .gid = (gid_t)-1, .pid = 0 };
+	sr_event_send(kind, SR_ACCESS_READ, SR_OP_OPEN, &nobody, -1, rel);
+}
+
+static int srcf_errno(int rc, int fd)
+{
+	if (rc == SRCF_OK)
+		return 0;
+	if (rc == SRCF_E_NOMEM)
+		return -ENOMEM;
+	if (rc == SRCF_E_OVERFLOW)
+		return -EFBIG;
+	if (rc == SRCF_E_MLOCK)
+		return -ENOMEM;
+	if (SRCF_IS_KEY_ERROR(rc)) {
+		content_event(SR_EV_NO_KEY, fd);
+		return -ENOKEY;
+	}
+	if (SRCF_IS_FORMAT_ERROR(rc) || SRCF_IS_INTEGRITY_ERROR(rc)) {
+		content_event(SR_EV_INTEGRITY, fd);
+		return -EIO;
+	}
+	return -EIO;
+}
+
+/* A managed key version held by the daemon, as a libsrcf key (its own locked copy). */
+static int key_load(const uint8_t id[16], uint32_t version, srcf_key **out)
+{
+	uint8_t material[32];
+	int r = sr_key_get(id, version, material);
+	if (r < 0)
+		return r;
+	int rc = srcf_key_new(out, id, version, material);
+	explicit_bzero(material, sizeof(material));
+	return rc == SRCF_OK ? 0 : rc == SRCF_E_MLOCK || rc == SRCF_E_NOMEM ? -ENOMEM : -EIO;
+}
+
+/* Journal entries of files no open state writes any more. An entry is removed only once
+ * what it guards is durable: a flusher thread removes released entries after a
+ * syncfs() of the backing file system (every JOURNAL_FLUSH_SECONDS), so closing a file
+ * costs no fsync, and a file opened and written again before then takes its entry back
+ * with no I/O at all (databases open and close their files all the time). */
+#define JOURNAL_FLUSH_SECONDS 2
+struct journal_entry {
+	struct journal_entry *next;
+	dev_t dev;
+	ino_t ino;
+	char name[64];
+};
+static pthread_mutex_t journal_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t journal_cond = PTHREAD_COND_INITIALIZER;
+static struct journal_entry *journal_released;
+static int journal_stopping, journal_thread_started;
+static pthread_t journal_thread;
+
+/* The key version new file keys are wrapped under (SET_ACTIVE): -ENOKEY before one. */
+static int active_key_load(srcf_key **out)
+{
+	uint8_t id[16];
+	uint32_t version;
+	if (sr_key_active(id, &version) < 0)
+		return -ENOKEY;
+	return key_load(id, version, out);
+}
+
+static int journal_mark(struct sr_content *c)
+{
+	if (c->journalled || layer_cfg.journal_fd < 0)
+		return 0;
+	struct stat st;
+	if (fstat(c->fd, &st) < 0)
+		return -errno;
+	pthread_mutex_lock(&journal_lock);
+	for (struct journal_entry **pp = &journal_released; *pp; pp = &(*pp)->next) {
+		struct journal_entry *e = *pp;
+		if (e->dev == st.st_dev && e->ino == st.st_ino) {
+			*pp = e->next;
+			pthread_mutex_unlock(&journal_lock);
+			memcpy(c->journal_name, e->name, sizeof(c->journal_name));
+			free(e);
+			c->journalled = 1;
+			return 0; /* still on disk: nothing to write */
+		}
+	}
+	pthread_mutex_unlock(&journal_lock);
+	char rel[PATH_MAX];
+	rel_path(c->fd, rel, sizeof(rel));
+	uint32_t nonce;
+	if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce))
+		nonce = (uint32_t)getpid();
+	snprintf(c->journal_name, sizeof(c->journal_name), "%lx-%lx-%08x", (unsigned long)st.st_dev,
+		 (unsigned long)st.st_ino, nonce);
+	int jfd = openat(layer_cfg.journal_fd, c->journal_name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (jfd < 0)
+		return -errno;
+	int r = io_full(jfd, rel, strlen(rel), 0, 1);
+	if (r == 0 && fsync(jfd) < 0)
+		r = -errno;
+	close(jfd);
+	if (r == 0 && fsync(layer_cfg.journal_fd) < 0)
+		r = -errno;
+	if (r < 0) {
+		unlinkat(layer_cfg.journal_fd, c->journal_name, 0);
+		return r;
+	}
+	c->journalled = 1;
+	return 0;
+}
+
+static void journal_release(struct sr_content *c, const struct stat *st)
+{
+	struct journal_entry *e = calloc(1, sizeof(*e));
+	if (!e)
+		return; /* the entry stays on disk: a later start checks a good file, no harm */
+	e->dev = st->st_dev;
+	e->ino = st->st_ino;
+	memcpy(e->name, c->journal_name, sizeof(e->name));
+	pthread_mutex_lock(&journal_lock);
+	e->next = journal_released;
+	journal_released = e;
+	pthread_mutex_unlock(&journal_lock);
+}
+
+/* Make every released file durable, then forget their entries. */
+static void journal_flush(void)
+{
+	pthread_mutex_lock(&journal_lock);
+	struct journal_entry *batch = journal_released;
+	journal_released = NULL;
+	pthread_mutex_unlock(&journal_lock);
+	if (!batch)
+		return;
+	if (syncfs(layer_cfg.backing_sync_fd) < 0) {
+		/* not durable: keep them for the next round */
+		pthread_mutex_lock(&journal_lock);
+		struct journal_entry *last = batch;
+		while (last->next)
+			last = last->next;
+		last->next = journal_released;
+		journal_released = batch;
+		pthread_mutex_unlock(&journal_lock);
+		return;
+	}
+	while (batch) {
+		struct journal_entry *next = batch->next;
+		unlinkat(layer_cfg.journal_fd, batch->name, 0);
+		free(batch);
+		batch = next;
+	}
+	(void)fsync(layer_cfg.journal_fd);
+}
+
+static void *journal_main(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&journal_lock);
+	while (!journal_stopping) {
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += JOURNAL_FLUSH_SECONDS;
+		pthread_cond_timedwait(&journal_cond, &journal_lock, &until);
+		pthread_mutex_unlock(&journal_lock);
+		journal_flush();
+		pthread_mutex_lock(&journal_lock);
+	}
+	pthread_mutex_unlock(&journal_lock);
+	return NULL;
+}
+
+void sr_content_srcf_shutdown(void)
+{
+	if (journal_thread_started) {
+		pthread_mutex_lock(&journal_lock);
+		journal_stopping = 1;
+		pthread_cond_signal(&journal_cond);
+		pthread_mutex_unlock(&journal_lock);
+		pthread_join(journal_thread, NULL);
+		journal_thread_started = 0;
+	}
+	if (layer_cfg.journal_fd >= 0)
+		journal_flush();
+}
+
+/* ---- chunk I/O ---------------------------------------------------------------------- */
+/* Decrypt chunks first..last (all within the current size) into out, which holds
+ * exactly their plaintext. */
+static int read_chunks(struct sr_content *c, uint64_t first, uint64_t last, uint8_t *out, size_t out_len,
+		       uint8_t *stored_buf)
+{
+	uint64_t final = chunks_of(c->size, c->cs) - 1;
+	size_t stored_len = out_len + (size_t)(last - first + 1) * SRCF_CHUNK_OVERHEAD;
+	int r = io_full(c->fd, stored_buf, stored_len, chunk_off(first, c->cs), 0);
+	if (r < 0)
+		return r == -EIO ? (content_event(SR_EV_INTEGRITY, c->fd), -EIO) : r;
+	size_t got;
+	uint64_t bad;
+	int rc = srcf_open_run(c->file, first, final, stored_buf, stored_len, out, out_len, &got, &bad);
+	return srcf_errno(rc, c->fd);
+}
+
+/* ---- operations --------------------------------------------------------------------- */
+static int srcf_init_new(void *layer, int fd)
+{
+	(void)layer;
+	srcf_key *key;
+	int r = active_key_load(&key);
+	if (r < 0)
+		return r;
+	srcf_file *f;
+	uint8_t out[SRCF_HEADER_SIZE + SRCF_CHUNK_OVERHEAD];
+	int rc = srcf_file_create(&f, out, key, layer_cfg.chunk_size);
+	srcf_key_free(key);
+	if (rc != SRCF_OK)
+		return srcf_errno(rc, fd);
+	size_t len;
+	rc = srcf_seal_run(f, 0, 0, NULL, 0, out + SRCF_HEADER_SIZE, SRCF_CHUNK_OVERHEAD, &len, NULL);
+	srcf_file_free(f);
+	if (rc != SRCF_OK)
+		return srcf_errno(rc, fd);
+	return io_full(fd, out, sizeof(out), 0, 1);
+}
+
+static int srcf_open(void *layer, int fd, int writable, struct sr_content **out)
+{
+	(void)layer;
+	uint8_t header[SRCF_HEADER_SIZE];
+	ssize_t n = pread(fd, header, sizeof(header), 0);
+	if (n < 0)
+		return -errno;
+	srcf_header h;
+	int rc = srcf_header_parse(header, (size_t)n, &h);
+	if (rc != SRCF_OK)
+		return srcf_errno(rc == SRCF_E_ARGUMENT ? SRCF_E_HEADER_TRUNCATED : rc, fd);
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	uint64_t size;
+	rc = srcf_plaintext_size((uint64_t)st.st_size, h.chunk_size, &size);
+	if (rc != SRCF_OK)
+		return srcf_errno(rc == SRCF_E_FILE_LENGTH ? SRCF_E_INTEGRITY : rc, fd);
+	srcf_key *key;
+	int r = key_load(h.key_id, h.key_version, &key);
+	if (r == -ENOKEY) {
+		content_event(SR_EV_NO_KEY, fd);
+		return r;
+	}
+	if (r < 0)
+		return r;
+	srcf_file *f;
+	rc = srcf_file_open(&f, header, sizeof(header), key);
+	srcf_key_free(key);
+	if (rc != SRCF_OK)
+		return srcf_errno(rc, fd);
+	struct sr_content *c = calloc(1, sizeof(*c));
+	if (!c) {
+		srcf_file_free(f);
+		return -ENOMEM;
+	}
+	c->fd = fd;
+	c->writable = writable;
+	c->file = f;
+	c->cs = h.chunk_size;
+	c->size = size;
+	pthread_rwlock_init(&c->lock, NULL);
+	*out = c;
+	return 0;
+}
+
+static ssize_t srcf_read(struct sr_content *c, void *buf, size_t size, off_t off)
+{
+	pthread_rwlock_rdlock(&c->lock);
+	ssize_t result = 0;
+	if (off < 0) {
+		result = -EINVAL;
+		goto out;
+	}
+	if ((uint64_t)off >= c->size || size == 0)
+		goto out;
+	if ((uint64_t)off + size > c->size)
+		size = (size_t)(c->size - (uint64_t)off);
+	uint32_t cs = c->cs;
+	uint64_t first = (uint64_t)off / cs, last = ((uint64_t)off + size - 1) / cs;
+	uint64_t run_end = (last + 1) * (uint64_t)cs < c->size ? (last + 1) * (uint64_t)cs : c->size;
+	size_t plain_len = (size_t)(run_end - first * cs);
+	int direct = (uint64_t)off == first * cs && size == plain_len;
+	struct bufs *b = bufs_get(plain_len + (size_t)(last - first + 1) * SRCF_CHUNK_OVERHEAD,
+				  direct ? 0 : plain_len);
+	if (!b) {
+		result = -ENOMEM;
+		goto out;
+	}
+	uint8_t *plain = direct ? buf : b->plain;
+	int r = read_chunks(c, first, last, plain, plain_len, b->stored);
+	if (r < 0) {
+		result = r;
+		goto out;
+	}
+	if (!direct)
+		memcpy(buf, plain + ((uint64_t)off - first * cs), size);
+	result = (ssize_t)size;
+out:
+	pthread_rwlock_unlock(&c->lock);
+	return result;
+}
+
+/* Re-seal the current final chunk `index` as a full, non-final chunk (zeros after its
+ * data): the first step of every extension past it. */
+static int seal_old_final_full(struct sr_content *c, struct bufs *b)
+{
+	uint32_t cs = c->cs;
+	uint64_t index = chunks_of(c->size, cs) - 1;
+	size_t have = (size_t)(c->size - index * cs);
+	memset(b->plain, 0, cs);
+	if (have) {
+		int r = read_chunks(c, index, index, b->plain, have, b->stored);
+		if (r < 0)
+			return r;
+	}
+	size_t len;
+	int rc = srcf_seal_run(c->file, index, SRCF_NO_FINAL, b->plain, cs, b->stored, b->stored_cap, &len, NULL);
+	if (rc != SRCF_OK)
+		return srcf_errno(rc, c->fd);
+	return io_full(c->fd, b->stored, len, chunk_off(index, cs), 1);
+}
+
+/* Under the write lock. Writes `size` bytes at `off` (size may be 0 with new_size >
+ * c->size: an extension by zeros, as truncate and fallocate do). */
+static int write_locked(struct sr_content *c, const uint8_t *data, size_t size, uint64_t off, uint64_t new_size)
+{
+	uint32_t cs = c->cs;
+	uint64_t stored_end;
+	if (srcf_stored_size(new_size, cs, &stored_end) != SRCF_OK)
+		return -EFBIG;
+	int r = journal_mark(c);
+	if (r < 0)
+		return r;
+	uint64_t old_size = c->size, old_n = chunks_of(old_size, cs), new_n = chunks_of(new_size, cs);
+	uint64_t final = new_n - 1;
+	/* The run to seal: the chunks the write covers; for a pure extension, the new final. */
+	uint64_t first = size ? off / cs : final, last = size ? (off + size - 1) / cs : final;
+	if (new_size > old_size)
+		last = final; /* a write reaching past the end: its last chunk is the new final */
+	uint64_t run_end = (last + 1) * (uint64_t)cs < new_size ? (last + 1) * (uint64_t)cs : new_size;
+	size_t plain_len = (size_t)(run_end - first * cs);
+	struct bufs *b = bufs_get(plain_len + (size_t)(last - first + 3) * SRCF_CHUNK_OVERHEAD + cs,
+				  plain_len > cs ? plain_len : cs);
+	if (!b)
+		return -ENOMEM;
+	/* Growing past the old final chunk, which lies before this run: it becomes a full,
+	 * non-final chunk first (in this order, a crash leaves a tail repair can read). */
+	if (new_n > old_n && old_n - 1 < first) {
+		r = seal_old_final_full(c, b);
+		if (r < 0)
+			return r;
+	}
+	const uint8_t *plain;
+	if (size && off == first * cs && size == plain_len) {
+		plain = data; /* whole chunks, or up to the end: no copy */
+	} else {
+		uint8_t *p = b->plain;
+		memset(p, 0, plain_len);
+		/* Old bytes of the edge chunks that the write does not cover. */
+		uint64_t edges[2] = { first, last };
+		for (int k = 0; k < 2; k++) {
+			uint64_t i = edges[k];
+			if (k == 1 && i == first)
+				break;
+			if (i >= old_n || i * cs >= old_size)
+				continue; /* past the old end: zeros */
+			uint64_t old_end = (i + 1) * (uint64_t)cs < old_size ? (i + 1) * (uint64_t)cs : old_size;
+			if (size && off <= i * cs && off + size >= old_end)
+				continue; /* wholly overwritten */
+			r = read_chunks(c, i, i, p + (i - first) * cs, (size_t)(old_end - i * cs), b->stored);
+			if (r < 0)
+				return r;
+		}
+		if (size)
+			memcpy(p + (off - first * cs), data, size);
+		plain = p;
+	}
+	size_t len;
+	uint8_t *stored = b->stored;
+	int rc = srcf_seal_run(c->file, first, final, plain, plain_len, stored, b->stored_cap, &len, NULL);
+	if (rc != SRCF_OK)
+		return srcf_errno(rc, c->fd);
+	r = io_full(c->fd, stored, len, chunk_off(first, cs), 1);
+	if (r < 0)
+		return r;
+	if (new_size > c->size)
+		c->size = new_size;
+	uint64_t from = (uint64_t)chunk_off(first, cs), to = from + len;
+	if (from > c->stream_end || to < c->started) {
+		c->started = c->flushed = from; /* not sequential: a new stream starts here */
+	}
+	c->stream_end = to;
+	if (to - c->started >= STREAM_WINDOW) {
+		if (c->started > c->flushed) {
+			(void)sync_file_range(c->fd, (off_t)c->flushed, (off_t)(c->started - c->flushed),
+					      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+						      SYNC_FILE_RANGE_WAIT_AFTER);
+			(void)posix_fadvise(c->fd, (off_t)c->flushed, (off_t)(c->started - c->flushed),
+					    POSIX_FADV_DONTNEED);
+		}
+		(void)sync_file_range(c->fd, (off_t)c->started, (off_t)(to - c->started), SYNC_FILE_RANGE_WRITE);
+		c->flushed = c->started;
+		c->started = to;
+	}
+	return 0;
+}
+
+static ssize_t srcf_write(struct sr_content *c, const void *buf, size_t size, off_t off)
+{
+	if (!c->writable)
+		return -EBADF;
+	if (off < 0)
+		return -EINVAL;
+	if (size == 0)
+		return 0;
+	uint64_t end;
+	if (__builtin_add_overflow((uint64_t)off, (uint64_t)size, &end) || end > INT64_MAX)
+		return -EFBIG;
+	pthread_rwlock_wrlock(&c->lock);
+	uint64_t new_size = end > c->size ? end : c->size;
+	int r = write_locked(c, buf, size, (uint64_t)off, new_size);
+	pthread_rwlock_unlock(&c->lock);
+	return r < 0 ? r : (ssize_t)size;
+}
+
+static int shrink_locked(struct sr_content *c, uint64_t new_size)
+{
+	uint32_t cs = c->cs;
+	int r = journal_mark(c);
+	if (r < 0)
+		return r;
+	uint64_t n = chunks_of(new_size, cs);
+	size_t keep = (size_t)(new_size - (n - 1) * cs);
+	struct bufs *b = bufs_get(2 * ((size_t)cs + SRCF_CHUNK_OVERHEAD), cs);
+	if (!b)
+		return -ENOMEM;
+	if (keep) {
+		/* the new final chunk's kept bytes, read while it is still whole */
+		uint64_t old_final = chunks_of(c->size, cs) - 1;
+		size_t have = n - 1 == old_final ? (size_t)(c->size - old_final * cs) : cs;
+		r = read_chunks(c, n - 1, n - 1, b->plain, have, b->stored);
+		if (r < 0)
+			return r;
+	}
+	size_t len;
+	int rc = srcf_seal_run(c->file, n - 1, n - 1, b->plain, keep, b->stored, b->stored_cap, &len, NULL);
+	if (rc != SRCF_OK)
+		return srcf_errno(rc, c->fd);
+	/* Whole chunks cut first (the kept one still marked not final), then the new final
+	 * chunk, then the exact end: every intermediate state is one repair can read. */
+	struct stat st;
+	if (fstat(c->fd, &st) < 0)
+		return -errno;
+	if (st.st_size > chunk_off(n, cs) && ftruncate(c->fd, chunk_off(n, cs)) < 0)
+		return -errno;
+	r = io_full(c->fd, b->stored, len, chunk_off(n - 1, cs), 1);
+	if (r < 0)
+		return r;
+	uint64_t stored_end;
+	(void)srcf_stored_size(new_size, cs, &stored_end);
+	if (ftruncate(c->fd, (off_t)stored_end) < 0)
+		return -errno;
+	c->size = new_size;
+	return 0;
+}
+
+static int srcf_truncate(struct sr_content *c, off_t size)
+{
+	if (!c->writable)
+		return -EBADF;
+	if (size < 0)
+		return -EINVAL;
+	pthread_rwlock_wrlock(&c->lock);
+	int r = 0;
+	if ((uint64_t)size > c->size)
+		r = write_locked(c, NULL, 0, c->size, (uint64_t)size);
+	else if ((uint64_t)size < c->size)
+		r = shrink_locked(c, (uint64_t)size);
+	pthread_rwlock_unlock(&c->lock);
+	return r;
+}
+
+static int srcf_size(struct sr_content *c, off_t *size)
+{
+	pthread_rwlock_rdlock(&c->lock);
+	*size = (off_t)c->size;
+	pthread_rwlock_unlock(&c->lock);
+	return 0;
+}
+
+/* A closed file's logical size from its stored length and its header's chunk size (a
+ * 4-byte read: the chunk size is per file). Anything unreadable shows as size 0; its
+ * open reports the error. */
+static void srcf_translate_stat(void *layer, int fd, struct stat *st)
+{
+	(void)layer;
+	uint64_t size = 0;
+	uint8_t field[4];
+	char p[32];
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+	int rfd = open(p, O_RDONLY | O_CLOEXEC | O_NOATIME);
+	if (rfd < 0 && errno == EPERM)
+		rfd = open(p, O_RDONLY | O_CLOEXEC);
+	if (rfd >= 0) {
+		if (pread(rfd, field, 4, 8) == 4) {
+			uint32_t cs = (uint32_t)field[0] << 24 | (uint32_t)field[1] << 16 | (uint32_t)field[2] << 8 | field[3];
+			if (srcf_plaintext_size((uint64_t)st->st_size, cs, &size) != SRCF_OK)
+				size = 0;
+		}
+		close(rfd);
+	}
+	st->st_size = (off_t)size;
+}
+
+static int srcf_fallocate(struct sr_content *c, int mode, off_t off, off_t len)
+{
+	if (mode & ~FALLOC_FL_KEEP_SIZE)
+		return -EOPNOTSUPP; /* punching or zeroing ranges would need chunk rewrites: not offered */
+	if (off < 0 || len <= 0)
+		return -EINVAL;
+	uint64_t end;
+	if (__builtin_add_overflow((uint64_t)off, (uint64_t)len, &end) || end > INT64_MAX)
+		return -EFBIG;
+	pthread_rwlock_wrlock(&c->lock);
+	int r = 0;
+	uint64_t stored_end;
+	if (srcf_stored_size(end, c->cs, &stored_end) != SRCF_OK)
+		r = -EFBIG;
+	else if (!(mode & FALLOC_FL_KEEP_SIZE) && end > c->size)
+		r = write_locked(c, NULL, 0, c->size, end);
+	if (r == 0) {
+		/* reserve the space the stored bytes of the range take, as the caller asked */
+		off_t from = chunk_off((uint64_t)off / c->cs, c->cs);
+		if (fallocate(c->fd, FALLOC_FL_KEEP_SIZE, from, (off_t)stored_end - from) < 0 && errno != EOPNOTSUPP)
+			r = -errno;
+	}
+	pthread_rwlock_unlock(&c->lock);
+	return r;
+}
+
+static int srcf_flush(struct sr_content *c)
+{
+	(void)c;
+	return 0; /* every write is sealed and written before it is acknowledged */
+}
+
+static int srcf_fsync(struct sr_content *c, int datasync)
+{
+	int r = datasync ? fdatasync(c->fd) : fsync(c->fd);
+	return r < 0 ? -errno : 0;
+}
+
+static void srcf_release(struct sr_content *c)
+{
+	/* The last user closed it: every size change is complete; its journal entry goes
+	 * once the flusher has made the file durable. */
+	struct stat st;
+	if (c->journalled && fstat(c->fd, &st) == 0)
+		journal_release(c, &st);
+	srcf_file_free(c->file);
+	close(c->fd);
+	pthread_rwlock_destroy(&c->lock);
+	free(c);
+}
+
+static int all_zero(const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i])
+			return 0;
+	return 1;
+}
+
+/* Copy extended attributes (ACLs, labels, user.*) from one open file to another; what
+ * the backing file system refuses to set is skipped. */
+static void copy_xattrs(int from, int to)
+{
+	char names[8192], value[8192];
+	ssize_t len = flistxattr(from, names, sizeof(names));
+	for (ssize_t i = 0; i < len; i += (ssize_t)strlen(names + i) + 1) {
+		ssize_t v = fgetxattr(from, names + i, value, sizeof(value));
+		if (v >= 0)
+			(void)fsetxattr(to, names + i, value, (size_t)v, 0);
+	}
+}
+
+/* Online re-key (control message REKEY): the file is written anew beside itself under
+ * a fresh file key wrapped by the active key version, chunk by chunk (holes stay holes),
+ * made durable, and exchanged with the old one in one renameat2(RENAME_EXCHANGE); this
+ * open state then continues on the new file. The caller holds the inode's io_lock
+ * exclusively, so no request reads or writes the file meanwhile; an interruption leaves
+ * the old file whole (and a .srtmp- file the control plane removes). */
+static int srcf_rekey(struct sr_content *c, int dirfd, const char *name)
+{
+	if (!c->writable)
+		return -EROFS;
+	srcf_key *key;
+	int r = active_key_load(&key);
+	if (r < 0)
+		return r;
+	pthread_rwlock_wrlock(&c->lock);
+	uint32_t cs = c->cs;
+	uint64_t n = chunks_of(c->size, cs), final = n - 1, per_run = cs >= (1u << 20) ? 1 : (1u << 20) / cs;
+	struct stat st;
+	srcf_file *nf = NULL;
+	uint8_t header[SRCF_HEADER_SIZE];
+	char tmp[64] = "";
+	uint64_t rnd;
+	int tfd = -1;
+	struct bufs *b = bufs_get(per_run * ((size_t)cs + SRCF_CHUNK_OVERHEAD), per_run * (size_t)cs);
+	if (!b) {
+		r = -ENOMEM;
+		goto out;
+	}
+	if (fstat(c->fd, &st) < 0) {
+		r = -errno;
+		goto out;
+	}
+	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd)) {
+		r = -EIO;
+		goto out;
+	}
+	snprintf(tmp, sizeof(tmp), ".srtmp-%016llx", (unsigned long long)rnd);
+	tfd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (tfd < 0) {
+		r = -errno;
+		goto out;
+	}
+	int rc = srcf_file_create(&nf, header, key, cs);
+	if (rc != SRCF_OK) {
+		r = srcf_errno(rc, c->fd);
+		goto out;
+	}
+	if ((r = io_full(tfd, header, sizeof(header), 0, 1)) < 0)
+		goto out;
+	for (uint64_t first = 0; first < n; first += per_run) {
+		uint64_t last = first + per_run - 1 < final ? first + per_run - 1 : final;
+		uint64_t end = (last + 1) * (uint64_t)cs < c->size ? (last + 1) * (uint64_t)cs : c->size;
+		size_t plain_len = (size_t)(end - first * cs);
+		size_t stored_len = plain_len + (size_t)(last - first + 1) * SRCF_CHUNK_OVERHEAD;
+		if ((r = io_full(c->fd, b->stored, stored_len, chunk_off(first, cs), 0)) < 0)
+			goto out;
+		/* runs of chunks that are not holes: decrypted and sealed anew in place */
+		uint64_t i = first;
+		while (i <= last) {
+			const size_t sc = (size_t)cs + SRCF_CHUNK_OVERHEAD;
+			uint8_t *at = b->stored + (i - first) * sc;
+			if (i != final && all_zero(at, sc)) {
+				i++;
+				continue; /* a hole stays a hole */
+			}
+			uint64_t j = i;
+			while (j + 1 <= last && (j + 1 == final || !all_zero(b->stored + (j + 1 - first) * sc, sc)))
+				j++;
+			uint64_t seg_end = (j + 1) * (uint64_t)cs < c->size ? (j + 1) * (uint64_t)cs : c->size;
+			size_t seg_plain = (size_t)(seg_end - i * cs), got, written;
+			size_t seg_stored = seg_plain + (size_t)(j - i + 1) * SRCF_CHUNK_OVERHEAD;
+			uint64_t bad;
+			rc = srcf_open_run(c->file, i, final, at, seg_stored, b->plain, b->plain_cap, &got, &bad);
+			if (rc == SRCF_OK)
+				rc = srcf_seal_run(nf, i, final, b->plain, seg_plain, at, seg_stored, &written, NULL);
+			if (rc != SRCF_OK) {
+				r = srcf_errno(rc, c->fd);
+				goto out;
+			}
+			if ((r = io_full(tfd, at, written, chunk_off(i, cs), 1)) < 0)
+				goto out;
+			i = j + 1;
+		}
+	}
+	uint64_t stored_end;
+	(void)srcf_stored_size(c->size, cs, &stored_end);
+	if (ftruncate(tfd, (off_t)stored_end) < 0 || fchown(tfd, st.st_uid, st.st_gid) < 0 ||
+	    fchmod(tfd, st.st_mode & 07777) < 0) {
+		r = -errno;
+		goto out;
+	}
+	copy_xattrs(c->fd, tfd);
+	struct timespec times[2] = { st.st_atim, st.st_mtim }; /* the content did not change */
+	(void)futimens(tfd, times);
+	if (fsync(tfd) < 0) {
+		r = -errno;
+		goto out;
+	}
+	if (renameat2(dirfd, tmp, dirfd, name, RENAME_EXCHANGE) < 0) {
+		r = -errno;
+		goto out;
+	}
+	struct stat moved;
+	if (fstatat(dirfd, tmp, &moved, AT_SYMLINK_NOFOLLOW) < 0 || moved.st_dev != st.st_dev ||
+	    moved.st_ino != st.st_ino) {
+		/* the name was renamed or replaced meanwhile: put things back, try again later */
+		(void)renameat2(dirfd, tmp, dirfd, name, RENAME_EXCHANGE);
+		r = -EAGAIN;
+		goto out;
+	}
+	(void)unlinkat(dirfd, tmp, 0);
+	(void)fsync(dirfd);
+	tmp[0] = '\0';
+	close(c->fd);
+	c->fd = tfd;
+	tfd = -1;
+	srcf_file_free(c->file);
+	c->file = nf;
+	nf = NULL;
+	r = 0;
+out:
+	if (tfd >= 0) {
+		close(tfd);
+		if (tmp[0])
+			(void)unlinkat(dirfd, tmp, 0);
+	}
+	srcf_file_free(nf);
+	srcf_key_free(key);
+	pthread_rwlock_unlock(&c->lock);
+	return r;
+}
+
+static int srcf_fd(struct sr_content *c)
+{
+	return c->fd;
+}
+
+int sr_content_srcf_configure(uint32_t chunk_size, int journal_fd, const char *backing_path)
+{
+	if (srcf_abi_version() != SRCF_ABI_VERSION)
+		return -1;
+	layer_cfg.chunk_size = chunk_size;
+	layer_cfg.journal_fd = journal_fd;
+	layer_cfg.backing_path = backing_path;
+	layer_cfg.backing_sync_fd = -1;
+	if (journal_fd >= 0) {
+		layer_cfg.backing_sync_fd = open(backing_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (layer_cfg.backing_sync_fd < 0)
+			return -1;
+		if (pthread_create(&journal_thread, NULL, journal_main, NULL) != 0)
+			return -1;
+		journal_thread_started = 1;
+	}
+	return 0;
+}
+
+const struct sr_content_ops sr_content_srcf = {
+	.name = "srcf",
+	.init_new = srcf_init_new,
+	.open = srcf_open,
+	.read = srcf_read,
+	.write = srcf_write,
+	.truncate = srcf_truncate,
+	.size = srcf_size,
+	.translate_stat = srcf_translate_stat,
+	.fallocate = srcf_fallocate,
+	.flush = srcf_flush,
+	.fsync = srcf_fsync,
+	.release = srcf_release,
+	.rekey = srcf_rekey,
+	.fd = srcf_fd,
+};
