@@ -389,67 +389,24 @@ def verify_audit() -> None:
         services.close()
 
 
-def _check_connection_slots(postgres: str, connections: int) -> None:
-    """Every KMIP connection is a server thread that may hold a database connection (the
-    benchmark's pool: 64 + 32 overflow): refuse before starting rather than take the
-    last slots of a PostgreSQL server that others share."""
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    url = make_url(postgres)
-    try:
-        with psycopg.connect(host=url.host, port=url.port or 5432, user=url.username, password=url.password,
-                             dbname=url.database or "postgres", connect_timeout=5) as conn:
-            row = conn.execute("SELECT current_setting('max_connections')::int - (SELECT count(*) FROM "
-                               "pg_stat_activity)").fetchone()
-    except psycopg.Error as exc:
-        console.print(f"[red]cannot reach PostgreSQL at {url.render_as_string()}[/red]: {exc}")
-        raise typer.Exit(EXIT_UNAVAILABLE) from None
-    free, needed = int(row[0]) if row else 0, min(connections, 96) + 10
-    if free < needed:
-        console.print(f"[red]PostgreSQL at {url.render_as_string()} has {free} free connection slots[/red]; "
-                      f"{connections} KMIP connections may take up to {needed}: pass --postgres with a server of "
-                      "its own (more max_connections), or fewer --connections")
-        raise typer.Exit(EXIT_UNAVAILABLE)
+# The benchmarks live in the kmsbench package (measurement code stays out of the server):
+# the old command names only say where they went.
+_MOVED = {"bench": "kms-bench keyserver", "bench-kmip": "kms-bench kmip"}
 
 
-@app.command("bench-kmip")
-def bench_kmip(
-    postgres: Annotated[str, typer.Option(help="PostgreSQL server URL (a scratch database is created)")] =
-        "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
-    connections: Annotated[str, typer.Option(help="comma-separated concurrent connection counts")] = "1,50",
-    duration: Annotated[float, typer.Option(min=1, help="seconds per measurement")] = 5,
-    repeats: Annotated[int, typer.Option(min=1, help="interleaved rounds per figure (median and spread)")] = 3,
-    output: Annotated[Path | None, typer.Option(help="Markdown file whose KMIP section is rewritten")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="raw results as JSON")] = None,
-) -> None:
-    """KMIP Create/Get per second, Strongroom vs PyKMIP's bundled server, in one run."""
-    from keyserver.kmip.bench import run
-
-    _check_connection_slots(postgres, max(int(c) for c in connections.split(",")))
-    run(postgres=postgres, connections=[int(c) for c in connections.split(",")], duration=duration,
-        output=output, json_out=json_out, repeats=repeats)
+def _moved(name: str) -> None:
+    console.print(f"`keyserver {name}` is now `{_MOVED[name]}` (same options; see docs/benchmarks.md)",
+                  soft_wrap=True)
+    raise typer.Exit(2)
 
 
-@app.command()
-def bench(
-    postgres: Annotated[str, typer.Option(help="PostgreSQL server URL (a scratch database is created)")] =
-        "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
-    embedded: Annotated[bool, typer.Option(help="embedded SQLite database instead of PostgreSQL (one worker)")] =
-        False,
-    clients: Annotated[str, typer.Option(help="comma-separated concurrent client counts")] = "1,50,200",
-    virtual_users: Annotated[int, typer.Option(help="virtual users with think time (0 to skip)")] = 200,
-    duration: Annotated[int, typer.Option(min=1, help="seconds per measurement")] = 10,
-    repeats: Annotated[int, typer.Option(min=1, help="runs per figure (median and spread are reported)")] = 3,
-    workers: Annotated[int, typer.Option(min=1, help="server worker processes")] = 2,
-    data_dir: Annotated[Path | None, typer.Option(help="empty directory for the server's files (default: a "
-                                                       "temporary one)")] = None,
-    output: Annotated[Path | None, typer.Option(help="Markdown file whose key-server section is rewritten")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="raw results as JSON")] = None,
-) -> None:
-    """Measure data keys/s and latency over HTTP, and the HSM's own ceiling, in one run."""
-    from keyserver.bench import run
+@app.command("bench", hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                                     "help_option_names": []})
+def bench() -> None:
+    _moved("bench")
 
-    run(postgres=None if embedded else postgres, clients=[int(c) for c in clients.split(",")],
-        virtual_users=virtual_users, duration=duration, repeats=repeats,
-        workers=workers, output=output, json_out=json_out, data_dir=data_dir)
+
+@app.command("bench-kmip", hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                                          "help_option_names": []})
+def bench_kmip() -> None:
+    _moved("bench-kmip")

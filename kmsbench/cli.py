@@ -1,9 +1,13 @@
 """`kms-bench`: run the benchmark suites, plain vs encrypted side by side, and write the
-report. See docs/benchmarks.md ("kms-bench") for the suites, sizes and exit codes."""
+report. See docs/benchmarks.md ("kms-bench") for the suites, sizes and exit codes.
+
+`kms-bench keyserver ...` and `kms-bench kmip ...` run the key server's load benchmark
+and the KMIP comparison on their own, with their own options (--help)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -27,6 +31,8 @@ from kmsbench.suites import SUITE_FUNCTIONS, steps
 from kmsbench.workspace import Workspace
 
 console = Console(stderr=True)
+# Benchmarks with a command of their own: `kms-bench NAME [options]` hands over to them.
+COMMANDS = {"keyserver": "kmsbench.keyserver_load", "kmip": "kmsbench.kmip_load"}
 
 
 def _ints(text: str) -> list[int]:
@@ -53,7 +59,8 @@ def parser() -> argparse.ArgumentParser:
         prog="kms-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="exit codes: 0 done, 1 a suite failed, 2 bad arguments, 3 missing privileges or programs, "
                "4 key server / PostgreSQL unreachable or token refused, 5 not enough disk, 6 --out/--workdir not "
-               "empty, 130 interrupted (everything created removed)")
+               "empty, 130 interrupted (everything created removed). The key server's load benchmark and the "
+               "KMIP comparison also run on their own: kms-bench keyserver --help, kms-bench kmip --help")
     p.add_argument("--suites", type=_suites, default=list(SUITES), help=f"comma-separated, from {','.join(SUITES)}")
     p.add_argument("--quick", action="store_true", help="small sizes and short loads: a few minutes")
     p.add_argument("--runs", type=int, help="repetitions per figure (default 3; 2 with --quick)")
@@ -166,6 +173,10 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    if given and given[0] in COMMANDS:
+        importlib.import_module(COMMANDS[given[0]]).main(given[1:])  # a typer app: it exits itself
+        return Exit.OK
     args = parser().parse_args(argv)
     if args.from_results is not None:
         earlier = merge([json.loads(p.read_text()) for p in args.from_results])

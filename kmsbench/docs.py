@@ -9,8 +9,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from agents.benchreport import write_section
 from kmsbench import report
+from kmsbench.sections import write_section
 
 
 def _kmip_median(raw: dict[str, Any], connections: list[int]) -> dict[str, Any]:
@@ -28,35 +28,35 @@ def module_sections(results: dict[str, Any]) -> dict[str, str]:
     suites = {k: v for k, v in results["suites"].items() if "raw" in v}
     out: dict[str, str] = {}
     if "engine" in suites:
-        from agents.cryptfile.bench import render
+        from kmsbench.engine import render
 
         out["engine-bench"] = render(suites["engine"]["raw"])
     if "copy" in suites:
-        from agents.fs.bench import render as render_copy
+        from kmsbench.guardpoint import render as render_copy
 
         raw = suites["copy"]["raw"]
         out["guardpoint-copy-bench"] = "\n\n".join(
             render_copy(by, size_mib=int(size), runs=len(by["plain"])) for size, by in raw.items())
     if "concurrent" in suites:
-        from agents.fs.bench import render_concurrent
+        from kmsbench.guardpoint import render_concurrent
 
         s = suites["concurrent"]
         out["guardpoint-concurrent-bench"] = render_concurrent(
             s["raw"], threads=s["params"]["threads"], files=s["params"]["files_per_thread"],
             runs=len(s["raw"]["plain"]))
     if "oltp" in suites:
-        from agents.fs.bench import render_oltp
+        from kmsbench.guardpoint import render_oltp
 
         s = suites["oltp"]
         out["guardpoint-oltp-bench"] = render_oltp(
             s["raw"], scale=s["params"]["scale"], seconds=s["params"]["seconds"], clients=s["params"]["clients"],
             runs=len(next(iter(s["raw"].values()))["plain"]))
     if "keyserver" in suites and "hsm_1_thread" in suites["keyserver"]["raw"]:
-        from keyserver.bench import render as render_keyserver
+        from kmsbench.keyserver_load import render as render_keyserver
 
         out["keyserver-bench"] = render_keyserver(suites["keyserver"]["raw"])
     if "kmip" in suites:
-        from keyserver.kmip.bench import render as render_kmip
+        from kmsbench.kmip_load import render as render_kmip
 
         conns = [int(c) for c in suites["kmip"]["params"]["connections"]]
         out["kmip-bench"] = render_kmip(_kmip_median(suites["kmip"]["raw"], conns), conns)
@@ -80,8 +80,8 @@ def update(doc: Path, results: dict[str, Any], charts: dict[str, Path]) -> None:
     detail = {suite for suite in results["suites"] if covered.get(suite) not in sections}
     body = report.markdown(results, rel, heading_level=2, detail=detail).split("\n", 2)[2]  # the doc has a heading
     write_section(doc, body.strip(), name="kms-bench", heading="## kms-bench: the whole run")
-    from agents.cryptfile.bench import HEADING as ENGINE_HEADING
-    from agents.fs.bench import SECTIONS
+    from kmsbench.engine import HEADING as ENGINE_HEADING
+    from kmsbench.guardpoint import SECTIONS
 
     headings = {"engine-bench": ENGINE_HEADING, **{name: heading for name, heading in SECTIONS.values()}}
     for name, text in sections.items():

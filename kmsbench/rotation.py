@@ -3,9 +3,11 @@
 checking its content. The reader's errors must be 0; its throughput while idle, during
 the re-wrap and during the re-key is the plain-vs-rotating comparison.
 
-The guard point runs in a process of its own (as the agent runs one per mount); the
-rotation runs in that process, on the mount's `GuardPoint.rewrap` / `GuardPoint.rekey`,
-exactly as the agent's daemon does it on a key rotation or a re-key request.
+The guard point is the native data plane (`strongroom-fuse`) driven by a control plane in
+a process of its own, as the agent runs one per guard point; the rotation runs there as
+the agent's does it: the new version handed to the data plane, then each header re-wrapped
+in place (`rewrap_in_place`), and a re-key through the data plane's REKEY (each file
+written anew and exchanged while readers wait on it).
 """
 
 from __future__ import annotations
@@ -30,9 +32,17 @@ IDLE_SECONDS = 2.0
 
 
 def _serve(backing: str, mnt: str, keys: list[KeyVersion], control: Connection) -> None:
-    from agents.fs.guardpoint import GuardPoint, serve
+    from agents.cryptfile import rewrap_in_place
+    from agents.guardpoint.dataplane import DataPlane
+    from agents.guardpoint.policy import PERMIT_ALL
 
-    ops = GuardPoint(backing, StaticKeyring(keys), lambda: keys[0])
+    def configure(p: DataPlane) -> None:
+        p.set_key(keys[0])
+        p.set_active(keys[0])
+        p.set_policy(PERMIT_ALL)
+
+    plane = DataPlane(backing, mnt).start(configure=configure)
+    ring = StaticKeyring(keys)
 
     def rotate() -> None:
         # Commands: ("rewrap" | "rekey", version) -> (seconds, files) or ("error", text).
@@ -45,17 +55,19 @@ def _serve(backing: str, mnt: str, keys: list[KeyVersion], control: Connection) 
             try:
                 names = sorted(n for n in os.listdir(backing) if not n.startswith(TMP_PREFIX))
                 start = time.perf_counter()
+                plane.set_key(key)
+                plane.set_active(key)
                 for name in names:
                     if op == "rewrap":
-                        ops.rewrap("/" + name, key)
-                    else:
-                        ops.rekey("/" + name, key)
+                        rewrap_in_place(os.path.join(backing, name), ring, key)
+                    elif (rc := plane.rekey(name)) != 0:
+                        raise OSError(rc, f"re-key of {name}: {os.strerror(rc)}")
                 control.send((time.perf_counter() - start, len(names)))
             except Exception as exc:  # reported to the parent, which fails the suite
                 control.send(("error", f"{type(exc).__name__}: {exc}"))
 
     threading.Thread(target=rotate, daemon=True).start()
-    serve(ops, mnt)
+    plane.wait()
 
 
 @dataclass

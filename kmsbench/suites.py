@@ -1,5 +1,5 @@
-"""Each suite runs the project's own benchmark code (agents/cryptfile/bench.py,
-agents/fs/bench.py, keyserver/bench.py, `keyserver bench-kmip`, kmsbench/rotation.py)
+"""Each suite runs the project's own benchmark code (kmsbench/engine.py,
+kmsbench/guardpoint.py, kmsbench/keyserver_load.py, `kms-bench kmip`, kmsbench/rotation.py)
 inside the run's work directory and returns {"params": ..., "raw": ...}: every
 repetition's numbers, from which the report computes medians, spread and change."""
 
@@ -43,7 +43,7 @@ def steps(cfg: Config, suite: str) -> int | None:
 
 
 def engine(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
-    from agents.cryptfile.bench import measure_all
+    from kmsbench.engine import measure_all
 
     raw = measure_all(repeats=cfg.runs, chunks=cfg.engine_chunks, openssl_seconds=cfg.openssl_seconds, step=step)
     return {"params": {"chunks": list(cfg.engine_chunks), "mib_per_measurement": raw["total_mib"],
@@ -51,7 +51,7 @@ def engine(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
 
 
 def copy(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
-    from agents.fs.bench import measure_copy
+    from kmsbench.guardpoint import measure_copy
 
     raw: dict[str, Any] = {}
     for size in cfg.copy_sizes_mib:
@@ -67,7 +67,7 @@ def copy(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
 
 
 def concurrent(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
-    from agents.fs.bench import FILE_MB, measure_concurrent
+    from kmsbench.guardpoint import FILE_MB, measure_concurrent
 
     base = work / "concurrent"
     base.mkdir()
@@ -77,7 +77,7 @@ def concurrent(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
 
 
 def oltp(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
-    from agents.fs.bench import measure_oltp
+    from kmsbench.guardpoint import measure_oltp
 
     base = work / "oltp"
     base.mkdir()
@@ -113,7 +113,7 @@ def run_child(cmd: list[str], *, log: Path, env: dict[str, str]) -> None:
             raise
     if code != 0:
         tail = log.read_text(errors="replace")[-1500:]
-        raise RuntimeError(f"{' '.join(cmd[:2])} exited with {code}:\n{tail}")
+        raise RuntimeError(f"{' '.join(cmd[:4])} exited with {code}:\n{tail}")
 
 
 def _child_env(work: Path) -> dict[str, str]:
@@ -121,8 +121,9 @@ def _child_env(work: Path) -> dict[str, str]:
     return {**os.environ, "TMPDIR": str(work), "COLUMNS": "200"}
 
 
-def _keyserver_cli() -> str:
-    return str(Path(sys.executable).with_name("keyserver"))
+def _kms_bench(command: str) -> list[str]:
+    """`kms-bench COMMAND` in a child process, by this interpreter."""
+    return [sys.executable, "-m", "kmsbench", command]
 
 
 def keyserver(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
@@ -132,7 +133,7 @@ def keyserver(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
     base = work / "keyserver"
     base.mkdir()
     out = base / "results.json"
-    run_child([_keyserver_cli(), "bench", "--embedded", "--clients", ",".join(map(str, cfg.clients)),
+    run_child([*_kms_bench("keyserver"), "--embedded", "--clients", ",".join(map(str, cfg.clients)),
                "--virtual-users", str(cfg.virtual_users), "--duration", str(cfg.load_seconds),
                "--repeats", str(cfg.runs_for("keyserver")), "--data-dir", str(base / "server"), "--json", str(out)],
               log=base / "keyserver-bench.log", env=_child_env(work))
@@ -142,7 +143,7 @@ def keyserver(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
 
 
 def _existing_keyserver(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
-    from keyserver.bench import machine, measure_http
+    from kmsbench.keyserver_load import machine, measure_http
 
     assert cfg.keyserver is not None and cfg.token is not None
     base = cfg.keyserver.rstrip("/")
@@ -179,7 +180,7 @@ def _existing_keyserver(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
 def postgres_cluster(base: Path) -> Iterator[str]:
     """A throwaway PostgreSQL cluster on 127.0.0.1 with connection slots for 200 KMIP
     clients, so the benchmark neither needs nor crowds a shared server."""
-    from agents.fs.bench import PG_BIN, _as_postgres
+    from kmsbench.guardpoint import PG_BIN, _as_postgres
 
     if PG_BIN is None:
         raise BenchError(Exit.PRIVILEGES, "no PostgreSQL server binaries", "apt-get install postgresql, or pass "
@@ -209,7 +210,7 @@ def kmip(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
     with postgres_cluster(base) if cfg.postgres is None else nullcontext(cfg.postgres) as postgres:
         for i in range(cfg.runs_for("kmip")):
             out = base / f"run-{i + 1}.json"
-            run_child([_keyserver_cli(), "bench-kmip", "--postgres", postgres, "--connections",
+            run_child([*_kms_bench("kmip"), "--postgres", postgres, "--connections",
                        ",".join(map(str, cfg.kmip_connections)), "--duration", str(cfg.load_seconds), "--json",
                        str(out)], log=base / f"run-{i + 1}.log", env=_child_env(work))
             runs.append(json.loads(out.read_text()))

@@ -111,7 +111,7 @@ def test_quick_engine_run_end_to_end(tmp_path: Path) -> None:
             assert len(figures[name]) == 1 and figures[name][0] > 0
     assert results["machine"]["cpu"]["model"]
     text = (out / "report.md").read_text()
-    assert "| test | raw AES-GCM | format v1 | change |" in text and "## Machine" in text
+    assert "| test | raw EVP AES-GCM | format v1 (libsrcf) | change |" in text and "## Machine" in text
     assert (out / "charts" / "engine.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "report.html").exists()
     assert not (out / "work").exists() and not (out / MARKER).exists()

@@ -1,11 +1,14 @@
 """Engine benchmark of the file format (docs/benchmarks.md, "File format engine").
 
-In memory, one thread: sealing and opening chunks exactly as the format does (fresh
-nonce, associated data, output in place) against raw `cryptography` AESGCM on the same
-chunk size (one `AESGCM.encrypt`/`decrypt` call per chunk, fixed nonce, no associated
-data: the primitive with nothing of the format around it), and against
-`openssl speed -evp aes-256-gcm` (the CPU's practical limit), all in one run:
-`python -m agents.cryptfile.bench [--output docs/benchmarks.md]`.
+In memory, one thread: the compiled engine (libsrcf, what the guard points' data plane
+and the CLI run) sealing and opening 1 MiB runs of chunks exactly as the format does
+(fresh nonce, associated data, the "last" flag), against the bare primitive in the same
+C process (EVP AES-256-GCM, one call per chunk, nothing of the format around it:
+agents/dataplane/bench/bench_srcf.c); `openssl speed -evp aes-256-gcm` and the Python
+reference (`cryptfile.chunks`, whose `cryptography` wheel bundles its own, newer
+OpenSSL) beside them. All in one run:
+`python -m kmsbench.engine [--output docs/benchmarks.md]` (`kms-bench --suites engine` runs
+the same measurement inside a whole report).
 """
 
 from __future__ import annotations
@@ -23,10 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-from agents.benchreport import write_section
 from agents.cryptfile.chunks import CHUNK_OVERHEAD, ChunkCipher
+from kmsbench.sections import write_section
 
 TOTAL = 64 << 20  # bytes processed per measurement
 
@@ -38,37 +39,50 @@ def _rate(fn: Callable[[], None], total: int) -> float:
 
 
 def measure(chunk: int) -> dict[str, float]:
+    """MB/s of the Python reference (python_*)."""
     count = TOTAL // chunk
-    plain = os.urandom(chunk)
-    key, file_id = os.urandom(32), os.urandom(16)
-    cipher = ChunkCipher(key, file_id)
-    raw = AESGCM(key)
-    nonce = os.urandom(12)
-    run = 256  # chunks per sealed run, as a 1 MiB write of the mount would be at 4 KiB
+    run = max(1, (1 << 20) // chunk)  # chunks per run: one 1 MiB request of the data plane
     plain_run = os.urandom(chunk * run)
     out = bytearray((chunk + CHUNK_OVERHEAD) * run)
+    key_bytes, file_id = os.urandom(32), os.urandom(16)
+    figures: dict[str, float] = {}
+    cipher = ChunkCipher(key_bytes, file_id)
     view = memoryview(out)
-    sealed = [cipher.seal(i, plain, last=False) for i in range(16)]
-    raw_sealed = raw.encrypt(nonce, plain, None)
+    sealed = [cipher.seal(i, plain_run[:chunk], last=False) for i in range(16)]
 
-    def ours_encrypt() -> None:
+    def python_encrypt() -> None:
         for r in range(count // run):
             cipher.seal_run(r * run, plain_run, chunk, view, final_index=None)
 
-    def raw_encrypt() -> None:
-        for _ in range(count):
-            raw.encrypt(nonce, plain, None)
-
-    def ours_decrypt() -> None:
+    def python_decrypt() -> None:
         for i in range(count):
             cipher.open(i % 16, sealed[i % 16], last=False)
 
-    def raw_decrypt() -> None:
-        for _ in range(count):
-            raw.decrypt(nonce, raw_sealed, None)
+    figures["python_encrypt"] = _rate(python_encrypt, TOTAL)
+    figures["python_decrypt"] = _rate(python_decrypt, TOTAL)
+    return figures
 
-    return {"format_encrypt": _rate(ours_encrypt, TOTAL), "raw_encrypt": _rate(raw_encrypt, TOTAL),
-            "format_decrypt": _rate(ours_decrypt, TOTAL), "raw_decrypt": _rate(raw_decrypt, TOTAL)}
+
+DATAPLANE = Path(__file__).resolve().parent.parent / "agents" / "dataplane"
+_ROW = re.compile(r"^\|\s*(\d+) KiB \| (encrypt|decrypt) \| ([\d.]+) \([^)]*\) \| ([\d.]+) ", re.M)
+
+
+def compiled(total_mib: int) -> dict[str, dict[str, float]] | None:
+    """One measurement of the compiled engine against raw EVP AES-256-GCM, both in the
+    same C process (agents/dataplane/bench/bench_srcf.c: 1 MiB runs of chunks vs one
+    EVP call per chunk with a fixed IV and no associated data); None without a C
+    toolchain. {chunk: {format_encrypt, raw_encrypt, format_decrypt, raw_decrypt}}."""
+    program = DATAPLANE / "build" / "bench_srcf"
+    if subprocess.run(["make", "-s", "-C", str(DATAPLANE), "build/bench_srcf"], capture_output=True,
+                      check=False).returncode != 0 or not program.exists():
+        return None
+    out = subprocess.run([str(program), "--total", str(total_mib), "--repeats", "1"], capture_output=True,
+                         text=True, check=False).stdout
+    by_chunk: dict[str, dict[str, float]] = {}
+    for kib, op, ours, raw in _ROW.findall(out):
+        figures = by_chunk.setdefault(str(int(kib) * 1024), {})
+        figures[f"format_{op}"], figures[f"raw_{op}"] = float(ours), float(raw)
+    return by_chunk or None
 
 
 def openssl(chunk: int, *, decrypt: bool, seconds: int = 2) -> float | None:
@@ -96,9 +110,10 @@ def measure_all(*, repeats: int = 5, chunks: tuple[int, ...] = (4096, 65536), op
     `openssl speed` runs inside each repetition, so all three see the same noise."""
     by_chunk: dict[str, dict[str, list[float]]] = {}
     for _ in range(repeats):
+        native = compiled(TOTAL >> 20) or {}
         for chunk in chunks:
             figures = by_chunk.setdefault(str(chunk), {})
-            for name, value in measure(chunk).items():
+            for name, value in {**measure(chunk), **native.get(str(chunk), {})}.items():
                 figures.setdefault(name, []).append(value)
             for op in ("encrypt", "decrypt"):
                 ssl = openssl(chunk, decrypt=op == "decrypt", seconds=openssl_seconds)
@@ -110,25 +125,24 @@ def measure_all(*, repeats: int = 5, chunks: tuple[int, ...] = (4096, 65536), op
 
 
 def render(results: dict[str, Any]) -> str:
+    def cell(xs: list[float] | None) -> str:
+        return f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})" if xs else "n/a"
+
     lines = [
         f"{results['cpu']}, one thread, {results['total_mib']} MiB per measurement, median of "
-        f"{results['repeats']} (min-max), MB/s.",
+        f"{results['repeats']} (min-max), MB/s. Format v1 = the compiled engine (libsrcf) sealing and opening "
+        "1 MiB runs; raw = one EVP AES-256-GCM call per chunk in the same C process (Debian's OpenSSL 3.0).",
         "",
-        "| chunk | operation | format v1 | raw AESGCM | format / raw | openssl speed | format / openssl |",
+        "| chunk | operation | format v1 (libsrcf) | raw EVP AES-256-GCM | format / raw | openssl speed "
+        "| Python reference |",
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for chunk, runs in results["chunks"].items():
         for op in ("encrypt", "decrypt"):
-            ours, raw = runs[f"format_{op}"], runs[f"raw_{op}"]
-            ssl_runs = runs.get(f"openssl_{op}")
-            ssl = statistics.median(ssl_runs) if ssl_runs else None
-            med = statistics.median(ours)
-            ratio = med / statistics.median(raw)
-            ssl_txt = f"{ssl:.0f}" if ssl else "n/a"
-            ssl_ratio = f"{med / ssl:.0%}" if ssl else "n/a"
-            lines.append(f"| {int(chunk) // 1024} KiB | {op} | {med:.0f} ({min(ours):.0f}-{max(ours):.0f}) "
-                         f"| {statistics.median(raw):.0f} ({min(raw):.0f}-{max(raw):.0f}) | {ratio:.0%} "
-                         f"| {ssl_txt} | {ssl_ratio} |")
+            ours, raw = runs.get(f"format_{op}"), runs.get(f"raw_{op}")
+            ratio = f"{statistics.median(ours) / statistics.median(raw):.0%}" if ours and raw else "n/a"
+            lines.append(f"| {int(chunk) // 1024} KiB | {op} | {cell(ours)} | {cell(raw)} | {ratio} "
+                         f"| {cell(runs.get(f'openssl_{op}'))} | {cell(runs.get(f'python_{op}'))} |")
     return "\n".join(lines)
 
 
@@ -137,7 +151,7 @@ def run(*, repeats: int = 5, chunks: tuple[int, ...] = (4096, 65536)) -> str:
 
 
 SECTION = "engine-bench"
-HEADING = ("## File format engine\n\nCommand: `python -m agents.cryptfile.bench --output docs/benchmarks.md`. "
+HEADING = ("## File format engine\n\nCommand: `python -m kmsbench.engine --output docs/benchmarks.md`. "
            "Target (issue 4): format >= 80 % of raw AESGCM at the same chunk size.")
 
 

@@ -1,4 +1,4 @@
-"""`keyserver bench`: the key server's own benchmark (docs/benchmarks.md).
+"""`kms-bench keyserver`: the key server's own benchmark (docs/benchmarks.md).
 
 One run measures, on this machine:
 * data-key generations per second and p50/p99 latency over HTTP at 1, 50 and 200
@@ -7,6 +7,9 @@ One run measures, on this machine:
 * host re-wraps (unwrap under the KEK + wrap under a host's RSA public key, all in the
   HSM) per second, and their ratio to that ceiling.
 Each figure is the median of several runs, with the spread (min-max).
+
+`kms-bench --suites keyserver` runs it (`--embedded`, in a child process) inside a whole
+report, or measures a running server with `measure_http`.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import psycopg
+import typer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from rich.console import Console
@@ -44,8 +48,10 @@ from keyserver.core.keys import KeySpec
 from keyserver.core.principal import system_context
 from keyserver.services import build_services
 from keyserver.settings import Settings
+from kmsbench.sections import write_section
 
 console = Console(stderr=True)
+SECTION = "keyserver-bench"  # its marked section of docs/benchmarks.md
 LUA = """
 wrk.method = "POST"
 wrk.body = "{}"
@@ -291,7 +297,7 @@ def run(*, postgres: str | None, clients: list[int], virtual_users: int, duratio
     if json_out:
         json_out.write_text(json.dumps(results, indent=2))
     if output:
-        write_section(output, report)
+        write_section(output, report, name=SECTION)
     return results
 
 
@@ -335,14 +341,35 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, report: str, *, name: str = "keyserver-bench") -> None:
-    """Replace the `<!-- NAME:start -->` ... `<!-- NAME:end -->` block of a Markdown file
-    (appended when absent), leaving the rest of the document as people wrote it."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{start}\n{report}\n{end}"
-    if start in text:
-        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+def bench(
+    postgres: Annotated[str, typer.Option(help="PostgreSQL server URL (a scratch database is created)")] =
+        "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
+    embedded: Annotated[bool, typer.Option(help="embedded SQLite database instead of PostgreSQL (one worker)")] =
+        False,
+    clients: Annotated[str, typer.Option(help="comma-separated concurrent client counts")] = "1,50,200",
+    virtual_users: Annotated[int, typer.Option(help="virtual users with think time (0 to skip)")] = 200,
+    duration: Annotated[int, typer.Option(min=1, help="seconds per measurement")] = 10,
+    repeats: Annotated[int, typer.Option(min=1, help="runs per figure (median and spread are reported)")] = 3,
+    workers: Annotated[int, typer.Option(min=1, help="server worker processes")] = 2,
+    data_dir: Annotated[Path | None, typer.Option(help="empty directory for the server's files (default: a "
+                                                       "temporary one)")] = None,
+    output: Annotated[Path | None, typer.Option(help="Markdown file whose key-server section is rewritten")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="raw results as JSON")] = None,
+) -> None:
+    """Measure data keys/s and latency over HTTP, and the HSM's own ceiling, in one run."""
+    run(postgres=None if embedded else postgres, clients=[int(c) for c in clients.split(",")],
+        virtual_users=virtual_users, duration=duration, repeats=repeats,
+        workers=workers, output=output, json_out=json_out, data_dir=data_dir)
+
+
+def main(argv: list[str] | None = None) -> None:
+    app(args=argv, prog_name="kms-bench keyserver")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,5 @@
-"""Writing a benchmark's marked section into docs/benchmarks.md, for the agents' benchmark
-commands (the key server has its own: the packages do not import each other)."""
+"""Writing a benchmark's marked section into a Markdown file (docs/benchmarks.md, the
+README's headline), for every benchmark command of this package."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`keyserver bench-kmip`: KMIP Create and Get per second, Strongroom vs PyKMIP's
+"""`kms-bench kmip`: KMIP Create and Get per second, Strongroom vs PyKMIP's
 bundled server, same machine, same run, same client.
 
 * Strongroom: `keyserver serve` (one process) on a scratch PostgreSQL database with its
@@ -7,6 +7,8 @@ bundled server, same machine, same run, same client.
   certificate from the same CA, so both accept the same client certificate.
 * The load comes from a separate process: N threads, one TLS connection each, sending
   pre-encoded request messages back to back for a fixed time.
+
+`kms-bench --suites kmip` runs it (in a child process) inside a whole report.
 """
 
 from __future__ import annotations
@@ -28,17 +30,21 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import psycopg
+import typer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from rich.console import Console
 from sqlalchemy.engine import make_url
 
-from keyserver.bench import write_section
+from kmsbench.errors import Exit
+from kmsbench.keyserver_load import machine
+from kmsbench.sections import write_section
 
 console = Console(stderr=True)
+SECTION = "kmip-bench"  # its marked section of docs/benchmarks.md
 PYKMIP_SERVER = """
 import sys
 from kmip.services.server import KmipServer
@@ -185,7 +191,6 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) ->
 # --- the run ---------------------------------------------------------------------------
 def run(*, postgres: str, connections: list[int], duration: float, output: Path | None,
         json_out: Path | None, repeats: int = 3) -> dict[str, Any]:
-    from keyserver.bench import machine
     from keyserver.core.principal import system_context
     from keyserver.services import build_services
     from keyserver.settings import Settings
@@ -283,7 +288,7 @@ def run(*, postgres: str, connections: list[int], duration: float, output: Path 
     if json_out:
         json_out.write_text(json.dumps(results, indent=2))
     if output:
-        write_section(output, report, name="kmip-bench")
+        write_section(output, report, name=SECTION)
     return results
 
 
@@ -308,7 +313,7 @@ def render(r: dict[str, Any], connections: list[int]) -> str:
         f"Measured {r['when']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB), client and servers "
         f"on the same machine; {r.get('repeats', 1)} interleaved rounds of {r['duration_s']} s per figure, "
         "median (min-max), one TLS connection per client thread. "
-        "Command: `.venv/bin/keyserver bench-kmip --output docs/benchmarks.md`.",
+        "Command: `.venv/bin/kms-bench kmip --output docs/benchmarks.md`.",
         "",
         f"Load average (1 min) before/after the run: {r.get('load_before', 0):.1f} / {r.get('load_after', 0):.1f} "
         "(other work on the machine affects both servers alike).",
@@ -341,3 +346,50 @@ def render(r: dict[str, Any], connections: list[int]) -> str:
     lines += ["", NOTE]
     return "\n".join(lines)
 
+
+def _check_connection_slots(postgres: str, connections: int) -> None:
+    """Every KMIP connection is a server thread that may hold a database connection (the
+    benchmark's pool: 64 + 32 overflow): refuse before starting rather than take the
+    last slots of a PostgreSQL server that others share."""
+    url = make_url(postgres)
+    try:
+        with psycopg.connect(host=url.host, port=url.port or 5432, user=url.username, password=url.password,
+                             dbname=url.database or "postgres", connect_timeout=5) as conn:
+            row = conn.execute("SELECT current_setting('max_connections')::int - (SELECT count(*) FROM "
+                               "pg_stat_activity)").fetchone()
+    except psycopg.Error as exc:
+        console.print(f"[red]cannot reach PostgreSQL at {url.render_as_string()}[/red]: {exc}")
+        raise typer.Exit(Exit.SERVICE) from None
+    free, needed = int(row[0]) if row else 0, min(connections, 96) + 10
+    if free < needed:
+        console.print(f"[red]PostgreSQL at {url.render_as_string()} has {free} free connection slots[/red]; "
+                      f"{connections} KMIP connections may take up to {needed}: pass --postgres with a server of "
+                      "its own (more max_connections), or fewer --connections")
+        raise typer.Exit(Exit.SERVICE)
+
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+def bench_kmip(
+    postgres: Annotated[str, typer.Option(help="PostgreSQL server URL (a scratch database is created)")] =
+        "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
+    connections: Annotated[str, typer.Option(help="comma-separated concurrent connection counts")] = "1,50",
+    duration: Annotated[float, typer.Option(min=1, help="seconds per measurement")] = 5,
+    repeats: Annotated[int, typer.Option(min=1, help="interleaved rounds per figure (median and spread)")] = 3,
+    output: Annotated[Path | None, typer.Option(help="Markdown file whose KMIP section is rewritten")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="raw results as JSON")] = None,
+) -> None:
+    """KMIP Create/Get per second, Strongroom vs PyKMIP's bundled server, in one run."""
+    _check_connection_slots(postgres, max(int(c) for c in connections.split(",")))
+    run(postgres=postgres, connections=[int(c) for c in connections.split(",")], duration=duration,
+        output=output, json_out=json_out, repeats=repeats)
+
+
+def main(argv: list[str] | None = None) -> None:
+    app(args=argv, prog_name="kms-bench kmip")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from keyserver.bench import parse_wrk, write_section
+from kmsbench.keyserver_load import parse_wrk
+from kmsbench.sections import write_section
 
 
 def test_sections_are_replaced_in_place_and_prose_is_kept(tmp_path: Path) -> None:
