@@ -6,28 +6,26 @@ change is audited inside its own transaction.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, func, or_, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import Select, case, exists, func, or_, select
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from hsm import HsmBackend, HsmError, WrappedKey
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, InvalidInput, NotFound, hsm_failure
 from keyserver.core.kek import KekService
+from keyserver.core.names import UUID_RE, check_name
 from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import DESTROYED_STATES, KeyState, check_transition
 from keyserver.store.models import KeyVersion, ManagedKey
 from keyserver.store.notify import Notifier
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
-UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
 MAX_TAGS = 50
 REVOCATION_REASONS = frozenset({
     "unspecified", "key-compromise", "ca-compromise", "affiliation-changed", "superseded",
@@ -50,6 +48,10 @@ class KeySpec:
     length_bits: int = 256
     # Caller-supplied material (KMIP Register): wrapped under the KEK at once, never stored plain.
     material: bytes | None = field(default=None, repr=False)
+    # REST admits one live key per name (so /keys/{name} is one key); a KMIP Name is a
+    # label that several objects may carry (keyserver/core/names.py).
+    unique_name: bool = True
+    kmip_attributes: dict[str, Any] | None = None
 
 
 AES_LENGTHS = frozenset({128, 192, 256})
@@ -76,11 +78,25 @@ def validate_tags(tags: dict[str, str]) -> dict[str, str]:
     return dict(tags)
 
 
+def live_key_named(name: str) -> Any:
+    """A statement selecting the id of a live key (some version not destroyed) named `name`."""
+    v = aliased(KeyVersion)
+    return select(ManagedKey.id).where(ManagedKey.name == name, exists().where(
+        v.key_id == ManagedKey.id, v.state.not_in([st.value for st in DESTROYED_STATES])))
+
+
 def key_filter(ref: str) -> Any:
-    """A key is named by its UUID or by its name (names can never look like UUIDs)."""
+    """A key is named by its UUID or by its name (names can never look like UUIDs). A
+    name means its live key; where KMIP clients gave several live keys one name, the
+    newest; where every key of that name is destroyed, the newest of those."""
     if UUID_RE.match(ref):
         return ManagedKey.id == uuid.UUID(ref)
-    return ManagedKey.name == ref
+    # Aliases: the subquery must not correlate with a caller's own ManagedKey/KeyVersion.
+    k, v = aliased(ManagedKey), aliased(KeyVersion)
+    live = exists().where(v.key_id == k.id, v.state.not_in([st.value for st in DESTROYED_STATES]))
+    chosen = (select(k.id).where(k.name == ref)
+              .order_by(case((live, 0), else_=1), k.created_at.desc(), k.id).limit(1).scalar_subquery())
+    return ManagedKey.id == chosen
 
 
 class KeyService:
@@ -154,9 +170,7 @@ class KeyService:
     def create(self, ctx: RequestContext, spec: KeySpec) -> ManagedKey:
         self._policy.require(ctx, Permission.KEYS_CREATE, action="key.create",
                              object_type="key", object_id=spec.name)
-        if not NAME_RE.match(spec.name) or UUID_RE.match(spec.name):
-            raise InvalidInput("a key name is 1-128 characters of letters, digits and . _ / -, "
-                               "starts with a letter or digit, and is not a UUID")
+        check_name(spec.name)
         if spec.rotation_period_days is not None and not 1 <= spec.rotation_period_days <= 3650:
             raise InvalidInput("rotation_period_days must be between 1 and 3650")
         now = self._now()
@@ -175,13 +189,14 @@ class KeyService:
         else:
             wrapped = self._generate(spec.length_bits)
         with self._db.begin() as s:
-            if s.execute(select(ManagedKey.id).where(ManagedKey.name == spec.name)).first():
-                raise Conflict(f"a key named '{spec.name}' exists already", code="key_exists")
+            if spec.unique_name and s.execute(live_key_named(spec.name)).first():
+                raise Conflict(f"a key named '{spec.name}' exists already (destroy it, or choose another name)",
+                               code="key_exists")
             key = ManagedKey(
                 id=uuid.uuid4(), name=spec.name, description=spec.description,
                 owner=spec.owner or ctx.principal.name, tags=validate_tags(spec.tags or {}),
                 created_at=now, updated_at=now, rotation_period_days=spec.rotation_period_days,
-                algorithm="AES", length_bits=spec.length_bits,
+                algorithm="AES", length_bits=spec.length_bits, kmip_attributes=dict(spec.kmip_attributes or {}),
                 next_rotation_at=(now + timedelta(days=spec.rotation_period_days)
                                   if spec.rotation_period_days and active_now else None),
             )
@@ -252,8 +267,11 @@ class KeyService:
                             details={"name": key.name, "changed": changed})
         return self._reload(key.id)
 
-    def rotate(self, ctx: RequestContext, ref: str, *, reason: str = "manual") -> ManagedKey:
-        """New Active version; the previous Active one becomes Deactivated (decrypt-only)."""
+    def rotate(self, ctx: RequestContext, ref: str, *, reason: str = "manual",
+               pre_active: bool = False) -> ManagedKey:
+        """New Active version; the previous Active one becomes Deactivated (decrypt-only).
+        `pre_active` (KMIP ReKey): a Pre-Active key may be re-keyed too; its replacement
+        is Pre-Active and the replaced version, never used, is Deactivated."""
         self._policy.require(ctx, Permission.KEYS_ROTATE, action="key.rotate", object_type="key", object_id=ref)
         with self._db() as s:
             length_bits = self._load(s, ref).length_bits
@@ -267,14 +285,15 @@ class KeyService:
             if state in DESTROYED_STATES:
                 raise Conflict(f"key '{key.name}' is {state.value}; a destroyed key cannot be rotated",
                                code="illegal_state")
-            if state is KeyState.PRE_ACTIVE:
+            if state is KeyState.PRE_ACTIVE and not pre_active:
                 raise Conflict(f"key '{key.name}' is pre-active; activate it before rotating",
                                code="illegal_state")
+            replacing = KeyState.PRE_ACTIVE if state is KeyState.PRE_ACTIVE else KeyState.ACTIVE
             for v in key.versions:
-                if v.state == KeyState.ACTIVE:
+                if v.state == replacing:
                     v.state, v.deactivation_date = KeyState.DEACTIVATED.value, now
-            version = self._new_version(key, newest.version + 1, wrapped, now,
-                                        state=KeyState.ACTIVE, activation_date=now)
+            version = self._new_version(key, newest.version + 1, wrapped, now, state=replacing,
+                                        activation_date=now if replacing is KeyState.ACTIVE else None)
             s.add(version)
             key.updated_at, key.revision = now, key.revision + 1
             if key.rotation_period_days:

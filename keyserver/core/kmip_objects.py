@@ -35,16 +35,29 @@ from keyserver.core.errors import (
     ServiceUnavailable,
     hsm_failure,
 )
-from keyserver.core.keys import COMPROMISE_REASONS, REVOCATION_REASONS, UUID_RE, version_wrapped
+from keyserver.core.keys import COMPROMISE_REASONS, REVOCATION_REASONS, validate_tags, version_wrapped
 from keyserver.core.kmip_sealed import UnsealError, seal, unseal
+from keyserver.core.names import UUID_RE, check_name
 from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import RequestContext
-from keyserver.core.states import DECRYPTABLE, DESTROYED_STATES, KeyState, check_transition
+from keyserver.core.states import DESTROYED_STATES, RETRIEVABLE, KeyState, check_transition
 from keyserver.store.db import retry_on_disconnect
 from keyserver.store.models import KeyVersion, KmipPublicKey, KmipSealedObject, ManagedKey
 from keyserver.store.notify import Notifier
 
 MAX_LOCATE = 1000
+SCAN_LIMIT = 20_000  # candidates per kind of object when Locate filters on stored attributes
+# Standard attributes a client may set, as kept in `kmip_attributes` (KMIP names).
+CONTACT_INFORMATION, OBJECT_GROUP = "Contact Information", "Object Group"
+APPLICATION_SPECIFIC_INFORMATION = "Application Specific Information"
+NAME = "Name"
+# Attributes a client may add, modify and delete (besides custom "x-" ones); the others
+# are the server's. Multi-instance ones hold a list (KMIP 1.4 §3: Object Group and
+# Application Specific Information may appear several times).
+CLIENT_ATTRIBUTES = frozenset({NAME, CONTACT_INFORMATION, OBJECT_GROUP, APPLICATION_SPECIFIC_INFORMATION})
+MULTI_INSTANCE = frozenset({OBJECT_GROUP, APPLICATION_SPECIFIC_INFORMATION})
+MAX_INSTANCES = 32
+MAX_TEXT = 1024
 PRIVATE_KEY, SECRET_DATA, CERTIFICATE = "private-key", "secret-data", "certificate"
 SEALED_TYPES = frozenset({PRIVATE_KEY, SECRET_DATA, CERTIFICATE})
 RSA_PAIR_BITS = frozenset({2048, 3072, 4096})
@@ -98,11 +111,22 @@ class CreatedPair:
 class LocateQuery:
     name: str | None = None
     object_type: str | None = None  # "symmetric-key" | "public-key" | one of SEALED_TYPES
-    state: KeyState | None = None
-    algorithm: str | None = None
+    state: KeyState | None = None  # None: every state but the destroyed ones
+    algorithm: str | None = None  # "AES", "RSA", "HMAC-SHA256", ...
     length_bits: int | None = None
+    object_group: str | None = None
+    contact_information: str | None = None
+    certificate_type: str | None = None  # "x509"
     maximum_items: int | None = None
     offset_items: int = 0
+
+    def criteria(self) -> dict[str, object]:
+        """What was asked, for the audit record."""
+        out = {"name": self.name, "object_type": self.object_type,
+               "state": self.state.value if self.state else None, "algorithm": self.algorithm,
+               "length_bits": self.length_bits, "object_group": self.object_group,
+               "contact_information": self.contact_information, "certificate_type": self.certificate_type}
+        return {k: v for k, v in out.items() if v is not None}
 
 
 class _Slot:
@@ -189,7 +213,7 @@ class KmipObjectService:
         self._cache: dict[str, tuple[VersionObject | StandaloneObject, float]] = {}
         self._cache_lock = threading.Lock()
         self._generation = 0  # see KmipClientService: a lookup older than a clear is not cached
-        self._export_records = _GroupCommit(self._write_records)
+        self._records = _GroupCommit(self._write_records)
         # RSA key generation holds a pooled HSM session for up to seconds (4096 bits):
         # a burst of CreateKeyPair must not take every session from Get and Create.
         self._pair_slots = threading.BoundedSemaphore(PAIR_GENERATIONS)
@@ -232,13 +256,31 @@ class KmipObjectService:
     def _find(self, s: Session, uid: str) -> VersionObject | StandaloneObject | None:
         return self._version(s, uid) or self._public_key(s, uid) or self._sealed(s, uid)
 
-    def resolve(self, ctx: RequestContext, uid: str) -> VersionObject | StandaloneObject:
-        self._policy.require(ctx, Permission.KEYS_READ, action="kmip.read", object_type="kmip_object",
-                             object_id=uid)
+    def resolve(self, ctx: RequestContext, uid: str, *, action: str = "kmip.read",
+                permission: Permission = Permission.KEYS_READ) -> VersionObject | StandaloneObject:
+        """The object behind `uid`, once `ctx` may `permission` on it (a refusal is audited
+        under the object's one identity: audit_identity)."""
         with self._read() as s:
             found = self._find(s, uid)
+        self._require(ctx, permission, action, found, uid)
         if found is None:
             raise NotFound(f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
+        return found
+
+    def _require(self, ctx: RequestContext, permission: Permission, action: str,
+                 found: VersionObject | StandaloneObject | None, uid: str) -> None:
+        if permission in ctx.principal.permissions:
+            return
+        object_type, object_id = audit_identity(found) if found is not None else ("kmip_object", uid)
+        self._policy.require(ctx, permission, action=action, object_type=object_type, object_id=object_id)
+
+    def read(self, ctx: RequestContext, uid: str, *, action: str) -> VersionObject | StandaloneObject:
+        """`resolve` for an operation that only reads (GetAttributes, GetAttributeList):
+        audited like every operation, with the group commit exports use."""
+        found = self.resolve(ctx, uid, action=action)
+        object_type, object_id = audit_identity(found)
+        self._records.submit(PendingRecord(ctx=ctx, action=action, object_type=object_type, object_id=object_id,
+                                           details=audit_details(found)))
         return found
 
     def resolve_for_export(self, ctx: RequestContext, uid: str) -> VersionObject | StandaloneObject:
@@ -247,14 +289,14 @@ class KmipObjectService:
         notifier = self._notifier
         if notifier is None or not notifier.healthy:
             return self.resolve(ctx, uid)
-        self._policy.require(ctx, Permission.KEYS_READ, action="kmip.read", object_type="kmip_object",
-                             object_id=uid)
         hit = self._cache.get(uid)
         if hit is not None and time.monotonic() - hit[1] < self._cache_seconds:
+            self._require(ctx, Permission.KEYS_READ, "kmip.read", hit[0], uid)
             return hit[0]
         started, generation = time.monotonic(), self._generation
         with self._read() as s:
             found = self._find(s, uid)
+        self._require(ctx, Permission.KEYS_READ, "kmip.read", found, uid)
         if found is None:
             raise NotFound(f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
         with self._cache_lock:
@@ -272,62 +314,87 @@ class KmipObjectService:
         return found
 
     # --- Locate --------------------------------------------------------------------
-    def locate(self, ctx: RequestContext, q: LocateQuery) -> list[str]:
+    def locate(self, ctx: RequestContext, q: LocateQuery, *, nothing: bool = False) -> list[str]:
         """Unique identifiers matching every given criterion: symmetric keys newest
-        version first within a key, keys by name, then public keys."""
+        version first within a key, keys by name, then public keys, then the others.
+        Destroyed objects only when the query asks for a destroyed state (a client's
+        "locate everything, revoke, destroy" loop must not meet what it destroyed)."""
         self._policy.require(ctx, Permission.KEYS_READ, action="kmip.locate")
         if (q.maximum_items is not None and q.maximum_items < 0) or q.offset_items < 0:
             raise InvalidInput("MaximumItems and OffsetItems must not be negative")
+        end = q.offset_items + (q.maximum_items if q.maximum_items else MAX_LOCATE)
+        hidden = [st.value for st in DESTROYED_STATES]
+        by_attributes = q.object_group is not None or q.contact_information is not None
+
+        def wanted(attrs: dict[str, Any] | None) -> bool:
+            attrs = attrs or {}
+            groups = attrs.get(OBJECT_GROUP) or []
+            return ((q.object_group is None or q.object_group in groups)
+                    and (q.contact_information is None or attrs.get(CONTACT_INFORMATION) == q.contact_information))
+
+        # Attribute filters are applied here, over at most SCAN_LIMIT candidates per kind
+        # (JSON containment differs between PostgreSQL and SQLite).
+        limit = SCAN_LIMIT if by_attributes else end
         uids: list[str] = []
         with self._read() as s:
-            if q.object_type in (None, "symmetric-key") and (q.algorithm in (None, "AES")):
-                stmt: Select[Any] = select(KeyVersion).join(ManagedKey)
+            if nothing:  # a criterion no object can meet (an unknown object type or algorithm)
+                pass
+            elif q.object_type in (None, "symmetric-key") and q.certificate_type is None and q.algorithm != "RSA":
+                stmt: Select[Any] = select(KeyVersion.id, ManagedKey.kmip_attributes).join(ManagedKey)
                 if q.name is not None:
                     stmt = stmt.where(ManagedKey.name == q.name)
-                if q.state is not None:
-                    stmt = stmt.where(KeyVersion.state == q.state.value)
+                stmt = stmt.where(KeyVersion.state == q.state.value) if q.state is not None else \
+                    stmt.where(KeyVersion.state.not_in(hidden))
+                if q.algorithm is not None:
+                    stmt = stmt.where(ManagedKey.algorithm == q.algorithm)
                 if q.length_bits is not None:
                     stmt = stmt.where(ManagedKey.length_bits == q.length_bits)
-                stmt = stmt.order_by(ManagedKey.name, KeyVersion.version.desc())
-                limit = q.offset_items + (q.maximum_items if q.maximum_items else MAX_LOCATE)
-                uids.extend(str(v.id) for v in s.execute(stmt.limit(limit)).scalars())
-            if q.object_type in (None, "public-key") and q.algorithm in (None, "RSA"):
-                pstmt = select(KmipPublicKey.id).order_by(KmipPublicKey.created_at)
-                if q.state is not None:
-                    pstmt = pstmt.where(KmipPublicKey.state == q.state.value)
+                stmt = stmt.order_by(ManagedKey.name, ManagedKey.created_at, KeyVersion.version.desc())
+                uids.extend(str(i) for i, attrs in s.execute(stmt.limit(limit)) if wanted(attrs))
+            if not nothing and q.object_type in (None, "public-key") and q.certificate_type is None \
+                    and q.algorithm in (None, "RSA"):
+                pstmt: Select[Any] = select(KmipPublicKey.id, KmipPublicKey.kmip_attributes).order_by(
+                    KmipPublicKey.created_at)
+                pstmt = pstmt.where(KmipPublicKey.state == q.state.value) if q.state is not None else \
+                    pstmt.where(KmipPublicKey.state.not_in(hidden))
                 if q.name is not None:
                     pstmt = pstmt.where(KmipPublicKey.name == q.name)
                 if q.length_bits is not None:
                     pstmt = pstmt.where(KmipPublicKey.length_bits == q.length_bits)
-                uids.extend(str(i) for i in s.execute(pstmt.limit(MAX_LOCATE)).scalars())
-            if q.object_type is None or q.object_type in SEALED_TYPES:
-                sstmt = select(KmipSealedObject.id).order_by(KmipSealedObject.created_at)
+                uids.extend(str(i) for i, attrs in s.execute(pstmt.limit(limit)) if wanted(attrs))
+            if not nothing and (q.object_type is None or q.object_type in SEALED_TYPES):
+                sstmt: Select[Any] = select(KmipSealedObject.id, KmipSealedObject.kmip_attributes).order_by(
+                    KmipSealedObject.created_at)
                 if q.object_type is not None:
                     sstmt = sstmt.where(KmipSealedObject.object_type == q.object_type)
+                if q.certificate_type is not None:
+                    sstmt = sstmt.where(KmipSealedObject.object_type == CERTIFICATE,
+                                        KmipSealedObject.data_type == q.certificate_type)
                 if q.name is not None:
                     sstmt = sstmt.where(KmipSealedObject.name == q.name)
-                if q.state is not None:
-                    sstmt = sstmt.where(KmipSealedObject.state == q.state.value)
+                sstmt = sstmt.where(KmipSealedObject.state == q.state.value) if q.state is not None else \
+                    sstmt.where(KmipSealedObject.state.not_in(hidden))
                 if q.algorithm is not None:
                     sstmt = sstmt.where(KmipSealedObject.algorithm == q.algorithm)
                 if q.length_bits is not None:
                     sstmt = sstmt.where(KmipSealedObject.length_bits == q.length_bits)
-                uids.extend(str(i) for i in s.execute(sstmt.limit(MAX_LOCATE)).scalars())
-        end = q.offset_items + (q.maximum_items if q.maximum_items else MAX_LOCATE)
-        return uids[q.offset_items:end]
+                uids.extend(str(i) for i, attrs in s.execute(sstmt.limit(limit)) if wanted(attrs))
+        found = uids[q.offset_items:end]
+        self._records.submit(PendingRecord(ctx=ctx, action="kmip.locate", details={
+            "criteria": q.criteria(), "found": len(found)}))
+        return found
 
     # --- key material out ----------------------------------------------------------
     def export(self, ctx: RequestContext, obj: VersionObject, *, wrap_under: str | None = None) -> ExportedKey:
         """A key version's material (`obj` from `resolve`), in plaintext or wrapped
         (inside the HSM) under a registered RSA public key. Always audited."""
-        self._policy.require(ctx, Permission.KEYS_EXPORT, action="key.export", object_type="kmip_object",
-                             object_id=obj.uid)
+        self._require(ctx, Permission.KEYS_EXPORT, "key.export", obj, obj.uid)
         state = KeyState(obj.version.state)
-        if state not in DECRYPTABLE:
-            raise Conflict(f"version {obj.version.version} of '{obj.key.name}' is {state.value}; "
-                           "only active or deactivated material can be exported", code="illegal_state")
+        if state not in RETRIEVABLE:
+            raise Conflict(f"version {obj.version.version} of '{obj.key.name}' is {state.value}: "
+                           "its material is erased", code="key_destroyed")
         wrapped = version_wrapped(obj.version)
-        details: dict[str, object] = {"name": obj.key.name, "version": obj.version.version}
+        details: dict[str, object] = {**audit_details(obj), "state": state.value}
         try:
             if wrap_under is None:
                 material, mechanism = self._hsm.unwrap_key(wrapped), None
@@ -355,7 +422,7 @@ class KmipObjectService:
             raise hsm_failure("export the key", exc) from exc
         details["plaintext"] = mechanism is None
         # Committed before the material is returned: no key leaves without its record.
-        self._export_records.submit(PendingRecord(ctx=ctx, action="key.export", object_type="key",
+        self._records.submit(PendingRecord(ctx=ctx, action="key.export", object_type="key",
                                                   object_id=str(obj.key.id), details=details))
         return ExportedKey(obj=obj, material=material, wrapping_mechanism=mechanism)
 
@@ -375,9 +442,11 @@ class KmipObjectService:
         retry_on_disconnect(write)
 
     # --- registered public keys -----------------------------------------------------
-    def register_public_key(self, ctx: RequestContext, der: bytes, *, name: str | None) -> KmipPublicKey:
+    def register_public_key(self, ctx: RequestContext, der: bytes, *, name: str | None,
+                            attributes: dict[str, Any] | None = None) -> KmipPublicKey:
         self._policy.require(ctx, Permission.KEYS_CREATE, action="kmip.register", object_type="public_key",
                              object_id=name)
+        self._check_name(name)
         try:
             key = _load_public_der(der)
         except ValueError:
@@ -388,7 +457,7 @@ class KmipObjectService:
         now = self._now()
         row = KmipPublicKey(id=uuid.uuid4(), name=name, owner=ctx.principal.name, der=spki,
                             length_bits=key.key_size, state=KeyState.ACTIVE.value, created_at=now,
-                            activation_date=now)
+                            activation_date=now, kmip_attributes=dict(attributes or {}))
         with self._db.begin() as s:
             s.add(row)
             self._audit.add(s, ctx, action="kmip.register", object_type="public_key", object_id=str(row.id),
@@ -442,7 +511,7 @@ class KmipObjectService:
     def register_object(
         self, ctx: RequestContext, *, object_type: str, material: bytes, name: str | None,
         data_type: str | None = None, algorithm: str | None = None, length_bits: int | None = None,
-        activation_date: datetime | None = None,
+        activation_date: datetime | None = None, attributes: dict[str, Any] | None = None,
     ) -> KmipSealedObject:
         """Register a private key (PKCS#8 DER), secret data, or a certificate (DER).
         Secret material is sealed at once; the caller validated its format."""
@@ -457,7 +526,8 @@ class KmipObjectService:
         state, activated = self._initial_state(now, activation_date)
         row = KmipSealedObject(id=uuid.uuid4(), object_type=object_type, name=name, owner=ctx.principal.name,
                                algorithm=algorithm, length_bits=length_bits, data_type=data_type,
-                               state=state.value, created_at=now, updated_at=now, activation_date=activated)
+                               state=state.value, created_at=now, updated_at=now, activation_date=activated,
+                               kmip_attributes=dict(attributes or {}))
         if object_type == CERTIFICATE:
             row.material, row.mechanism = material, None  # public: kept as it is
         else:
@@ -480,12 +550,10 @@ class KmipObjectService:
         Secret material needs keys:export and is always audited, like key export."""
         audit_type = obj.object_type.replace("-", "_")
         if obj.object_type != CERTIFICATE:
-            self._policy.require(ctx, Permission.KEYS_EXPORT, action="key.export", object_type=audit_type,
-                                 object_id=str(obj.id))
+            self._require(ctx, Permission.KEYS_EXPORT, "key.export", obj, str(obj.id))
         state = KeyState(obj.state)
-        if state not in DECRYPTABLE and not (obj.object_type == CERTIFICATE and state is KeyState.PRE_ACTIVE):
-            raise Conflict(f"the {obj.object_type} is {state.value}; only active or deactivated objects can be "
-                           "retrieved", code="illegal_state")
+        if state not in RETRIEVABLE:
+            raise Conflict(f"the {obj.object_type} is {state.value}: its material is erased", code="key_destroyed")
         if obj.material is None:
             raise Conflict(f"the {obj.object_type} has no material (destroyed)", code="key_destroyed")
         if obj.object_type == CERTIFICATE:
@@ -500,9 +568,9 @@ class KmipObjectService:
             raise IntegrityFailure() from None
         except HsmError as exc:
             raise hsm_failure("open the object", exc) from exc
-        self._export_records.submit(PendingRecord(
+        self._records.submit(PendingRecord(
             ctx=ctx, action="key.export", object_type=audit_type, object_id=str(obj.id),
-            details={"name": obj.name, "plaintext": True}))
+            details={**audit_details(obj), "state": state.value, "plaintext": True}))
         return plain
 
     def transition(
@@ -516,7 +584,10 @@ class KmipObjectService:
         material."""
         permission = {"activate": Permission.KEYS_ACTIVATE, "revoke": Permission.KEYS_REVOKE,
                       "destroy": Permission.KEYS_DESTROY}[operation]
-        self._policy.require(ctx, permission, action=f"kmip.{operation}", object_type="kmip_object", object_id=uid)
+        with self._read() as s:
+            subject = self._find(s, uid)
+        # outside the read: a refusal is written in a transaction of its own (decision 0010)
+        self._require(ctx, permission, f"kmip.{operation}", subject, uid)
         if operation == "revoke" and reason not in REVOCATION_REASONS:
             raise InvalidInput(f"reason must be one of: {', '.join(sorted(REVOCATION_REASONS))}")
         now = self._now()
@@ -564,6 +635,50 @@ class KmipObjectService:
                                                        if operation == "revoke" else {})})
         return obj
 
+    # --- attributes clients set -------------------------------------------------------
+    def change_attribute(
+        self, ctx: RequestContext, uid: str, *, operation: str, name: str, value: Any = None, index: int = 0,
+    ) -> Any:
+        """Add, modify or delete one instance of an attribute clients own: Name, Contact
+        Information, Object Group, Application Specific Information, or a custom `x-`
+        one (a symmetric key's custom attributes are its REST tags). Returns the value
+        added or set, or the one deleted. Values: text, or for Application Specific
+        Information a dict with `namespace` and `data`."""
+        if operation not in ("add", "modify", "delete"):
+            raise InvalidInput(f"unknown attribute operation '{operation}'")
+        action = f"kmip.{operation}_attribute"
+        with self._read() as s:
+            found = self._find(s, uid)
+        self._require(ctx, Permission.KEYS_UPDATE, action, found, uid)
+        if found is None:
+            raise NotFound(f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
+        if name not in CLIENT_ATTRIBUTES and not name.startswith("x-"):
+            raise InvalidInput(f"'{name}' cannot be changed by a client")
+        if operation != "delete":
+            value = _checked_value(name, value)
+        now = self._now()
+        row: ManagedKey | KmipPublicKey | KmipSealedObject | None
+        with self._db.begin() as s:
+            if isinstance(found, VersionObject):
+                row = s.get(ManagedKey, found.key.id, with_for_update=True)
+            elif isinstance(found, KmipPublicKey):
+                row = s.get(KmipPublicKey, found.id, with_for_update=True)
+            else:
+                row = s.get(KmipSealedObject, found.id, with_for_update=True)
+            if row is None:
+                raise NotFound(f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
+            result = _apply_attribute(row, operation, name, value, index)
+            if isinstance(row, ManagedKey):
+                row.updated_at, row.revision = now, row.revision + 1
+            elif isinstance(row, KmipSealedObject):
+                row.updated_at = now
+            if self._notifier is not None:
+                self._notifier.publish(s)  # replicas drop what Get cached of it
+            object_type, object_id = audit_identity(found)
+            self._audit.add(s, ctx, action=action, object_type=object_type, object_id=object_id,
+                            details={**audit_details(found), "attribute": name, "index": index})
+        return result
+
     def _initial_state(self, now: datetime, activation_date: datetime | None) -> tuple[KeyState, datetime | None]:
         if activation_date is not None and activation_date <= now:
             return KeyState.ACTIVE, now
@@ -571,8 +686,100 @@ class KmipObjectService:
 
     @staticmethod
     def _check_name(name: str | None) -> None:
-        if name is not None and not 1 <= len(name) <= 128:
-            raise InvalidInput("a name is 1 to 128 characters long")
+        if name is not None:
+            check_name(name)
+
+
+def _checked_value(name: str, value: Any) -> Any:
+    if name == NAME:
+        return check_name(value)
+    if name == APPLICATION_SPECIFIC_INFORMATION:
+        if (not isinstance(value, dict) or not isinstance(value.get("namespace"), str)
+                or not isinstance(value.get("data"), str) or not 1 <= len(value["namespace"]) <= 256
+                or len(value["data"]) > MAX_TEXT):
+            raise InvalidInput("Application Specific Information is a namespace (1-256 characters) and "
+                               f"data (at most {MAX_TEXT} characters)")
+        return {"namespace": value["namespace"], "data": value["data"]}
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_TEXT:
+        raise InvalidInput(f"'{name}' takes a text value of 1 to {MAX_TEXT} characters")
+    return value
+
+
+def _apply_attribute(row: ManagedKey | KmipPublicKey | KmipSealedObject, operation: str, name: str,
+                     value: Any, index: int) -> Any:
+    """Change `row` in place; the value added/set or deleted. Conflict when adding a
+    second instance of a single-instance attribute, NotFound for a missing instance."""
+    missing = NotFound(f"the object has no attribute '{name}' at index {index}", code="attribute_not_found")
+    if name == NAME:
+        if index != 0:
+            raise missing
+        current = row.name
+        if operation == "add" and current is not None:
+            raise Conflict(f"the object has a {NAME} already; use ModifyAttribute to change it",
+                           code="attribute_exists")
+        if operation != "add" and current is None:
+            raise missing
+        if operation == "delete":
+            if isinstance(row, ManagedKey):
+                raise Conflict("a managed key always has a name: modify it instead", code="illegal_state")
+            row.name = None
+            return current
+        row.name = value
+        return value
+    if isinstance(row, ManagedKey) and name.startswith("x-"):
+        tags = dict(row.tags)
+        store: dict[str, Any] = {f"x-{k}": v for k, v in tags.items()}
+    else:
+        store = dict(row.kmip_attributes or {})
+    if name in MULTI_INSTANCE:
+        instances = list(store.get(name) or [])
+        if operation == "add":
+            if len(instances) >= MAX_INSTANCES:
+                raise InvalidInput(f"at most {MAX_INSTANCES} instances of '{name}'")
+            instances.append(value)
+            result = value
+        else:
+            if not 0 <= index < len(instances):
+                raise missing
+            result = instances[index] if operation == "delete" else value
+            if operation == "delete":
+                del instances[index]
+            else:
+                instances[index] = value
+        store[name] = instances
+        if not instances:
+            del store[name]
+    else:
+        if index != 0:
+            raise missing
+        if operation == "add" and name in store:
+            raise Conflict(f"the object has the attribute '{name}' already; use ModifyAttribute to change it",
+                           code="attribute_exists")
+        if operation != "add" and name not in store:
+            raise missing
+        result = store.pop(name) if operation == "delete" else value
+        if operation != "delete":
+            store[name] = value
+    if isinstance(row, ManagedKey) and name.startswith("x-"):
+        row.tags = validate_tags({k[2:]: v for k, v in store.items()})
+    else:
+        row.kmip_attributes = store
+    return result
+
+
+def audit_identity(obj: VersionObject | StandaloneObject) -> tuple[str, str]:
+    """(object type, object id) an object is audited under, whatever the operation: a
+    symmetric key version under its managed key (as REST records it), with the version
+    and KMIP identifier in the details; other objects under their KMIP identifier."""
+    if isinstance(obj, VersionObject):
+        return "key", str(obj.key.id)
+    return object_type_of(obj).replace("-", "_"), str(obj.id)
+
+
+def audit_details(obj: VersionObject | StandaloneObject) -> dict[str, object]:
+    if isinstance(obj, VersionObject):
+        return {"name": obj.key.name, "version": obj.version.version, "kmip_uid": obj.uid}
+    return {"name": obj.name}
 
 
 def object_type_of(obj: VersionObject | StandaloneObject) -> str:

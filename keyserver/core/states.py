@@ -29,6 +29,9 @@ TRANSITIONS: dict[KeyState, frozenset[KeyState]] = {
 # States whose material may still decrypt (KMIP: "process" but not "protect").
 DECRYPTABLE = frozenset({S.ACTIVE, S.DEACTIVATED})
 DESTROYED_STATES = frozenset({S.DESTROYED, S.DESTROYED_COMPROMISED})
+# States whose material a client may retrieve (KMIP Get): every state but destroyed. The
+# state restricts what the key may be used for, and the client decides (KMIP 1.4 §3.22).
+RETRIEVABLE = frozenset({S.PRE_ACTIVE, S.ACTIVE, S.DEACTIVATED, S.COMPROMISED})
 
 
 def check_transition(current: KeyState, target: KeyState, *, what: str) -> None:

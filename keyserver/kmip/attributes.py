@@ -13,7 +13,15 @@ from typing import Any
 from kmip.core import enums
 from kmip.core.factories.attributes import AttributeFactory
 
-from keyserver.core.kmip_objects import PRIVATE_KEY, SECRET_DATA, VersionObject
+from keyserver.core.kmip_objects import (
+    APPLICATION_SPECIFIC_INFORMATION,
+    CERTIFICATE,
+    CLIENT_ATTRIBUTES,
+    MULTI_INSTANCE,
+    PRIVATE_KEY,
+    SECRET_DATA,
+    VersionObject,
+)
 from keyserver.core.states import KeyState
 from keyserver.kmip.errors import KmipFailure
 from keyserver.store.models import KmipPublicKey, KmipSealedObject
@@ -46,6 +54,10 @@ X_REPLACED, X_REPLACEMENT = "x-strongroom-replaced-object", "x-strongroom-replac
 X_LINKED_PUBLIC, X_LINKED_PRIVATE = "x-strongroom-linked-public-key", "x-strongroom-linked-private-key"
 
 
+class Instances(list[Any]):
+    """The values of a multi-instance attribute: one Attribute each, indexed 0.. ."""
+
+
 def _ts(t: datetime | None) -> int | None:
     return int(t.timestamp()) if t is not None else None
 
@@ -72,22 +84,40 @@ def version_values(obj: VersionObject) -> dict[str, Any]:
         X_REPLACED: obj.replaced_uid,
         X_REPLACEMENT: obj.replacement_uid,
     }
+    values.update(_client_values(k.kmip_attributes))
     for tag, tag_value in sorted(k.tags.items()):
         if not tag.startswith(RESERVED_TAG_PREFIX):
             values[f"x-{tag}"] = str(tag_value)
     return {name: value for name, value in values.items() if value is not None}
 
 
+def _client_values(stored: dict[str, Any] | None) -> dict[str, Any]:
+    """The attributes clients set (kmip_attributes), as `build` takes them."""
+    out: dict[str, Any] = {}
+    for name, value in sorted((stored or {}).items()):
+        if name == APPLICATION_SPECIFIC_INFORMATION:
+            out[name] = Instances({"application_namespace": v["namespace"], "application_data": v["data"]}
+                                  for v in value)
+        elif name in MULTI_INSTANCE:
+            out[name] = Instances(value)
+        else:
+            out[name] = value
+    return out
+
+
 RESERVED_TAG_PREFIX = "strongroom-"
 
 
-def tag_of(attribute_name: str) -> str:
-    """The key tag behind a custom attribute `x-<tag>`; other attributes are the server's."""
-    if not attribute_name.startswith("x-") or attribute_name[2:].startswith(RESERVED_TAG_PREFIX):
+def settable(attribute_name: str) -> str:
+    """`attribute_name` if a client may add, modify or delete it: Name, Contact
+    Information, Object Group, Application Specific Information, or a custom `x-<name>`
+    (on a symmetric key: its tag `<name>`). The others are the server's."""
+    custom = attribute_name.startswith("x-") and not attribute_name[2:].startswith(RESERVED_TAG_PREFIX)
+    if attribute_name not in CLIENT_ATTRIBUTES and not custom:
         raise KmipFailure(enums.ResultReason.PERMISSION_DENIED,
-                          f"'{attribute_name}' is set by the server; only custom x-<name> attributes "
-                          "(the key's tags) can be changed")
-    return attribute_name[2:]
+                          f"'{attribute_name}' is set by the server; clients change "
+                          f"{', '.join(sorted(CLIENT_ATTRIBUTES))} and custom x-<name> attributes")
+    return attribute_name
 
 
 def _lifecycle(obj: KmipPublicKey | KmipSealedObject) -> dict[str, Any]:
@@ -111,6 +141,7 @@ def public_key_values(pk: KmipPublicKey) -> dict[str, Any]:
         A.CRYPTOGRAPHIC_USAGE_MASK.value: PUBLIC_USAGE if pk.private_key_id is None else PAIR_PUBLIC_USAGE,
         **_lifecycle(pk),
         X_LINKED_PRIVATE: str(pk.private_key_id) if pk.private_key_id is not None else None,
+        **_client_values(pk.kmip_attributes),
     }
     return {name: value for name, value in values.items() if value is not None}
 
@@ -127,6 +158,8 @@ def sealed_values(obj: KmipSealedObject) -> dict[str, Any]:
         **_lifecycle(obj),
         A.LAST_CHANGE_DATE.value: _ts(obj.updated_at),
         X_LINKED_PUBLIC: str(obj.public_key_id) if obj.public_key_id is not None else None,
+        A.CERTIFICATE_TYPE.value: enums.CertificateType.X_509 if obj.object_type == CERTIFICATE else None,
+        **_client_values(obj.kmip_attributes),
     }
     return {name: value for name, value in values.items() if value is not None}
 
@@ -141,12 +174,69 @@ def values_of(obj: VersionObject | KmipPublicKey | KmipSealedObject) -> dict[str
 
 def build(values: dict[str, Any], names: list[str] | None = None) -> list[Any]:
     """PyKMIP Attribute structures, all of them or only `names` (unknown names skipped,
-    as KMIP 1.x asks)."""
+    as KMIP 1.x asks); a multi-instance attribute gives one structure per instance."""
     wanted = list(values) if not names else [n for n in names if n in values]
-    out = []
+    out: list[Any] = []
     for name in wanted:
         key: Any = enums.AttributeType(name) if not name.startswith("x-") else name
-        out.append(_factory.create_attribute(key, values[name]))
+        value = values[name]
+        if isinstance(value, Instances):
+            out.extend(_factory.create_attribute(key, v, index=i) for i, v in enumerate(value))
+        else:
+            out.append(_factory.create_attribute(key, value))
+    return out
+
+
+def build_one(name: str, value: Any, index: int | None = None) -> Any:
+    """One Attribute from a client attribute's stored value (see client_value)."""
+    key: Any = enums.AttributeType(name) if not name.startswith("x-") else name
+    if name == APPLICATION_SPECIFIC_INFORMATION:
+        value = {"application_namespace": value["namespace"], "application_data": value["data"]}
+    return _factory.create_attribute(key, value, index=index)
+
+
+def requested_names(names: list[str]) -> list[str]:
+    """GetAttributes' Attribute Names: each at most once (naming one twice is a client
+    error, not a request for two copies)."""
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise KmipFailure(enums.ResultReason.INVALID_FIELD, f"the attribute '{n}' is named twice")
+        seen.add(n)
+    return names
+
+
+def client_value(name: str, value: Any) -> Any:
+    """A client attribute's value from a request (as KmipObjectService.change_attribute takes it)."""
+    if name == A.NAME.value:
+        return str(value.name_value.value)
+    if name == APPLICATION_SPECIFIC_INFORMATION:
+        return {"namespace": str(getattr(value.application_namespace, "value", value.application_namespace)),
+                "data": str(getattr(value.application_data, "value", value.application_data))}
+    inner = getattr(value, "value", value)
+    if not isinstance(inner, str):
+        raise KmipFailure(enums.ResultReason.INVALID_FIELD, f"'{name}' takes a text string value")
+    return inner
+
+
+def template_client_attributes(template: Any) -> dict[str, Any]:
+    return client_attributes(template.attributes or []) if template is not None else {}
+
+
+def client_attributes(attrs: list[Any]) -> dict[str, Any]:
+    """Contact Information, Object Group and Application Specific Information from a
+    template, as stored in kmip_attributes (Name and custom attributes are handled by
+    the caller)."""
+    out: dict[str, Any] = {}
+    for attr in attrs:
+        name = str(attr.attribute_name.value)
+        if name not in CLIENT_ATTRIBUTES or name == A.NAME.value:
+            continue
+        value = client_value(name, attr.attribute_value)
+        if name in MULTI_INSTANCE:
+            out.setdefault(name, []).append(value)
+        else:
+            out[name] = value
     return out
 
 

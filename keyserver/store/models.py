@@ -39,7 +39,9 @@ class ManagedKey(Base):
     __tablename__ = "managed_keys"
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
-    name: Mapped[str] = mapped_column(String(128), unique=True)
+    # Not unique (0009): a KMIP Name is a label, and a destroyed key's name is free again.
+    # REST keeps one live key per name (KeyService.create) so that /keys/{name} is one key.
+    name: Mapped[str] = mapped_column(String(128), index=True)
     description: Mapped[str] = mapped_column(Text, default="")
     owner: Mapped[str] = mapped_column(String(128))
     tags: Mapped[dict[str, Any]] = mapped_column(default=dict)
@@ -51,6 +53,9 @@ class ManagedKey(Base):
     next_rotation_at: Mapped[datetime | None] = mapped_column(index=True)
     # Bumped on every change so optimistic readers (and the API's ETag) see it.
     revision: Mapped[int] = mapped_column(Integer, default=1)
+    # Standard KMIP attributes clients may set (0009): Contact Information, Object Group,
+    # Application Specific Information; name → value or list of values.
+    kmip_attributes: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
     versions: Mapped[list[KeyVersion]] = relationship(
         back_populates="key", order_by="KeyVersion.version", lazy="selectin"
@@ -265,6 +270,9 @@ class KmipPublicKey(Base):
     compromise_date: Mapped[datetime | None]
     destroy_date: Mapped[datetime | None]
     revocation_reason: Mapped[str | None] = mapped_column(String(64))
+    # Standard KMIP attributes clients may set (0009): Contact Information, Object Group,
+    # Application Specific Information; name → value or list of values.
+    kmip_attributes: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
 class KmipSealedObject(Base):
@@ -301,6 +309,9 @@ class KmipSealedObject(Base):
     compromise_date: Mapped[datetime | None]
     destroy_date: Mapped[datetime | None]
     revocation_reason: Mapped[str | None] = mapped_column(String(64))
+    # Standard KMIP attributes clients may set (0009): Contact Information, Object Group,
+    # Application Specific Information; name → value or list of values.
+    kmip_attributes: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
 class EnrollmentToken(Base):

@@ -38,7 +38,10 @@ def test_create_and_read(admin: httpx.Client) -> None:
 
 @pytest.mark.parametrize("body,status", [
     ({"name": ""}, 422),
-    ({"name": "has space"}, 400),
+    ({"name": " "}, 400),
+    ({"name": "tab\there"}, 400),
+    ({"name": "zero\u200bwidth"}, 400),
+    ({"name": "caf\u00e9"}, 400),
     ({"name": "0b6f0a4e-35f5-4a3c-9a29-5f1c3b0e8d11"}, 400),
     ({"name": "ok", "unknown_field": 1}, 422),
     ({"name": "ok", "rotation_period_days": 0}, 422),

@@ -51,7 +51,8 @@ def _audited(services: Services, action: str, object_id: str) -> list[AuditEvent
     services.audit.flush()
     with services.db() as s:
         return list(s.execute(select(AuditEvent).where(AuditEvent.action == action,
-                                                       AuditEvent.object_id == object_id)).scalars())
+                                                       AuditEvent.object_id == object_id)
+                                  .order_by(AuditEvent.seq)).scalars())
 
 
 # --- CreateKeyPair ------------------------------------------------------------------
@@ -65,8 +66,8 @@ def test_create_key_pair_get_both_halves_and_wrap_under_the_public_one(
     assert prv_attrs["Object Type"].value == enums.ObjectType.PRIVATE_KEY
     assert prv_attrs["Cryptographic Length"].value == 2048
     assert pub_attrs[X_LINKED_PRIVATE].value == private_uid and prv_attrs[X_LINKED_PUBLIC].value == public_uid
-    # Pre-Active private material is not handed out.
-    assert failure(lambda: kmip.get(private_uid)) == enums.ResultReason.ILLEGAL_OPERATION
+    # Pre-Active private material may be retrieved (KMIP), with keys:export, audited.
+    assert kmip.get(private_uid).key_format_type == enums.KeyFormatType.PKCS_8
     kmip.activate(public_uid)
     kmip.activate(private_uid)
 
@@ -98,7 +99,8 @@ def test_create_key_pair_get_both_halves_and_wrap_under_the_public_one(
     assert private_uid in kmip.locate(attributes=[
         _attrs.create_attribute(enums.AttributeType.OBJECT_TYPE, enums.ObjectType.PRIVATE_KEY)])
     exports = _audited(services, "key.export", private_uid)
-    assert len(exports) == 2  # PKCS#8 and PKCS#1
+    assert len(exports) == 3  # Pre-Active PKCS#8, then PKCS#8 and PKCS#1
+    assert [e.details["state"] for e in exports] == ["pre-active", "active", "active"]
     assert all(e.details["plaintext"] is True and e.actor.startswith("kmip:") for e in exports)
     assert _audited(services, "kmip.create_key_pair", private_uid)
 

@@ -1,6 +1,8 @@
-"""AddAttribute (KMIP 1.x form): add a custom attribute `x-<name>`, which becomes the
-managed key's tag `<name>` (shared by all versions of the key, as in REST). PyKMIP
-0.11 has no payload for this operation; ours is in keyserver.kmip.payloads."""
+"""AddAttribute (KMIP 1.x form): a client attribute on any object: Name (when it has
+none), Contact Information, Object Group and Application Specific Information (several
+instances), or a custom `x-<name>` (on a symmetric key: the managed key's tag `<name>`,
+shared by its versions as in REST). PyKMIP 0.11 has no payload for this operation; ours
+is in keyserver.kmip.payloads."""
 
 from __future__ import annotations
 
@@ -19,15 +21,11 @@ OPERATION = enums.Operation.ADD_ATTRIBUTE
 def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
     attr = payload.attribute
-    name = str(attr.attribute_name.value)
-    tag = attributes.tag_of(name)
-    value = getattr(attr.attribute_value, "value", None)
-    if not isinstance(value, str):
-        raise KmipFailure(enums.ResultReason.INVALID_FIELD, f"'{name}' takes a text string value")
-    obj = call.engine.objects.version_object(call.ctx, uid)
-    if tag in obj.key.tags:
-        # Tags hold one value each: a second instance would be invisible to REST.
-        raise KmipFailure(enums.ResultReason.ILLEGAL_OPERATION,
-                          f"the object has the attribute '{name}' already; use ModifyAttribute to change it")
-    call.engine.keys.update(call.ctx, str(obj.key.id), tags={**obj.key.tags, tag: value})
-    return AddAttributeResponsePayload(unique_identifier=uid, attribute=attributes.build({name: value})[0])
+    if attr is None:
+        raise KmipFailure(enums.ResultReason.MISSING_DATA, "AddAttribute needs an attribute")
+    name = attributes.settable(str(attr.attribute_name.value))
+    value = attributes.client_value(name, attr.attribute_value)
+    call.engine.objects.change_attribute(call.ctx, uid, operation="add", name=name, value=value)
+    # The response echoes the attribute built fresh, never the parsed one (attributes.py).
+    index = int(attr.attribute_index.value) if attr.attribute_index is not None else None
+    return AddAttributeResponsePayload(unique_identifier=uid, attribute=attributes.build_one(name, value, index))

@@ -42,7 +42,8 @@ def handle(call: Call, payload: Any) -> Any:
     name = values.get(A.NAME.value) or f"kmip-{uuid.uuid4().hex[:16]}"
     activate, activation_date = activation_of(values)
     spec = KeySpec(name=name, description="created over KMIP", owner=call.ctx.principal.name, activate=activate,
-                   activation_date=activation_date, length_bits=length)
+                   activation_date=activation_date, length_bits=length, unique_name=False,
+                   kmip_attributes=attributes.template_client_attributes(payload.template_attribute))
     key = call.engine.keys.create(call.ctx, spec)
     return payloads.CreateResponsePayload(object_type=enums.ObjectType.SYMMETRIC_KEY,
                                           unique_identifier=str(key.versions[-1].id))

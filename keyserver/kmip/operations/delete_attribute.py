@@ -1,4 +1,7 @@
-"""DeleteAttribute (KMIP 1.x form): remove a custom attribute `x-<name>` (the key's tag)."""
+"""DeleteAttribute (KMIP 1.x form): remove one instance (Attribute Index, default 0) of a
+client attribute: Contact Information, Object Group, Application Specific Information, a
+custom `x-<name>` (on a symmetric key: the managed key's tag), or the Name of an object
+that is not a managed key (a managed key always has one)."""
 
 from __future__ import annotations
 
@@ -18,13 +21,8 @@ def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
     if not payload.attribute_name:
         raise KmipFailure(enums.ResultReason.MISSING_DATA, "DeleteAttribute needs an attribute name (KMIP 1.x form)")
-    if payload.attribute_index not in (None, 0):
-        raise KmipFailure(enums.ResultReason.ITEM_NOT_FOUND, "custom attributes have a single instance (index 0)")
-    name = str(payload.attribute_name)
-    tag = attributes.tag_of(name)
-    obj = call.engine.objects.version_object(call.ctx, uid)
-    if tag not in obj.key.tags:
-        raise KmipFailure(enums.ResultReason.ITEM_NOT_FOUND, f"the object has no attribute '{name}'")
-    old = str(obj.key.tags[tag])
-    call.engine.keys.update(call.ctx, str(obj.key.id), tags={k: v for k, v in obj.key.tags.items() if k != tag})
-    return payloads.DeleteAttributeResponsePayload(unique_identifier=uid, attribute=attributes.build({name: old})[0])
+    name = attributes.settable(str(payload.attribute_name))
+    index = int(payload.attribute_index or 0)
+    old = call.engine.objects.change_attribute(call.ctx, uid, operation="delete", name=name, index=index)
+    return payloads.DeleteAttributeResponsePayload(unique_identifier=uid,
+                                                   attribute=attributes.build_one(name, old, index))

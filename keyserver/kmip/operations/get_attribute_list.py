@@ -1,4 +1,5 @@
-"""GetAttributeList: the names of the attributes one object has."""
+"""GetAttributeList: the names of the attributes one object has. Audited like every
+operation (kmip.get_attribute_list)."""
 
 from __future__ import annotations
 
@@ -15,5 +16,5 @@ OPERATION = enums.Operation.GET_ATTRIBUTE_LIST
 
 def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
-    values = attributes.values_of(call.engine.objects.resolve(call.ctx, uid))
+    values = attributes.values_of(call.engine.objects.read(call.ctx, uid, action="kmip.get_attribute_list"))
     return payloads.GetAttributeListResponsePayload(unique_identifier=uid, attribute_names=list(values))

@@ -1,4 +1,5 @@
-"""GetAttributes: the named attributes (all when none are named) of one object."""
+"""GetAttributes: the named attributes (all when none are named) of one object. Audited
+like every operation (kmip.get_attributes)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ OPERATION = enums.Operation.GET_ATTRIBUTES
 
 def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
-    values = attributes.values_of(call.engine.objects.resolve(call.ctx, uid))
-    names = [str(n) for n in payload.attribute_names or []]
+    names = attributes.requested_names([str(n) for n in payload.attribute_names or []])
+    values = attributes.values_of(call.engine.objects.read(call.ctx, uid, action="kmip.get_attributes"))
     return payloads.GetAttributesResponsePayload(unique_identifier=uid,
                                                  attributes=attributes.build(values, names or None))

@@ -1,5 +1,6 @@
-"""ModifyAttribute (KMIP 1.x form): change a custom attribute `x-<name>`, which is the
-managed key's tag `<name>` (shared by all versions of the key, as in REST)."""
+"""ModifyAttribute (KMIP 1.x form): change one instance (Attribute Index, default 0) of a
+client attribute: Name, Contact Information, Object Group, Application Specific
+Information or a custom `x-<name>` (on a symmetric key: the managed key's tag)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,9 @@ def handle(call: Call, payload: Any) -> Any:
     attr = payload.attribute
     if attr is None:
         raise KmipFailure(enums.ResultReason.MISSING_DATA, "ModifyAttribute needs an attribute (KMIP 1.x form)")
-    name = str(attr.attribute_name.value)
-    tag = attributes.tag_of(name)
-    value = str(getattr(attr.attribute_value, "value", ""))
-    obj = call.engine.objects.version_object(call.ctx, uid)
-    if tag not in obj.key.tags:
-        raise KmipFailure(enums.ResultReason.ITEM_NOT_FOUND, f"the object has no attribute '{name}'")
-    call.engine.keys.update(call.ctx, str(obj.key.id), tags={**obj.key.tags, tag: value})
+    name = attributes.settable(str(attr.attribute_name.value))
+    value = attributes.client_value(name, attr.attribute_value)
+    index = int(attr.attribute_index.value) if attr.attribute_index is not None else 0
+    call.engine.objects.change_attribute(call.ctx, uid, operation="modify", name=name, value=value, index=index)
     return payloads.ModifyAttributeResponsePayload(unique_identifier=uid,
-                                                   attribute=attributes.build({name: value})[0])
+                                                   attribute=attributes.build_one(name, value, index))

@@ -39,9 +39,10 @@ def handle(call: Call, payload: Any) -> Any:
         raise KmipFailure(R.FEATURE_NOT_SUPPORTED, f"{payload.object_type.name} objects cannot be registered")
     values = attributes.template_values(payload.template_attribute)
     name = values.get(A.NAME.value)
+    client = attributes.template_client_attributes(payload.template_attribute)
     obj = payload.managed_object
     if payload.object_type == enums.ObjectType.CERTIFICATE:
-        return _certificate(call, obj, name, values)
+        return _certificate(call, obj, name, values, client)
     block = obj.key_block
     if block.key_wrapping_data is not None:
         raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "wrapped keys cannot be registered")
@@ -51,12 +52,13 @@ def handle(call: Call, payload: Any) -> Any:
         if fmt not in (enums.KeyFormatType.X_509, enums.KeyFormatType.PKCS_1):
             raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED,
                               "public keys are registered in X.509 (SubjectPublicKeyInfo) or PKCS#1 format")
-        row = call.engine.objects.register_public_key(call.ctx, material, name=name)
+        row = call.engine.objects.register_public_key(
+            call.ctx, material, name=name, attributes=attributes.template_client_attributes(payload.template_attribute))
         return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
     if payload.object_type == enums.ObjectType.PRIVATE_KEY:
-        return _private_key(call, material, fmt, block, name, values)
+        return _private_key(call, material, fmt, block, name, values, client)
     if payload.object_type == enums.ObjectType.SECRET_DATA:
-        return _secret_data(call, obj, material, name, values)
+        return _secret_data(call, obj, material, name, values, client)
     if fmt != enums.KeyFormatType.RAW:
         raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "symmetric keys are registered in Raw format")
     algorithm = _enum(block.cryptographic_algorithm) if block.cryptographic_algorithm is not None else None
@@ -68,12 +70,13 @@ def handle(call: Call, payload: Any) -> Any:
     key = call.engine.keys.create(call.ctx, KeySpec(
         name=name or f"kmip-{uuid.uuid4().hex[:16]}", description="registered over KMIP",
         owner=call.ctx.principal.name, activate=activate, activation_date=activation_date,
-        length_bits=len(material) * 8, material=material))
+        length_bits=len(material) * 8, material=material, unique_name=False,
+        kmip_attributes=attributes.template_client_attributes(payload.template_attribute)))
     return payloads.RegisterResponsePayload(unique_identifier=str(key.versions[-1].id))
 
 
 def _private_key(call: Call, material: bytes, fmt: Any, block: Any, name: str | None,
-                 values: dict[str, Any]) -> Any:
+                 values: dict[str, Any], client: dict[str, Any]) -> Any:
     if fmt not in (enums.KeyFormatType.PKCS_8, enums.KeyFormatType.PKCS_1):
         raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "private keys are registered in PKCS#8 or PKCS#1 format")
     algorithm = _enum(block.cryptographic_algorithm) if block.cryptographic_algorithm is not None else None
@@ -98,11 +101,12 @@ def _private_key(call: Call, material: bytes, fmt: Any, block: Any, name: str | 
     _, activation_date = activation_of(values)
     row = call.engine.objects.register_object(call.ctx, object_type=PRIVATE_KEY, material=pkcs8, name=name,
                                               data_type="pkcs8", algorithm="RSA", length_bits=key.key_size,
-                                              activation_date=activation_date)
+                                              activation_date=activation_date, attributes=client)
     return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
 
 
-def _secret_data(call: Call, obj: Any, material: bytes, name: str | None, values: dict[str, Any]) -> Any:
+def _secret_data(call: Call, obj: Any, material: bytes, name: str | None, values: dict[str, Any],
+                 client: dict[str, Any]) -> Any:
     kind = SECRET_DATA_TYPES.get(_enum(obj.secret_data_type))
     if kind is None:
         raise KmipFailure(R.INVALID_FIELD, "secret data is of type Password or Seed")
@@ -110,11 +114,11 @@ def _secret_data(call: Call, obj: Any, material: bytes, name: str | None, values
         raise KmipFailure(R.INVALID_FIELD, f"secret data is 1 to {MAX_SECRET_BYTES} bytes long")
     _, activation_date = activation_of(values)
     row = call.engine.objects.register_object(call.ctx, object_type=SECRET_DATA, material=material, name=name,
-                                              data_type=kind, activation_date=activation_date)
+                                              data_type=kind, activation_date=activation_date, attributes=client)
     return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
 
 
-def _certificate(call: Call, obj: Any, name: str | None, values: dict[str, Any]) -> Any:
+def _certificate(call: Call, obj: Any, name: str | None, values: dict[str, Any], client: dict[str, Any]) -> Any:
     if _enum(obj.certificate_type) != enums.CertificateType.X_509:
         raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "only X.509 certificates can be registered")
     der = bytes(_enum(obj.certificate_value))
@@ -130,5 +134,5 @@ def _certificate(call: Call, obj: Any, name: str | None, values: dict[str, Any])
     row = call.engine.objects.register_object(
         call.ctx, object_type=CERTIFICATE, material=der, name=name, data_type="x509", algorithm=algorithm,
         length_bits=public.key_size if isinstance(public, rsa.RSAPublicKey) else None,
-        activation_date=activation_date)
+        activation_date=activation_date, attributes=client)
     return payloads.RegisterResponsePayload(unique_identifier=str(row.id))

@@ -1,6 +1,8 @@
 """ReKey: server-side rotation. The replacement is a new version (a new unique
-identifier), Active at once; the replaced one is Deactivated. Only the newest version
-of a key can be re-keyed (an older one has been replaced already)."""
+identifier), Active at once; the replaced one is Deactivated. A Pre-Active key's
+replacement is Pre-Active (activate it when it is wanted), the replaced version
+Deactivated. Only the newest version of a key can be re-keyed (an older one has been
+replaced already)."""
 
 from __future__ import annotations
 
@@ -26,5 +28,5 @@ def handle(call: Call, payload: Any) -> Any:
     if not obj.is_newest:
         raise KmipFailure(enums.ResultReason.ILLEGAL_OPERATION,
                           f"object {uid} has been replaced already; re-key its replacement")
-    key = call.engine.keys.rotate(call.ctx, str(obj.key.id), reason="kmip-rekey")
+    key = call.engine.keys.rotate(call.ctx, str(obj.key.id), reason="kmip-rekey", pre_active=True)
     return payloads.RekeyResponsePayload(unique_identifier=str(key.versions[-1].id))
