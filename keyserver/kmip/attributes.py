@@ -18,6 +18,7 @@ from keyserver.core.kmip_objects import (
     CERTIFICATE,
     CLIENT_ATTRIBUTES,
     MULTI_INSTANCE,
+    OPAQUE,
     PRIVATE_KEY,
     SECRET_DATA,
     VersionObject,
@@ -46,7 +47,7 @@ PAIR_PUBLIC_USAGE = [enums.CryptographicUsageMask.VERIFY, enums.CryptographicUsa
 PRIVATE_USAGE = [enums.CryptographicUsageMask.SIGN, enums.CryptographicUsageMask.DECRYPT,
                  enums.CryptographicUsageMask.UNWRAP_KEY]
 OBJECT_TYPES = {PRIVATE_KEY: enums.ObjectType.PRIVATE_KEY, SECRET_DATA: enums.ObjectType.SECRET_DATA,
-                "certificate": enums.ObjectType.CERTIFICATE}
+                "certificate": enums.ObjectType.CERTIFICATE, OPAQUE: enums.ObjectType.OPAQUE_DATA}
 # Links as custom attributes: PyKMIP 0.11 cannot decode the standard Link attribute, so
 # a client built on it would fail to read any attribute list that held one.
 X_KEY_ID, X_KEY_VERSION = "x-strongroom-key-id", "x-strongroom-key-version"

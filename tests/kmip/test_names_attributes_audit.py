@@ -202,3 +202,19 @@ def test_reads_are_audited_under_one_identity_with_the_client_as_actor(
         auditor.close()
     denied = [e for e in audited(services, action="key.export", since=since) if e.outcome == "denied"]
     assert [(e.object_type, e.object_id) for e in denied] == [("key", key_id)]
+
+
+def test_opaque_objects_register_get_locate_destroy(kmip: Any, services: Services) -> None:
+    data = b"\x00opaque blob\xff" * 50
+    uid = kmip.register(pie.OpaqueObject(data, enums.OpaqueDataType.NONE))
+    got = kmip.get(uid)
+    assert isinstance(got, pie.OpaqueObject) and got.value == data
+    assert uid in kmip.locate(attributes=[attr(A.OBJECT_TYPE, enums.ObjectType.OPAQUE_DATA)])
+    assert attrs_of(kmip, uid)["Object Type"][0].value == enums.ObjectType.OPAQUE_DATA
+    since = last_seq(services)
+    kmip.get(uid)
+    [export] = audited(services, action="key.export", since=since)
+    assert (export.object_type, export.object_id) == ("opaque_object", uid)
+    kmip.destroy(uid)  # Pre-Active: destroyed without a revocation
+    assert reason(lambda: kmip.get(uid)) == enums.ResultReason.ILLEGAL_OPERATION
+    assert uid not in kmip.locate(attributes=[attr(A.OBJECT_TYPE, enums.ObjectType.OPAQUE_DATA)])

@@ -14,7 +14,7 @@ from kmip.core.messages import payloads
 
 from hsm import RSA_OAEP_SHA1
 from hsm.backend import AES_KWP
-from keyserver.core.kmip_objects import CERTIFICATE, PRIVATE_KEY, VersionObject
+from keyserver.core.kmip_objects import CERTIFICATE, OPAQUE, PRIVATE_KEY, VersionObject
 from keyserver.core.states import DESTROYED_STATES, KeyState
 from keyserver.kmip.context import Call, request_uid
 from keyserver.kmip.errors import KmipFailure
@@ -96,6 +96,11 @@ def _sealed(call: Call, uid: str, found: KmipSealedObject, fmt: Any) -> Any:
         secret = _secrets.create(enums.ObjectType.CERTIFICATE, {
             "certificate_type": enums.CertificateType.X_509, "certificate_value": material})
         return payloads.GetResponsePayload(object_type=enums.ObjectType.CERTIFICATE, unique_identifier=uid,
+                                           secret=secret)
+    if found.object_type == OPAQUE:
+        secret = _secrets.create(enums.ObjectType.OPAQUE_DATA, {
+            "opaque_data_type": enums.OpaqueDataType.NONE, "opaque_data_value": material})
+        return payloads.GetResponsePayload(object_type=enums.ObjectType.OPAQUE_DATA, unique_identifier=uid,
                                            secret=secret)
     if found.object_type == PRIVATE_KEY:
         if fmt == enums.KeyFormatType.PKCS_1:

@@ -19,7 +19,7 @@ OPERATION = enums.Operation.LOCATE
 A = enums.AttributeType
 OBJECT_TYPES = {enums.ObjectType.SYMMETRIC_KEY: "symmetric-key", enums.ObjectType.PUBLIC_KEY: "public-key",
                 enums.ObjectType.PRIVATE_KEY: "private-key", enums.ObjectType.SECRET_DATA: "secret-data",
-                enums.ObjectType.CERTIFICATE: "certificate"}
+                enums.ObjectType.CERTIFICATE: "certificate", enums.ObjectType.OPAQUE_DATA: "opaque-object"}
 ALGORITHMS = {enums.CryptographicAlgorithm.AES: "AES", enums.CryptographicAlgorithm.RSA: "RSA",
               enums.CryptographicAlgorithm.HMAC_SHA256: "HMAC-SHA256",
               enums.CryptographicAlgorithm.HMAC_SHA384: "HMAC-SHA384",

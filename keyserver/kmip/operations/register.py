@@ -1,8 +1,8 @@
 """Register: AES keys (they become managed keys, wrapped under the KEK at once), RSA
 public keys (>= 2048 bits, so that Get can deliver keys wrapped under them), RSA private
-keys (PKCS#8 or PKCS#1, >= 2048 bits) and secret data (Password or Seed, sealed at once
-under their own AES key wrapped under the KEK), and X.509 certificates (stored as they
-are: they are public)."""
+keys (PKCS#8 or PKCS#1, >= 2048 bits), secret data (Password or Seed) and opaque objects
+(sealed at once under their own AES key wrapped under the KEK), and X.509 certificates
+(stored as they are: they are public)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from kmip.core import enums
 from kmip.core.messages import payloads
 
 from keyserver.core.keys import KeySpec
-from keyserver.core.kmip_objects import CERTIFICATE, MAX_SECRET_BYTES, PRIVATE_KEY, SECRET_DATA
+from keyserver.core.kmip_objects import CERTIFICATE, MAX_SECRET_BYTES, OPAQUE, PRIVATE_KEY, SECRET_DATA
 from keyserver.kmip import attributes
 from keyserver.kmip.context import Call
 from keyserver.kmip.errors import KmipFailure
@@ -27,7 +27,9 @@ R = enums.ResultReason
 A = enums.AttributeType
 SECRET_DATA_TYPES = {enums.SecretDataType.PASSWORD: "password", enums.SecretDataType.SEED: "seed"}
 REGISTRABLE = (enums.ObjectType.SYMMETRIC_KEY, enums.ObjectType.PUBLIC_KEY, enums.ObjectType.PRIVATE_KEY,
-               enums.ObjectType.SECRET_DATA, enums.ObjectType.CERTIFICATE)
+               enums.ObjectType.SECRET_DATA, enums.ObjectType.CERTIFICATE, enums.ObjectType.OPAQUE_DATA)
+# Opaque Data Type: KMIP 1.4 defines only None (0x80000001); vendor extensions are refused.
+OPAQUE_DATA_TYPES = {enums.OpaqueDataType.NONE: "none"}
 
 
 def _enum(value: Any) -> Any:
@@ -43,6 +45,8 @@ def handle(call: Call, payload: Any) -> Any:
     obj = payload.managed_object
     if payload.object_type == enums.ObjectType.CERTIFICATE:
         return _certificate(call, obj, name, values, client)
+    if payload.object_type == enums.ObjectType.OPAQUE_DATA:
+        return _opaque(call, obj, name, values, client)
     block = obj.key_block
     if block.key_wrapping_data is not None:
         raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "wrapped keys cannot be registered")
@@ -114,6 +118,20 @@ def _secret_data(call: Call, obj: Any, material: bytes, name: str | None, values
         raise KmipFailure(R.INVALID_FIELD, f"secret data is 1 to {MAX_SECRET_BYTES} bytes long")
     _, activation_date = activation_of(values)
     row = call.engine.objects.register_object(call.ctx, object_type=SECRET_DATA, material=material, name=name,
+                                              data_type=kind, activation_date=activation_date, attributes=client)
+    return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
+
+
+def _opaque(call: Call, obj: Any, name: str | None, values: dict[str, Any], client: dict[str, Any]) -> Any:
+    kind = OPAQUE_DATA_TYPES.get(_enum(obj.opaque_data_type))
+    if kind is None:
+        raise KmipFailure(R.INVALID_FIELD, "an opaque object's Opaque Data Type is None (the only one KMIP 1.4 "
+                                           "defines)")
+    material = bytes(_enum(obj.opaque_data_value))
+    if not 1 <= len(material) <= MAX_SECRET_BYTES:
+        raise KmipFailure(R.INVALID_FIELD, f"an opaque object is 1 to {MAX_SECRET_BYTES} bytes long")
+    _, activation_date = activation_of(values)
+    row = call.engine.objects.register_object(call.ctx, object_type=OPAQUE, material=material, name=name,
                                               data_type=kind, activation_date=activation_date, attributes=client)
     return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
 
