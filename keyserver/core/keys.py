@@ -314,10 +314,13 @@ class KeyService:
 
     def revoke(
         self, ctx: RequestContext, ref: str, *, reason: str, message: str = "",
-        compromise_date: datetime | None = None,
+        compromise_date: datetime | None = None, idempotent: bool = False,
     ) -> ManagedKey:
         """Revoke every version still usable. A compromise reason marks them Compromised
-        (destroyed ones Destroyed-Compromised); any other reason deactivates them."""
+        (destroyed ones Destroyed-Compromised); any other reason deactivates them.
+        `idempotent` (KMIP): revoking a key that is revoked already (Deactivated or
+        Compromised, nothing left to change) succeeds and changes nothing, so that a
+        client's "revoke, then destroy" loop runs through every object it located."""
         self._policy.require(ctx, Permission.KEYS_REVOKE, action="key.revoke", object_type="key", object_id=ref)
         if reason not in REVOCATION_REASONS:
             raise InvalidInput(f"reason must be one of: {', '.join(sorted(REVOCATION_REASONS))}")
@@ -346,7 +349,8 @@ class KeyService:
                 else:
                     v.deactivation_date = now
                 changed.append(v.version)
-            if not changed:
+            already = any(KeyState(v.state) in (KeyState.DEACTIVATED, KeyState.COMPROMISED) for v in key.versions)
+            if not changed and not (idempotent and already):
                 raise Conflict(f"key '{key.name}' has no version that this revocation would change",
                                code="illegal_state")
             key.updated_at, key.revision, key.next_rotation_at = now, key.revision + 1, None

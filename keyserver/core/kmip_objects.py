@@ -443,7 +443,10 @@ class KmipObjectService:
 
     # --- registered public keys -----------------------------------------------------
     def register_public_key(self, ctx: RequestContext, der: bytes, *, name: str | None,
-                            attributes: dict[str, Any] | None = None) -> KmipPublicKey:
+                            attributes: dict[str, Any] | None = None,
+                            activation_date: datetime | None = None) -> KmipPublicKey:
+        """An RSA public key for wrapped delivery. Pre-Active unless `activation_date` is
+        not in the future, like every registered object (KMIP 1.4 §4.3)."""
         self._policy.require(ctx, Permission.KEYS_CREATE, action="kmip.register", object_type="public_key",
                              object_id=name)
         self._check_name(name)
@@ -455,13 +458,14 @@ class KmipObjectService:
             raise InvalidInput("only RSA public keys of at least 2048 bits can be registered")
         spki = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
         now = self._now()
+        state, activated = self._initial_state(now, activation_date)
         row = KmipPublicKey(id=uuid.uuid4(), name=name, owner=ctx.principal.name, der=spki,
-                            length_bits=key.key_size, state=KeyState.ACTIVE.value, created_at=now,
-                            activation_date=now, kmip_attributes=dict(attributes or {}))
+                            length_bits=key.key_size, state=state.value, created_at=now,
+                            activation_date=activated, kmip_attributes=dict(attributes or {}))
         with self._db.begin() as s:
             s.add(row)
             self._audit.add(s, ctx, action="kmip.register", object_type="public_key", object_id=str(row.id),
-                            details={"name": name, "bits": key.key_size})
+                            details={"name": name, "bits": key.key_size, "state": state.value})
         return row
 
 
@@ -611,6 +615,15 @@ class KmipObjectService:
                     target = KeyState.DEACTIVATED
             else:
                 target = KeyState.DESTROYED_COMPROMISED if current is KeyState.COMPROMISED else KeyState.DESTROYED
+            if operation == "revoke" and (current is target or (
+                    target is KeyState.DEACTIVATED and current is KeyState.COMPROMISED)):
+                # Revoked already (a compromise outranks any other reason): the request's
+                # outcome holds, so it succeeds unchanged, and a client's "revoke, then
+                # destroy" loop runs through every object it located.
+                self._audit.add(s, ctx, action="kmip.revoke", object_type=object_type_of(obj).replace("-", "_"),
+                                object_id=uid, details={"state": current.value, "unchanged": True,
+                                                        "reason": reason})
+                return obj
             check_transition(current, target, what=what)
             obj.state = target.value
             if target is KeyState.ACTIVE:

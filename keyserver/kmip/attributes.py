@@ -7,7 +7,7 @@ again (PLATFORM.md), so nothing parsed is ever echoed back.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from kmip.core import enums
@@ -46,6 +46,9 @@ PAIR_PUBLIC_USAGE = [enums.CryptographicUsageMask.VERIFY, enums.CryptographicUsa
                      enums.CryptographicUsageMask.WRAP_KEY]
 PRIVATE_USAGE = [enums.CryptographicUsageMask.SIGN, enums.CryptographicUsageMask.DECRYPT,
                  enums.CryptographicUsageMask.UNWRAP_KEY]
+# Secret data (passwords, seeds) derive keys; a certificate's public key verifies.
+SECRET_USAGE = [enums.CryptographicUsageMask.DERIVE_KEY]
+CERTIFICATE_USAGE = [enums.CryptographicUsageMask.VERIFY]
 OBJECT_TYPES = {PRIVATE_KEY: enums.ObjectType.PRIVATE_KEY, SECRET_DATA: enums.ObjectType.SECRET_DATA,
                 "certificate": enums.ObjectType.CERTIFICATE, OPAQUE: enums.ObjectType.OPAQUE_DATA}
 # Links as custom attributes: PyKMIP 0.11 cannot decode the standard Link attribute, so
@@ -132,6 +135,14 @@ def _lifecycle(obj: KmipPublicKey | KmipSealedObject) -> dict[str, Any]:
     }
 
 
+def _last_change(obj: KmipPublicKey) -> int | None:
+    """A public key has no change counter: its last lifecycle date that has passed."""
+    now = datetime.now(UTC)
+    dates = [d for d in (obj.created_at, obj.activation_date, obj.deactivation_date, obj.compromise_date,
+                         obj.destroy_date) if d is not None and d <= now]
+    return _ts(max(dates)) if dates else None
+
+
 def public_key_values(pk: KmipPublicKey) -> dict[str, Any]:
     values: dict[str, Any] = {
         A.UNIQUE_IDENTIFIER.value: str(pk.id),
@@ -141,6 +152,7 @@ def public_key_values(pk: KmipPublicKey) -> dict[str, Any]:
         A.NAME.value: pk.name,
         A.CRYPTOGRAPHIC_USAGE_MASK.value: PUBLIC_USAGE if pk.private_key_id is None else PAIR_PUBLIC_USAGE,
         **_lifecycle(pk),
+        A.LAST_CHANGE_DATE.value: _last_change(pk),
         X_LINKED_PRIVATE: str(pk.private_key_id) if pk.private_key_id is not None else None,
         **_client_values(pk.kmip_attributes),
     }
@@ -155,7 +167,10 @@ def sealed_values(obj: KmipSealedObject) -> dict[str, Any]:
         A.CRYPTOGRAPHIC_ALGORITHM.value: enums.CryptographicAlgorithm.RSA if obj.algorithm == "RSA" else None,
         A.CRYPTOGRAPHIC_LENGTH.value: obj.length_bits,
         A.NAME.value: obj.name,
-        A.CRYPTOGRAPHIC_USAGE_MASK.value: PRIVATE_USAGE if private else None,
+        A.CRYPTOGRAPHIC_USAGE_MASK.value: (PRIVATE_USAGE if private else SECRET_USAGE if obj.object_type == SECRET_DATA
+                                           else CERTIFICATE_USAGE if obj.object_type == CERTIFICATE else None),
+        A.CERTIFICATE_LENGTH.value: (len(obj.material) if obj.object_type == CERTIFICATE and obj.material
+                                     else None),
         **_lifecycle(obj),
         A.LAST_CHANGE_DATE.value: _ts(obj.updated_at),
         X_LINKED_PUBLIC: str(obj.public_key_id) if obj.public_key_id is not None else None,
@@ -197,12 +212,14 @@ def build_one(name: str, value: Any, index: int | None = None) -> Any:
 
 
 def requested_names(names: list[str]) -> list[str]:
-    """GetAttributes' Attribute Names: each at most once (naming one twice is a client
-    error, not a request for two copies)."""
+    """GetAttributes' Attribute Names: each at most once. KMIP 1.4 §4.12 ("the same
+    attribute name SHALL NOT be present more than once"); its error table answers
+    Invalid Message."""
     seen: set[str] = set()
     for n in names:
         if n in seen:
-            raise KmipFailure(enums.ResultReason.INVALID_FIELD, f"the attribute '{n}' is named twice")
+            raise KmipFailure(enums.ResultReason.INVALID_MESSAGE,
+                              f"the attribute '{n}' is named twice; name each attribute once")
         seen.add(n)
     return names
 

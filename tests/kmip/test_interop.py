@@ -76,6 +76,7 @@ def test_get_wrapped_under_registered_rsa_key(kmip: Any) -> None:
                                             serialization.PublicFormat.SubjectPublicKeyInfo)
     wrap_uid = kmip.register(pie.PublicKey(enums.CryptographicAlgorithm.RSA, 2048, der,
                                            enums.KeyFormatType.X_509, name=unique("wrapper")))
+    kmip.activate(wrap_uid)  # registered objects start Pre-Active; wrapping needs an Active key
     uid = kmip.create(enums.CryptographicAlgorithm.AES, 256, name=unique("wrapped"))
     kmip.activate(uid)
     wrapped = kmip.get(uid, key_wrapping_specification={

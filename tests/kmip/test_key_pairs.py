@@ -227,8 +227,8 @@ def test_register_refuses_what_it_cannot_keep(kmip: Any) -> None:
         enums.ResultReason.INVALID_FIELD
     assert failure(lambda: kmip.register(pie.X509Certificate(b"not a certificate"))) == \
         enums.ResultReason.INVALID_FIELD
-    assert failure(lambda: kmip.register(pie.OpaqueObject(b"opaque", enums.OpaqueDataType.NONE))) == \
-        enums.ResultReason.FEATURE_NOT_SUPPORTED
+    assert failure(lambda: kmip.register(pie.OpaqueObject(b"x" * (64 * 1024 + 1), enums.OpaqueDataType.NONE))) == \
+        enums.ResultReason.INVALID_FIELD
 
 
 def test_secret_data_needs_export_permission(kmip: Any, kmip_files: Callable[[str], ClientFiles],

@@ -158,7 +158,7 @@ def test_get_attributes_naming_one_attribute_twice_is_refused(
     twice._attribute_names.append(primitives.TextString(value="State", tag=enums.Tags.ATTRIBUTE_NAME))
     with connect(officer_files, kmip_listener.port) as conn:
         [item] = roundtrip(conn, request([(enums.Operation.GET_ATTRIBUTES, twice)])).batch_items
-    assert item.result_reason.value == enums.ResultReason.INVALID_FIELD
+    assert item.result_reason.value == enums.ResultReason.INVALID_MESSAGE  # §4.12's error table
     assert "named twice" in item.result_message.value
     assert [a.attribute_name.value for a in kmip.get_attributes(uid, ["State", "Name"])[1]] == ["State", "Name"]
 

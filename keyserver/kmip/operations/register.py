@@ -57,7 +57,7 @@ def handle(call: Call, payload: Any) -> Any:
             raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED,
                               "public keys are registered in X.509 (SubjectPublicKeyInfo) or PKCS#1 format")
         row = call.engine.objects.register_public_key(
-            call.ctx, material, name=name, attributes=attributes.template_client_attributes(payload.template_attribute))
+            call.ctx, material, name=name, attributes=client, activation_date=activation_of(values)[1])
         return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
     if payload.object_type == enums.ObjectType.PRIVATE_KEY:
         return _private_key(call, material, fmt, block, name, values, client)

@@ -1,7 +1,9 @@
 """Revoke: with a compromise reason every version becomes Compromised; otherwise the
 usable versions are deactivated. Revocation applies to the whole managed key (all its
 versions), as the REST `revoke` does, so the two protocols never disagree. Key pairs,
-secret data and certificates are revoked one object at a time, as KMIP has it."""
+secret data and certificates are revoked one object at a time, as KMIP has it. Revoking
+what is revoked already (Deactivated, or Compromised whatever the reason) succeeds and
+changes nothing: a client's "locate, revoke, destroy" clean-up loop runs through."""
 
 from __future__ import annotations
 
@@ -40,5 +42,5 @@ def handle(call: Call, payload: Any) -> Any:
                                        compromise_date=when)
     else:
         call.engine.keys.revoke(call.ctx, str(obj.key.id), reason=code, message=message[:1000],
-                                compromise_date=when)
+                                compromise_date=when, idempotent=True)
     return payloads.RevokeResponsePayload(unique_identifier=UniqueIdentifier(uid))
