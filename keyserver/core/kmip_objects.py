@@ -41,6 +41,7 @@ from keyserver.core.names import UUID_RE, check_name
 from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import DESTROYED_STATES, RETRIEVABLE, KeyState, check_transition
+from keyserver.core.usage import Usage, uses_of
 from keyserver.store.db import retry_on_disconnect
 from keyserver.store.models import KeyVersion, KmipPublicKey, KmipSealedObject, ManagedKey
 from keyserver.store.notify import Notifier
@@ -477,7 +478,8 @@ class KmipObjectService:
 
     def create_key_pair(
         self, ctx: RequestContext, *, bits: int, private_name: str | None, public_name: str | None,
-        activation_date: datetime | None,
+        activation_date: datetime | None, private_attributes: dict[str, Any] | None = None,
+        public_attributes: dict[str, Any] | None = None,
     ) -> CreatedPair:
         """An RSA key pair generated in the HSM; the private key leaves it only sealed.
         Both halves are Pre-Active unless `activation_date` is not in the future."""
@@ -500,10 +502,11 @@ class KmipObjectService:
             length_bits=bits, data_type="pkcs8", state=state.value, public_key_id=public_id,
             dek_wrapping_key_id=pair.dek.wrapping_key_id, dek_mechanism=pair.dek.mechanism,
             dek_ciphertext=pair.dek.ciphertext, mechanism=pair.mechanism, material=pair.private_key,
-            created_at=now, updated_at=now, activation_date=activated)
+            created_at=now, updated_at=now, activation_date=activated,
+            kmip_attributes=dict(private_attributes or {}))
         public = KmipPublicKey(id=public_id, name=public_name, owner=ctx.principal.name, der=pair.public_key_der,
                                length_bits=bits, state=state.value, created_at=now, private_key_id=private_id,
-                               activation_date=activated)
+                               activation_date=activated, kmip_attributes=dict(public_attributes or {}))
         with self._db.begin() as s:
             s.add_all([private, public])
             self._audit.add(s, ctx, action="kmip.create_key_pair", object_type="private_key",
@@ -778,6 +781,15 @@ def _apply_attribute(row: ManagedKey | KmipPublicKey | KmipSealedObject, operati
     else:
         row.kmip_attributes = store
     return result
+
+
+def usage_of(obj: VersionObject | StandaloneObject) -> Usage:
+    """What the object may be used for (keyserver/core/usage.py): every operation that
+    uses a key checks it."""
+    if isinstance(obj, VersionObject):
+        return uses_of("symmetric-key", obj.key.algorithm, obj.key.kmip_attributes)
+    algorithm = obj.algorithm if isinstance(obj, KmipSealedObject) else "RSA"
+    return uses_of(object_type_of(obj), algorithm, obj.kmip_attributes)
 
 
 def audit_identity(obj: VersionObject | StandaloneObject) -> tuple[str, str]:

@@ -22,8 +22,10 @@ from keyserver.core.kmip_objects import (
     PRIVATE_KEY,
     SECRET_DATA,
     VersionObject,
+    usage_of,
 )
 from keyserver.core.states import KeyState
+from keyserver.core.usage import USAGE_ATTRIBUTE, requested_uses
 from keyserver.kmip.errors import KmipFailure
 from keyserver.store.models import KmipPublicKey, KmipSealedObject
 
@@ -39,16 +41,6 @@ STATE_TO_KMIP: dict[str, enums.State] = {
     KeyState.DESTROYED_COMPROMISED: enums.State.DESTROYED_COMPROMISED,
 }
 KMIP_TO_STATE = {v: KeyState(k) for k, v in STATE_TO_KMIP.items()}
-SYMMETRIC_USAGE = [enums.CryptographicUsageMask.ENCRYPT, enums.CryptographicUsageMask.DECRYPT,
-                   enums.CryptographicUsageMask.WRAP_KEY, enums.CryptographicUsageMask.UNWRAP_KEY]
-PUBLIC_USAGE = [enums.CryptographicUsageMask.ENCRYPT, enums.CryptographicUsageMask.WRAP_KEY]
-PAIR_PUBLIC_USAGE = [enums.CryptographicUsageMask.VERIFY, enums.CryptographicUsageMask.ENCRYPT,
-                     enums.CryptographicUsageMask.WRAP_KEY]
-PRIVATE_USAGE = [enums.CryptographicUsageMask.SIGN, enums.CryptographicUsageMask.DECRYPT,
-                 enums.CryptographicUsageMask.UNWRAP_KEY]
-# Secret data (passwords, seeds) derive keys; a certificate's public key verifies.
-SECRET_USAGE = [enums.CryptographicUsageMask.DERIVE_KEY]
-CERTIFICATE_USAGE = [enums.CryptographicUsageMask.VERIFY]
 OBJECT_TYPES = {PRIVATE_KEY: enums.ObjectType.PRIVATE_KEY, SECRET_DATA: enums.ObjectType.SECRET_DATA,
                 "certificate": enums.ObjectType.CERTIFICATE, OPAQUE: enums.ObjectType.OPAQUE_DATA}
 # Links as custom attributes: PyKMIP 0.11 cannot decode the standard Link attribute, so
@@ -60,6 +52,10 @@ X_LINKED_PUBLIC, X_LINKED_PRIVATE = "x-strongroom-linked-public-key", "x-strongr
 
 class Instances(list[Any]):
     """The values of a multi-instance attribute: one Attribute each, indexed 0.. ."""
+
+
+def usage_list(mask: int) -> list[enums.CryptographicUsageMask]:
+    return [m for m in enums.CryptographicUsageMask if int(m.value) & mask]
 
 
 def _ts(t: datetime | None) -> int | None:
@@ -76,7 +72,7 @@ def version_values(obj: VersionObject) -> dict[str, Any]:
         A.CRYPTOGRAPHIC_LENGTH.value: k.length_bits,
         A.NAME.value: k.name,
         A.STATE.value: STATE_TO_KMIP[v.state],
-        A.CRYPTOGRAPHIC_USAGE_MASK.value: SYMMETRIC_USAGE,
+        A.CRYPTOGRAPHIC_USAGE_MASK.value: usage_list(usage_of(obj)),
         A.INITIAL_DATE.value: _ts(v.created_at),
         A.ACTIVATION_DATE.value: _ts(v.activation_date),
         A.DEACTIVATION_DATE.value: _ts(v.deactivation_date),
@@ -99,6 +95,8 @@ def _client_values(stored: dict[str, Any] | None) -> dict[str, Any]:
     """The attributes clients set (kmip_attributes), as `build` takes them."""
     out: dict[str, Any] = {}
     for name, value in sorted((stored or {}).items()):
+        if name == USAGE_ATTRIBUTE:
+            continue  # reported as the object's usage (usage_of), never as stored
         if name == APPLICATION_SPECIFIC_INFORMATION:
             out[name] = Instances({"application_namespace": v["namespace"], "application_data": v["data"]}
                                   for v in value)
@@ -150,7 +148,7 @@ def public_key_values(pk: KmipPublicKey) -> dict[str, Any]:
         A.CRYPTOGRAPHIC_ALGORITHM.value: enums.CryptographicAlgorithm.RSA,
         A.CRYPTOGRAPHIC_LENGTH.value: pk.length_bits,
         A.NAME.value: pk.name,
-        A.CRYPTOGRAPHIC_USAGE_MASK.value: PUBLIC_USAGE if pk.private_key_id is None else PAIR_PUBLIC_USAGE,
+        A.CRYPTOGRAPHIC_USAGE_MASK.value: usage_list(usage_of(pk)),
         **_lifecycle(pk),
         A.LAST_CHANGE_DATE.value: _last_change(pk),
         X_LINKED_PRIVATE: str(pk.private_key_id) if pk.private_key_id is not None else None,
@@ -160,15 +158,13 @@ def public_key_values(pk: KmipPublicKey) -> dict[str, Any]:
 
 
 def sealed_values(obj: KmipSealedObject) -> dict[str, Any]:
-    private = obj.object_type == PRIVATE_KEY
     values: dict[str, Any] = {
         A.UNIQUE_IDENTIFIER.value: str(obj.id),
         A.OBJECT_TYPE.value: OBJECT_TYPES[obj.object_type],
         A.CRYPTOGRAPHIC_ALGORITHM.value: enums.CryptographicAlgorithm.RSA if obj.algorithm == "RSA" else None,
         A.CRYPTOGRAPHIC_LENGTH.value: obj.length_bits,
         A.NAME.value: obj.name,
-        A.CRYPTOGRAPHIC_USAGE_MASK.value: (PRIVATE_USAGE if private else SECRET_USAGE if obj.object_type == SECRET_DATA
-                                           else CERTIFICATE_USAGE if obj.object_type == CERTIFICATE else None),
+        A.CRYPTOGRAPHIC_USAGE_MASK.value: usage_list(usage_of(obj)) or None,
         A.CERTIFICATE_LENGTH.value: (len(obj.material) if obj.object_type == CERTIFICATE and obj.material
                                      else None),
         **_lifecycle(obj),
@@ -237,8 +233,17 @@ def client_value(name: str, value: Any) -> Any:
     return inner
 
 
-def template_client_attributes(template: Any) -> dict[str, Any]:
-    return client_attributes(template.attributes or []) if template is not None else {}
+def template_client_attributes(template: Any, kind: str, algorithm: str | None = None) -> dict[str, Any]:
+    """The client attributes of a Create/Register template as kmip_attributes keeps them,
+    with the Cryptographic Usage Mask narrowed to what the kind can do (core/usage.py)."""
+    if template is None:
+        return {}
+    out = client_attributes(template.attributes or [])
+    mask = attribute_values(template.attributes or []).get(A.CRYPTOGRAPHIC_USAGE_MASK.value)
+    kept = requested_uses(kind, algorithm, mask)
+    if kept is not None:
+        out[USAGE_ATTRIBUTE] = kept
+    return out
 
 
 def client_attributes(attrs: list[Any]) -> dict[str, Any]:

@@ -218,3 +218,23 @@ def test_opaque_objects_register_get_locate_destroy(kmip: Any, services: Service
     kmip.destroy(uid)  # Pre-Active: destroyed without a revocation
     assert reason(lambda: kmip.get(uid)) == enums.ResultReason.ILLEGAL_OPERATION
     assert uid not in kmip.locate(attributes=[attr(A.OBJECT_TYPE, enums.ObjectType.OPAQUE_DATA)])
+
+
+def test_a_clients_usage_mask_is_kept_narrowed_to_what_the_kind_can_do(kmip: Any) -> None:
+    M = enums.CryptographicUsageMask
+
+    def mask(uid: str) -> int:
+        return int(attrs_of(kmip, uid)["Cryptographic Usage Mask"][0].value)  # one Integer: the bits
+
+    narrowed = kmip.register(pie.SymmetricKey(enums.CryptographicAlgorithm.AES, 256, bytes(32), masks=[M.ENCRYPT]))
+    assert mask(narrowed) == M.ENCRYPT.value
+    # Sign makes no sense for AES: dropped; Wrap Key kept (the client adds Encrypt|Decrypt itself)
+    mixed = kmip.create(enums.CryptographicAlgorithm.AES, 256, cryptographic_usage_mask=[M.SIGN, M.WRAP_KEY])
+    assert mask(mixed) == M.ENCRYPT.value | M.DECRYPT.value | M.WRAP_KEY.value
+    # the halves of a pair: each its own template's mask over the common one
+    public, private = kmip.create_key_pair(enums.CryptographicAlgorithm.RSA, 2048, public_usage_mask=[M.VERIFY],
+                                           private_usage_mask=[M.SIGN])
+    assert (mask(public), mask(private)) == (M.VERIFY.value, M.SIGN.value)
+    # a mask that leaves nothing the kind can do: the kind's uses
+    secret = kmip.register(pie.SecretData(b"pw", enums.SecretDataType.PASSWORD, masks=[M.SIGN]))
+    assert mask(secret) == M.DERIVE_KEY.value

@@ -43,7 +43,8 @@ def handle(call: Call, payload: Any) -> Any:
     activate, activation_date = activation_of(values)
     spec = KeySpec(name=name, description="created over KMIP", owner=call.ctx.principal.name, activate=activate,
                    activation_date=activation_date, length_bits=length, unique_name=False,
-                   kmip_attributes=attributes.template_client_attributes(payload.template_attribute))
+                   kmip_attributes=attributes.template_client_attributes(payload.template_attribute,
+                                                                         "symmetric-key", "AES"))
     key = call.engine.keys.create(call.ctx, spec)
     return payloads.CreateResponsePayload(object_type=enums.ObjectType.SYMMETRIC_KEY,
                                           unique_identifier=str(key.versions[-1].id))

@@ -42,6 +42,17 @@ def handle(call: Call, payload: Any) -> Any:
     _, activation_date = activation_of(private)
     pair = call.engine.objects.create_key_pair(
         call.ctx, bits=int(length), private_name=private.get(A.NAME.value), public_name=public.get(A.NAME.value),
-        activation_date=activation_date)
+        activation_date=activation_date,
+        private_attributes=_attributes(payload.common_template_attribute, payload.private_key_template_attribute,
+                                       "private-key"),
+        public_attributes=_attributes(payload.common_template_attribute, payload.public_key_template_attribute,
+                                      "public-key"))
     return payloads.CreateKeyPairResponsePayload(private_key_unique_identifier=str(pair.private.id),
                                                  public_key_unique_identifier=str(pair.public.id))
+
+
+def _attributes(common: Any, own: Any, kind: str) -> dict[str, Any]:
+    """One half's client attributes: its own template's over the common one's (a usage
+    mask in its own template replaces the common one, as for every attribute)."""
+    return {**attributes.template_client_attributes(common, kind, "RSA"),
+            **attributes.template_client_attributes(own, kind, "RSA")}

@@ -28,6 +28,9 @@ A = enums.AttributeType
 SECRET_DATA_TYPES = {enums.SecretDataType.PASSWORD: "password", enums.SecretDataType.SEED: "seed"}
 REGISTRABLE = (enums.ObjectType.SYMMETRIC_KEY, enums.ObjectType.PUBLIC_KEY, enums.ObjectType.PRIVATE_KEY,
                enums.ObjectType.SECRET_DATA, enums.ObjectType.CERTIFICATE, enums.ObjectType.OPAQUE_DATA)
+KINDS = {enums.ObjectType.SYMMETRIC_KEY: "symmetric-key", enums.ObjectType.PUBLIC_KEY: "public-key",
+         enums.ObjectType.PRIVATE_KEY: PRIVATE_KEY, enums.ObjectType.SECRET_DATA: SECRET_DATA,
+         enums.ObjectType.CERTIFICATE: CERTIFICATE, enums.ObjectType.OPAQUE_DATA: OPAQUE}
 # Opaque Data Type: KMIP 1.4 defines only None (0x80000001); vendor extensions are refused.
 OPAQUE_DATA_TYPES = {enums.OpaqueDataType.NONE: "none"}
 
@@ -41,7 +44,9 @@ def handle(call: Call, payload: Any) -> Any:
         raise KmipFailure(R.FEATURE_NOT_SUPPORTED, f"{payload.object_type.name} objects cannot be registered")
     values = attributes.template_values(payload.template_attribute)
     name = values.get(A.NAME.value)
-    client = attributes.template_client_attributes(payload.template_attribute)
+    kind = KINDS[payload.object_type]
+    client = attributes.template_client_attributes(payload.template_attribute, kind,
+                                                   "AES" if kind == "symmetric-key" else "RSA")
     obj = payload.managed_object
     if payload.object_type == enums.ObjectType.CERTIFICATE:
         return _certificate(call, obj, name, values, client)
@@ -75,7 +80,7 @@ def handle(call: Call, payload: Any) -> Any:
         name=name or f"kmip-{uuid.uuid4().hex[:16]}", description="registered over KMIP",
         owner=call.ctx.principal.name, activate=activate, activation_date=activation_date,
         length_bits=len(material) * 8, material=material, unique_name=False,
-        kmip_attributes=attributes.template_client_attributes(payload.template_attribute)))
+        kmip_attributes=client))
     return payloads.RegisterResponsePayload(unique_identifier=str(key.versions[-1].id))
 
 
