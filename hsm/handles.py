@@ -62,6 +62,18 @@ class HmacKeyView(_View, _SignMixin, _SecretKey):  # type: ignore[misc]
     key_type = KeyType.GENERIC_SECRET
 
 
+class RsaPrivateOpsView(_View, _SignMixin, _DecryptMixin, _PrivateKey):  # type: ignore[misc]
+    """A client private key opened in the token for Sign / Decrypt (KMIP services)."""
+
+    key_type = KeyType.RSA
+
+
+class AesUnwrapView(_View, _UnwrapMixin, _SecretKey):  # type: ignore[misc]
+    """A sealed object's DEK, opened in the token to unwrap the object inside it."""
+
+    key_type = KeyType.AES
+
+
 # --- the data-key handle cache --------------------------------------------------
 CacheKey = tuple[str, str, bytes]  # (wrapping key id, mechanism, sha256 of the blob)
 

@@ -14,6 +14,7 @@ from typing import Any, Final
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding
 from pkcs11 import MGF, Attribute, KeyType, Mechanism, ObjectClass
+from pkcs11.constants import DEFAULT
 
 from hsm.backend import RSA_OAEP_SHA1, RSA_OAEP_SHA256
 from hsm.errors import HsmInvalidInput
@@ -137,6 +138,41 @@ TRANSIT_KEY_TEMPLATE: Final = _session_secret({Attribute.EXTRACTABLE: True})
 WORKING_KEY_TEMPLATE: Final = _session_secret({Attribute.ENCRYPT: True, Attribute.DECRYPT: True})
 # unwrap_key's one purpose is to hand out the plaintext, which needs a readable CKA_VALUE.
 EXPORT_KEY_TEMPLATE: Final = _session_secret({Attribute.SENSITIVE: False, Attribute.EXTRACTABLE: True})
+
+
+# A managed HMAC key (generic secret): leaves the token only wrapped under a KEK...
+HMAC_TRANSIT_TEMPLATE: Final = _session_secret({Attribute.KEY_TYPE: KeyType.GENERIC_SECRET,
+                                                Attribute.EXTRACTABLE: True})
+# ...and is used (cached handle) for MACs only.
+HMAC_WORKING_TEMPLATE: Final = _session_secret({Attribute.KEY_TYPE: KeyType.GENERIC_SECRET,
+                                                Attribute.SIGN: True, Attribute.VERIFY: True})
+# A sealed object's DEK opened to unwrap the object inside the token, nothing else.
+SEALED_DEK_TEMPLATE: Final = _session_secret({Attribute.UNWRAP: True})
+HMAC_BITS: Final = frozenset({256, 384, 512})
+HMAC_IMPORT_BYTES: Final = range(16, 129)
+
+
+def opened_private_template() -> dict[Attribute, Any]:
+    """A client private key opened from its sealed form for Sign/Decrypt: a sensitive
+    session object that can never leave the token. python-pkcs11 adds every capability
+    attribute to an unwrap template; Encrypt, Wrap and Verify do not exist on a private
+    key (SoftHSM2 answers CKR_ATTRIBUTE_TYPE_INVALID), so they are left out (DEFAULT)."""
+    return {Attribute.CLASS: ObjectClass.PRIVATE_KEY, Attribute.KEY_TYPE: KeyType.RSA, Attribute.TOKEN: False,
+            Attribute.PRIVATE: True, Attribute.SENSITIVE: True, Attribute.EXTRACTABLE: False,
+            Attribute.SIGN: True, Attribute.DECRYPT: True, Attribute.UNWRAP: False, Attribute.DERIVE: False,
+            Attribute.ENCRYPT: DEFAULT, Attribute.WRAP: DEFAULT, Attribute.VERIFY: DEFAULT}
+
+
+HASH_MECHANISMS: Final = {"SHA-1": Mechanism.SHA_1, "SHA-256": Mechanism.SHA256, "SHA-384": Mechanism.SHA384,
+                          "SHA-512": Mechanism.SHA512}
+HASH_MGF: Final = {"SHA-1": MGF.SHA1, "SHA-256": MGF.SHA256, "SHA-384": MGF.SHA384, "SHA-512": MGF.SHA512}
+HASH_BYTES: Final = {"SHA-1": 20, "SHA-256": 32, "SHA-384": 48, "SHA-512": 64}
+HMAC_MECHANISMS: Final = {"SHA-256": Mechanism.SHA256_HMAC, "SHA-384": Mechanism.SHA384_HMAC,
+                          "SHA-512": Mechanism.SHA512_HMAC}
+PSS_MECHANISMS: Final = {"SHA-256": Mechanism.SHA256_RSA_PKCS_PSS, "SHA-384": Mechanism.SHA384_RSA_PKCS_PSS,
+                         "SHA-512": Mechanism.SHA512_RSA_PKCS_PSS}
+PKCS1_MECHANISMS: Final = {"SHA-256": Mechanism.SHA256_RSA_PKCS, "SHA-384": Mechanism.SHA384_RSA_PKCS,
+                           "SHA-512": Mechanism.SHA512_RSA_PKCS}
 
 
 # Sizes of the RSA key pairs the token generates for clients (KMIP CreateKeyPair).

@@ -30,9 +30,16 @@ from pkcs11 import exceptions as p11
 from hsm import capabilities as caps
 from hsm import cryptoki, faults, mechanisms
 from hsm.backend import (
+    AES_CBC_PAD,
+    AES_GCM,
     AES_KWP,
+    RSA_OAEP_SHA256,
+    RSA_PKCS1V15,
+    RSA_PSS,
+    CipherResult,
     KekAttributes,
     KekInfo,
+    SealedPrivateKey,
     TokenCapabilities,
     WrappedKey,
     WrappedKeyPair,
@@ -48,9 +55,11 @@ from hsm.errors import (
 from hsm.faults import Fault
 from hsm.handles import (
     AesKeyView,
+    AesUnwrapView,
     CacheKey,
     HandleCache,
     HmacKeyView,
+    RsaPrivateOpsView,
     RsaPrivateView,
     RsaPublicView,
     _SecretKey,
@@ -502,6 +511,145 @@ class Pkcs11Backend:
             return b""
         return self._run("random", lambda lease: bytes(lease.session.generate_random(n * 8)))
 
+    # --- HsmBackend: cryptographic services ------------------------------------------
+    def symmetric_cipher(
+        self, wrapped: WrappedKey, data: bytes, *, encrypt: bool, mode: str, iv: bytes | None = None,
+        aad: bytes = b"", tag: bytes = b"", tag_bytes: int = mechanisms.GCM_TAG_BYTES,
+    ) -> CipherResult:
+        if mode not in (AES_GCM, AES_CBC_PAD):
+            raise HsmInvalidInput(f"unknown AES mode {mode!r}; expected {AES_GCM} or {AES_CBC_PAD}")
+        gcm = mode == AES_GCM
+        if gcm:
+            self._require(self._capabilities.supports_aes_gcm, "CKM_AES_GCM")
+            if not 12 <= tag_bytes <= 16:
+                raise HsmInvalidInput("a GCM tag is 12 to 16 bytes long")
+        if iv is None and not encrypt:
+            raise HsmInvalidInput("decryption needs the IV the data was encrypted with")
+        if iv is not None and (len(iv) != 16 if not gcm else not 1 <= len(iv) <= 128):
+            raise HsmInvalidInput("the IV is 16 bytes for CBC and 1 to 128 bytes (12 recommended) for GCM")
+        if gcm and not encrypt and len(tag) != tag_bytes:
+            raise HsmIntegrityError(_INTEGRITY_MESSAGE)
+        scheme = self._unwrap_scheme(wrapped)
+        body, associated = bytes(data), bytes(aad)
+
+        def run(lease: _Lease) -> CipherResult:
+            # A fresh IV per attempt unless the caller chose one: a retry never reuses ours.
+            used = bytes(iv) if iv is not None else os.urandom(mechanisms.GCM_IV_BYTES if gcm else 16)
+            param: Any
+            if gcm:
+                mechanism, param = Mechanism.AES_GCM, pkcs11.GCMParams(used, associated or None, tag_bytes * 8)
+            else:
+                mechanism, param = Mechanism.AES_CBC_PAD, used
+            with self._working_key(lease, wrapped, scheme) as handle:
+                view = AesKeyView(lease.session, handle)
+                if encrypt:
+                    out = bytes(view.encrypt(body, mechanism=mechanism, mechanism_param=param))
+                    if gcm:
+                        return CipherResult(data=out[:-tag_bytes], iv=used, tag=out[-tag_bytes:])
+                    return CipherResult(data=out, iv=used)
+                return CipherResult(data=bytes(view.decrypt(body + bytes(tag) if gcm else body,
+                                                            mechanism=mechanism, mechanism_param=param)), iv=used)
+
+        return self._run("symmetric_cipher", run, on_crypto=_invalid if encrypt else _integrity)
+
+    def generate_wrapped_secret(self, *, kek_id: str, bits: int) -> WrappedKey:
+        if bits not in mechanisms.HMAC_BITS:
+            raise HsmInvalidInput(f"HMAC keys are {', '.join(map(str, sorted(mechanisms.HMAC_BITS)))} bits long")
+        scheme = self._wrap_scheme
+
+        def generate(lease: _Lease) -> WrappedKey:
+            session = lease.session
+            kek = self._kek(session, kek_id)
+            key = session.generate_key(KeyType.GENERIC_SECRET, bits, capabilities=0,
+                                       mechanism=Mechanism.GENERIC_SECRET_KEY_GEN,
+                                       template=dict(mechanisms.HMAC_TRANSIT_TEMPLATE))
+            try:
+                blob = self._wrap(session, kek.public_handle, key, scheme)
+            finally:
+                _destroy_quietly(key)
+            return WrappedKey(wrapping_key_id=kek_id, mechanism=scheme.name, ciphertext=blob)
+
+        return self._run("generate_wrapped_secret", generate, on_crypto=_refused)
+
+    def import_secret(self, material: bytes, *, kek_id: str) -> WrappedKey:
+        if not isinstance(material, bytes | bytearray) or len(material) not in mechanisms.HMAC_IMPORT_BYTES:
+            raise HsmInvalidInput("HMAC key material is 16 to 128 bytes long")
+        scheme = self._wrap_scheme
+        kek = self._run("import_secret", lambda lease: self._kek(lease.session, kek_id))
+        blob = kek.public_key.encrypt(bytes(material), scheme.software_padding())
+        return WrappedKey(wrapping_key_id=kek_id, mechanism=scheme.name, ciphertext=blob)
+
+    def hmac(self, wrapped: WrappedKey, data: bytes, *, hash: str) -> bytes:
+        mechanism = mechanisms.HMAC_MECHANISMS.get(hash)
+        if mechanism is None:
+            raise HsmInvalidInput(f"HMAC is computed with {', '.join(mechanisms.HMAC_MECHANISMS)}, not {hash!r}")
+        scheme = self._unwrap_scheme(wrapped)
+        message = bytes(data)
+
+        def sign(lease: _Lease) -> bytes:
+            with self._working_key(lease, wrapped, scheme, hmac=True) as handle:
+                return bytes(HmacKeyView(lease.session, handle).sign(message, mechanism=mechanism))
+
+        return self._run("hmac", sign, on_crypto=_integrity)
+
+    @contextlib.contextmanager
+    def _opened_private_key(self, lease: _Lease, key: SealedPrivateKey) -> Iterator[int]:
+        """The sealed private key unwrapped inside the token (session object, sensitive,
+        never extractable), cached like data keys by the hash of its sealed form."""
+        cache_key = ("sealed-private", key.dek.mechanism,
+                     hashlib.sha256(bytes(key.dek.ciphertext) + bytes(key.material)).digest())
+        entry = self._cache.lease(cache_key)
+        if entry is None:
+            session = lease.session
+            kek = self._kek(session, key.dek.wrapping_key_id)
+            dek = self._unwrap(session, kek, key.dek, self._unwrap_scheme(key.dek), mechanisms.SEALED_DEK_TEMPLATE)
+            try:
+                opened = AesUnwrapView(session, dek.handle).unwrap_key(
+                    ObjectClass.PRIVATE_KEY, KeyType.RSA, bytes(key.material),
+                    mechanism=Mechanism.AES_KEY_WRAP_PAD, capabilities=0,
+                    template=mechanisms.opened_private_template())
+            finally:
+                _destroy_quietly(dek)
+            entry = self._cache.adopt(cache_key, handle=opened.handle, owner=opened, generation=lease.generation)
+        try:
+            yield entry.handle
+        finally:
+            self._cache.release(entry)
+
+    def private_key_sign(self, key: SealedPrivateKey, data: bytes, *, scheme: str, hash: str) -> bytes:
+        if scheme == RSA_PSS and hash in mechanisms.PSS_MECHANISMS:
+            mechanism = mechanisms.PSS_MECHANISMS[hash]
+            param: Any = (mechanisms.HASH_MECHANISMS[hash], mechanisms.HASH_MGF[hash], mechanisms.HASH_BYTES[hash])
+        elif scheme == RSA_PKCS1V15 and hash in mechanisms.PKCS1_MECHANISMS:
+            mechanism, param = mechanisms.PKCS1_MECHANISMS[hash], None
+        else:
+            raise HsmInvalidInput(f"RSA signatures are {RSA_PSS} or {RSA_PKCS1V15} with SHA-256/384/512, "
+                                  f"not {scheme} with {hash}")
+        message = bytes(data)
+
+        def sign(lease: _Lease) -> bytes:
+            with self._opened_private_key(lease, key) as handle:
+                return bytes(RsaPrivateOpsView(lease.session, handle).sign(
+                    message, mechanism=mechanism, mechanism_param=param))
+
+        return self._run("private_key_sign", sign, on_crypto=_integrity)
+
+    def private_key_decrypt(self, key: SealedPrivateKey, ciphertext: bytes, *, hash: str) -> bytes:
+        if hash not in ("SHA-1", "SHA-256"):
+            raise HsmInvalidInput(f"RSA-OAEP decryption uses SHA-1 or SHA-256, not {hash!r}")
+        supported = self._capabilities.rsa_unwrap_mechanisms or {self._capabilities.rsa_wrap_mechanism}
+        if hash == "SHA-256" and RSA_OAEP_SHA256 not in supported:
+            raise HsmInvalidInput(f"token {self._label!r} does RSA-OAEP with SHA-1 only (decision 0001)")
+        param = (mechanisms.HASH_MECHANISMS[hash], mechanisms.HASH_MGF[hash], None)
+        body = bytes(ciphertext)
+
+        def decrypt(lease: _Lease) -> bytes:
+            with self._opened_private_key(lease, key) as handle:
+                return bytes(RsaPrivateOpsView(lease.session, handle).decrypt(
+                    body, mechanism=Mechanism.RSA_PKCS_OAEP, mechanism_param=param))
+
+        return self._run("private_key_decrypt", decrypt, on_crypto=_integrity)
+
     # --- HsmBackend: audit chain ------------------------------------------------------
     def ensure_hmac_key(self, key_id: str) -> None:
         _check_id(key_id, what="HMAC key id")
@@ -731,11 +879,12 @@ class Pkcs11Backend:
         wrapped: WrappedKey,
         scheme: OaepScheme,
         template: dict[Attribute, Any],
+        key_type: KeyType = KeyType.AES,
     ) -> Any:
         try:
             return RsaPrivateView(session, kek.private_handle).unwrap_key(
                 ObjectClass.SECRET_KEY,
-                KeyType.AES,
+                key_type,
                 bytes(wrapped.ciphertext),
                 mechanism=Mechanism.RSA_PKCS_OAEP,
                 mechanism_param=scheme.pkcs11_param,
@@ -749,13 +898,18 @@ class Pkcs11Backend:
             raise
 
     @contextlib.contextmanager
-    def _working_key(self, lease: _Lease, wrapped: WrappedKey, scheme: OaepScheme) -> Iterator[int]:
-        """A leased handle of the unwrapped data key, from the cache or a fresh unwrap."""
+    def _working_key(self, lease: _Lease, wrapped: WrappedKey, scheme: OaepScheme, *,
+                     hmac: bool = False) -> Iterator[int]:
+        """A leased handle of the unwrapped data key (or HMAC key), from the cache or a fresh unwrap."""
         key = _cache_key(wrapped)
+        if hmac:  # one blob is one kind of key, but the cache must never hand one out as the other
+            key = ("hmac", *key[1:])
         entry = self._cache.lease(key)
         if entry is None:
             kek = self._kek(lease.session, wrapped.wrapping_key_id)
-            obj = self._unwrap(lease.session, kek, wrapped, scheme, mechanisms.WORKING_KEY_TEMPLATE)
+            obj = self._unwrap(lease.session, kek, wrapped, scheme,
+                               mechanisms.HMAC_WORKING_TEMPLATE if hmac else mechanisms.WORKING_KEY_TEMPLATE,
+                               KeyType.GENERIC_SECRET if hmac else KeyType.AES)
             entry = self._cache.adopt(key, handle=obj.handle, owner=obj, generation=lease.generation)
         try:
             yield entry.handle
