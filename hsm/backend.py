@@ -194,6 +194,9 @@ class HsmBackend(Protocol):
     def import_secret(self, material: bytes, *, kek_id: str) -> WrappedKey:
         """Caller-supplied HMAC key material (16-128 bytes) wrapped under the KEK."""
 
+    def unwrap_secret(self, wrapped: WrappedKey) -> bytes:
+        """The plaintext of a wrapped HMAC key (the export path only, like unwrap_key)."""
+
     def hmac(self, wrapped: WrappedKey, data: bytes, *, hash: str) -> bytes:
         """HMAC-`hash` (SHA-256/384/512) of `data` under a wrapped generic secret, in the token."""
 

@@ -579,6 +579,21 @@ class Pkcs11Backend:
         blob = kek.public_key.encrypt(bytes(material), scheme.software_padding())
         return WrappedKey(wrapping_key_id=kek_id, mechanism=scheme.name, ciphertext=blob)
 
+    def unwrap_secret(self, wrapped: WrappedKey) -> bytes:
+        scheme = self._unwrap_scheme(wrapped)
+        template = {**mechanisms.EXPORT_KEY_TEMPLATE, Attribute.KEY_TYPE: KeyType.GENERIC_SECRET}
+
+        def unwrap(lease: _Lease) -> bytes:
+            session = lease.session
+            kek = self._kek(session, wrapped.wrapping_key_id)
+            key = self._unwrap(session, kek, wrapped, scheme, template, KeyType.GENERIC_SECRET)
+            try:
+                return bytes(key[Attribute.VALUE])
+            finally:
+                _destroy_quietly(key)
+
+        return self._run("unwrap_secret", unwrap, on_crypto=_integrity)
+
     def hmac(self, wrapped: WrappedKey, data: bytes, *, hash: str) -> bytes:
         mechanism = mechanisms.HMAC_MECHANISMS.get(hash)
         if mechanism is None:

@@ -19,6 +19,7 @@ from hsm import HsmBackend, HsmUnavailable
 from hsm.config import HsmConfig
 from keyserver.core.audit import AuditService
 from keyserver.core.ca import CertificateAuthority
+from keyserver.core.crypto import CryptoService
 from keyserver.core.datakeys import DataKeyService
 from keyserver.core.guardpoints import GuardPointService
 from keyserver.core.hosts import HostService
@@ -97,6 +98,7 @@ class Services:
     kmip_objects: KmipObjectService
     hosts: HostService
     guard_points: GuardPointService
+    crypto: CryptoService
     engines: tuple[Engine, ...] = ()
     # Stopped first on close(), e.g. the KMIP listener, so no request outlives the services.
     on_close: list[Callable[[], None]] = field(default_factory=list)
@@ -150,6 +152,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
     keks = KekService(session_factory, backend, audit, policy, notifier, batch=settings.kek_rewrap_batch)
     keys = KeyService(session_factory, backend, audit, policy, keks, notifier)
     ca = CertificateAuthority(session_factory, backend, keks)
+    objects = KmipObjectService(session_factory, backend, audit, policy, autocommit_engine=autocommit,
+                                notifier=notifier, current_kek=keks.current)
     return Services(
         settings=settings,
         engine=engine,
@@ -176,8 +180,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                                        cert_days=settings.kmip_client_cert_days,
                                        read_session_factory=db.make_session_factory(autocommit),
                                        notifier=notifier),
-        kmip_objects=KmipObjectService(session_factory, backend, audit, policy, autocommit_engine=autocommit,
-                                       notifier=notifier, current_kek=keks.current),
+        kmip_objects=objects,
+        crypto=CryptoService(objects, backend),
         guard_points=GuardPointService(session_factory, audit, policy),
         hosts=HostService(session_factory, backend, audit, policy, ca, notifier,
                           cert_days=settings.kmip_client_cert_days,

@@ -25,6 +25,7 @@ from keyserver.api.routes import (
     agent,
     audit,
     auth,
+    crypto,
     datakeys,
     guardpoints,
     hosts,
@@ -155,8 +156,8 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
     problems.install(app)
 
     # Included one level deep: every nesting level costs route matching on each request.
-    for r in (auth.router, keys.router, datakeys.router, audit.router, users.router, tokens.router,
-              system.router):
+    for r in (auth.router, keys.router, crypto.router, datakeys.router, audit.router, users.router,
+              tokens.router, system.router):
         app.include_router(r, prefix="/api/v1")
     app.include_router(kmip_clients.router, prefix="/api/v1")
     app.include_router(hosts.router, prefix="/api/v1")

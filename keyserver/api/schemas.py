@@ -288,3 +288,75 @@ class Problem(BaseModel):
     code: str
     request_id: str | None = None
     errors: list[dict[str, object]] | None = None
+
+
+# --- cryptographic services (keys stay in the HSM) -------------------------------
+CipherMode = Literal["AES-GCM", "AES-CBC-PAD", "RSA-OAEP"]
+SignatureScheme = Literal["RSA-PSS", "RSA-PKCS1-v1_5"]
+HashName = Literal["SHA-1", "SHA-256", "SHA-384", "SHA-512"]
+
+
+class EncryptRequest(Strict):
+    plaintext: Base64Bytes = Field(description="base64, at most 1 MiB")
+    mode: CipherMode | None = Field(default=None, description="AES-GCM (default for AES keys), AES-CBC-PAD; "
+                                                              "RSA-OAEP for a public key")
+    iv: Base64Bytes | None = Field(default=None, description="base64; omit to let the HSM choose (recommended)")
+    aad: Base64Bytes = Field(default=b"", description="base64 associated data (GCM)")
+    oaep_hash: Literal["SHA-1", "SHA-256"] = "SHA-1"
+
+
+class EncryptResult(BaseModel):
+    key_id: str = Field(description="the object used: a key version's KMIP identifier")
+    ciphertext: str = Field(description="base64")
+    iv: str | None = Field(description="base64 IV (AES)")
+    tag: str | None = Field(description="base64 GCM tag")
+
+
+class DecryptRequest(Strict):
+    ciphertext: Base64Bytes
+    version: int | None = Field(default=None, ge=1, description="the key version that encrypted (default: newest)")
+    mode: CipherMode | None = None
+    iv: Base64Bytes | None = None
+    tag: Base64Bytes = Field(default=b"", description="base64 GCM tag")
+    aad: Base64Bytes = b""
+    oaep_hash: Literal["SHA-1", "SHA-256"] = "SHA-1"
+
+
+class DecryptResult(BaseModel):
+    plaintext: str = Field(description="base64")
+
+
+class SignRequest(Strict):
+    data: Base64Bytes
+    scheme: SignatureScheme = "RSA-PSS"
+    hash: Literal["SHA-256", "SHA-384", "SHA-512"] = "SHA-256"
+
+
+class SignResult(BaseModel):
+    signature: str = Field(description="base64")
+
+
+class VerifyRequest(Strict):
+    data: Base64Bytes
+    signature: Base64Bytes
+    scheme: SignatureScheme = "RSA-PSS"
+    hash: Literal["SHA-256", "SHA-384", "SHA-512"] = "SHA-256"
+
+
+class MacRequest(Strict):
+    data: Base64Bytes
+    version: int | None = Field(default=None, ge=1)
+    mac: Base64Bytes | None = Field(default=None, description="base64 MAC to verify; omit to compute one")
+
+
+class MacResult(BaseModel):
+    mac: str | None = Field(description="base64 HMAC (when computing)")
+    valid: bool | None = Field(description="whether `mac` matched (when verifying)")
+
+
+class VerifyResult(BaseModel):
+    valid: bool
+
+
+class RandomResult(BaseModel):
+    random: str = Field(description="base64 bytes from the HSM's RNG")

@@ -107,7 +107,8 @@ class DataKeyService:
             select(ManagedKey.id, ManagedKey.name, KeyVersion.version, KeyVersion.wrapping_key_id,
                    KeyVersion.wrapping_mechanism, KeyVersion.wrapped_key)
             .join(KeyVersion, KeyVersion.key_id == ManagedKey.id)
-            .where(key_filter(ref), KeyVersion.state == KeyState.ACTIVE.value)
+            # HMAC keys cannot encrypt: to data keys they do not exist (404 with advice below)
+            .where(key_filter(ref), KeyVersion.state == KeyState.ACTIVE.value, ManagedKey.algorithm == "AES")
         ).first()
         if row is None:
             raise self._no_active(conn, ref)
@@ -163,12 +164,16 @@ class DataKeyService:
     def _no_active(conn: Connection, ref: str) -> NotFound | Conflict:
         # On the caller's connection: a second one would wait on its lock (decision 0010).
         row = conn.execute(
-            select(ManagedKey.name, KeyVersion.state).join(KeyVersion, KeyVersion.key_id == ManagedKey.id)
+            select(ManagedKey.name, KeyVersion.state, ManagedKey.algorithm)
+            .join(KeyVersion, KeyVersion.key_id == ManagedKey.id)
             .where(key_filter(ref)).order_by(KeyVersion.version.desc()).limit(1)
         ).first()
         if row is None:
             return NotFound(f"no key named or with id '{ref}'", code="key_not_found")
-        name, state = row
+        name, state, algorithm = row
+        if algorithm != "AES":
+            return Conflict(f"key '{name}' is an {algorithm} key; data keys are made under AES keys",
+                            code="wrong_key_algorithm")
         return Conflict(f"key '{name}' has no active version (it is {state}); "
                        "activate or rotate it to make new data keys", code="illegal_state")
 

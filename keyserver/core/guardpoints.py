@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, InvalidInput, NotFound
 from keyserver.core.hosts import GROUP_RE
-from keyserver.core.keys import key_filter
+from keyserver.core.keys import key_filter, require_aes
 from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import KeyState
@@ -100,6 +100,7 @@ class GuardPointService:
         key = s.execute(select(ManagedKey).where(key_filter(spec.key))).scalar_one_or_none()
         if key is None:
             raise NotFound(f"no key named or with id '{spec.key}'", code="key_not_found")
+        require_aes(key, "a guard point")
         active = s.execute(select(KeyVersion.id).where(KeyVersion.key_id == key.id,
                                                        KeyVersion.state == KeyState.ACTIVE.value)).first()
         if active is None:

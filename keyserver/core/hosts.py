@@ -29,7 +29,7 @@ from keyserver.core.audit import AuditService, Outcome, utcnow
 from keyserver.core.ca import CertificateAuthority, serial_hex
 from keyserver.core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated, hsm_failure
 from keyserver.core.identity import sha256_hex
-from keyserver.core.keys import key_filter, version_wrapped
+from keyserver.core.keys import key_filter, require_aes, version_wrapped
 from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import ANONYMOUS, Principal, RequestContext
 from keyserver.core.states import DECRYPTABLE, KeyState
@@ -305,6 +305,7 @@ class HostService:
             key = s.execute(select(ManagedKey).where(key_filter(key_ref))).scalar_one_or_none()
             if key is None:
                 raise NotFound(f"no key named or with id '{key_ref}'", code="key_not_found")
+            require_aes(key, "delivery to a host")
             rows = s.execute(select(KeyVersion).where(KeyVersion.key_id == key.id)).scalars()
             versions = {v.version: v for v in rows}
             allowed = key.tags.get(HOST_GROUP_TAG) == host.host_group or key.id in self._guard_point_keys(s, host)

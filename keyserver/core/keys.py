@@ -52,9 +52,22 @@ class KeySpec:
     # label that several objects may carry (keyserver/core/names.py).
     unique_name: bool = True
     kmip_attributes: dict[str, Any] | None = None
+    # "AES", or an HMAC key (KMIP Create/Register): "HMAC-SHA256", "HMAC-SHA384", "HMAC-SHA512".
+    algorithm: str = "AES"
 
 
 AES_LENGTHS = frozenset({128, 192, 256})
+# An HMAC key is a generic secret at least as long as its hash's output (SoftHSM2 and
+# RFC 2104's advice); generated keys are that long, registered ones 16-128 bytes.
+HMAC_ALGORITHMS = {"HMAC-SHA256": 256, "HMAC-SHA384": 384, "HMAC-SHA512": 512}
+ALGORITHMS = frozenset({"AES", *HMAC_ALGORITHMS})
+
+
+def require_aes(key: ManagedKey, purpose: str) -> None:
+    """Data keys, guard points and host delivery use AES keys only."""
+    if key.algorithm != "AES":
+        raise Conflict(f"key '{key.name}' is an {key.algorithm} key; {purpose} needs an AES key",
+                       code="wrong_key_algorithm")
 
 
 def key_state(key: ManagedKey) -> KeyState:
@@ -177,17 +190,26 @@ class KeyService:
         if spec.activation_date and spec.deactivation_date and spec.deactivation_date <= spec.activation_date:
             raise InvalidInput("deactivation_date must be after activation_date")
         active_now = spec.activate and (spec.activation_date is None or spec.activation_date <= now)
-        if spec.length_bits not in AES_LENGTHS:
+        if spec.algorithm not in ALGORITHMS:
+            raise InvalidInput(f"a key's algorithm is one of {', '.join(sorted(ALGORITHMS))}")
+        hmac = spec.algorithm in HMAC_ALGORITHMS
+        if not hmac and spec.length_bits not in AES_LENGTHS:
             raise InvalidInput("AES keys are 128, 192 or 256 bits long")
+        if hmac and spec.material is None and spec.length_bits != HMAC_ALGORITHMS[spec.algorithm]:
+            raise InvalidInput(f"{spec.algorithm} keys are generated {HMAC_ALGORITHMS[spec.algorithm]} bits long")
         if spec.material is not None:
             if len(spec.material) * 8 != spec.length_bits:
                 raise InvalidInput("the key material does not have the stated length")
+            if hmac and not HMAC_ALGORITHMS[spec.algorithm] // 8 <= len(spec.material) <= 128:
+                raise InvalidInput(f"{spec.algorithm} key material is {HMAC_ALGORITHMS[spec.algorithm] // 8} to "
+                                   "128 bytes long")
             try:
-                wrapped = self._hsm.import_key(spec.material, kek_id=self._keks.current())
+                wrapped = (self._hsm.import_secret if hmac else self._hsm.import_key)(
+                    spec.material, kek_id=self._keks.current())
             except HsmError as exc:
                 raise hsm_failure("import the key", exc) from exc
         else:
-            wrapped = self._generate(spec.length_bits)
+            wrapped = self._generate(spec.length_bits, spec.algorithm)
         with self._db.begin() as s:
             if spec.unique_name and s.execute(live_key_named(spec.name)).first():
                 raise Conflict(f"a key named '{spec.name}' exists already (destroy it, or choose another name)",
@@ -196,7 +218,8 @@ class KeyService:
                 id=uuid.uuid4(), name=spec.name, description=spec.description,
                 owner=spec.owner or ctx.principal.name, tags=validate_tags(spec.tags or {}),
                 created_at=now, updated_at=now, rotation_period_days=spec.rotation_period_days,
-                algorithm="AES", length_bits=spec.length_bits, kmip_attributes=dict(spec.kmip_attributes or {}),
+                algorithm=spec.algorithm, length_bits=spec.length_bits,
+                kmip_attributes=dict(spec.kmip_attributes or {}),
                 next_rotation_at=(now + timedelta(days=spec.rotation_period_days)
                                   if spec.rotation_period_days and active_now else None),
             )
@@ -210,8 +233,10 @@ class KeyService:
                                      **({"imported": True} if spec.material is not None else {})})
         return self._reload(key.id)
 
-    def _generate(self, length_bits: int = 256) -> WrappedKey:
+    def _generate(self, length_bits: int = 256, algorithm: str = "AES") -> WrappedKey:
         try:
+            if algorithm in HMAC_ALGORITHMS:
+                return self._hsm.generate_wrapped_secret(kek_id=self._keks.current(), bits=length_bits)
             if length_bits != 256:
                 # The token's generate path makes AES-256 only; shorter keys come from the
                 # token's RNG and are wrapped under the KEK's public half at once.
@@ -274,8 +299,8 @@ class KeyService:
         is Pre-Active and the replaced version, never used, is Deactivated."""
         self._policy.require(ctx, Permission.KEYS_ROTATE, action="key.rotate", object_type="key", object_id=ref)
         with self._db() as s:
-            length_bits = self._load(s, ref).length_bits
-        wrapped = self._generate(length_bits)
+            current = self._load(s, ref)
+        wrapped = self._generate(current.length_bits, current.algorithm)
         now = self._now()
         with self._db.begin() as s:
             key = self._load(s, ref, lock=True)

@@ -35,7 +35,7 @@ from keyserver.core.errors import (
     ServiceUnavailable,
     hsm_failure,
 )
-from keyserver.core.keys import COMPROMISE_REASONS, REVOCATION_REASONS, validate_tags, version_wrapped
+from keyserver.core.keys import COMPROMISE_REASONS, REVOCATION_REASONS, key_filter, validate_tags, version_wrapped
 from keyserver.core.kmip_sealed import UnsealError, seal, unseal
 from keyserver.core.names import UUID_RE, check_name
 from keyserver.core.policy import Permission, Policy
@@ -275,6 +275,28 @@ class KmipObjectService:
         object_type, object_id = audit_identity(found) if found is not None else ("kmip_object", uid)
         self._policy.require(ctx, permission, action=action, object_type=object_type, object_id=object_id)
 
+    def uid_of(self, ref: str, version: int | None = None) -> str:
+        """The object a REST caller names: a KMIP object's identifier as it is, or a
+        managed key (UUID or name) meaning its newest version (or `version`)."""
+        with self._read() as s:
+            if version is None and UUID_RE.match(ref) and (self._public_key(s, ref) or self._sealed(s, ref)):
+                return ref
+            stmt = select(KeyVersion.id).join(ManagedKey).where(key_filter(ref))
+            stmt = (stmt.where(KeyVersion.version == version) if version is not None
+                    else stmt.order_by(KeyVersion.version.desc()).limit(1))
+            found = s.execute(stmt).scalar()
+        if found is None:
+            raise NotFound(f"no key named or with id '{ref}'" + (f" with a version {version}" if version else ""),
+                           code="key_not_found")
+        return str(found)
+
+    def record(self, record: PendingRecord) -> None:
+        """Audit one use (group commit, committed before the caller answers)."""
+        self._records.submit(record)
+
+    def require(self, ctx: RequestContext, permission: Permission, *, action: str) -> None:
+        self._policy.require(ctx, permission, action=action)
+
     def read(self, ctx: RequestContext, uid: str, *, action: str) -> VersionObject | StandaloneObject:
         """`resolve` for an operation that only reads (GetAttributes, GetAttributeList):
         audited like every operation, with the group commit exports use."""
@@ -397,10 +419,16 @@ class KmipObjectService:
         wrapped = version_wrapped(obj.version)
         details: dict[str, object] = {**audit_details(obj), "state": state.value}
         try:
+            hmac = obj.key.algorithm != "AES"
             if wrap_under is None:
-                material, mechanism = self._hsm.unwrap_key(wrapped), None
+                material = (self._hsm.unwrap_secret if hmac else self._hsm.unwrap_key)(wrapped)
+                mechanism = None
+            elif hmac:
+                raise InvalidInput("HMAC keys are delivered in plaintext (with keys:export) only, not wrapped")
             else:
                 target = self.resolve_for_export(ctx, wrap_under)
+                if isinstance(target, VersionObject) and target.key.algorithm != "AES":
+                    raise Conflict("an HMAC key cannot wrap keys", code="wrong_object_type")
                 if isinstance(target, VersionObject):
                     # AES key wrap inside the token, under an Active AES key version.
                     if KeyState(target.version.state) is not KeyState.ACTIVE:

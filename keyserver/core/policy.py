@@ -26,6 +26,10 @@ class Permission(StrEnum):
     KEYS_REVOKE = "keys:revoke"
     KEYS_DESTROY = "keys:destroy"
     KEYS_EXPORT = "keys:export"  # plaintext key material out (KMIP Get without wrapping)
+    # Cryptographic services with keys that stay in the HSM (core/crypto.py):
+    KEYS_ENCRYPT = "keys:encrypt"  # encrypt, sign, MAC: protect data
+    KEYS_DECRYPT = "keys:decrypt"  # decrypt: read protected data
+    KEYS_VERIFY = "keys:verify"  # verify signatures and MACs: reveals nothing
     DATAKEYS_GENERATE = "datakeys:generate"
     DATAKEYS_DECRYPT = "datakeys:decrypt"
     AUDIT_READ = "audit:read"
@@ -56,15 +60,18 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
     Role.KEY_OFFICER: frozenset({
         P.KEYS_READ, P.KEYS_CREATE, P.KEYS_UPDATE, P.KEYS_ROTATE, P.KEYS_ACTIVATE,
         P.KEYS_REVOKE, P.KEYS_DESTROY, P.KEYS_EXPORT, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
-        P.AUDIT_READ, P.AUDIT_VERIFY, P.TOKENS_OWN, P.SYSTEM_READ, P.HOSTS_READ, P.GUARDPOINTS_MANAGE,
+        P.KEYS_ENCRYPT, P.KEYS_DECRYPT, P.KEYS_VERIFY, P.AUDIT_READ, P.AUDIT_VERIFY, P.TOKENS_OWN,
+        P.SYSTEM_READ, P.HOSTS_READ, P.GUARDPOINTS_MANAGE,
     }),
     Role.OPERATOR: frozenset({
         P.KEYS_READ, P.KEYS_ROTATE, P.KEYS_EXPORT, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
-        P.TOKENS_OWN, P.SYSTEM_READ, P.HOSTS_READ, P.HOSTS_ENROLL, P.HOSTS_REVOKE,
+        P.KEYS_ENCRYPT, P.KEYS_DECRYPT, P.KEYS_VERIFY, P.TOKENS_OWN, P.SYSTEM_READ, P.HOSTS_READ,
+        P.HOSTS_ENROLL, P.HOSTS_REVOKE,
     }),
     # Sees everything, changes nothing (its own API tokens aside, for exports).
     Role.AUDITOR: frozenset({
-        P.KEYS_READ, P.AUDIT_READ, P.AUDIT_VERIFY, P.USERS_READ, P.TOKENS_OWN, P.SYSTEM_READ, P.HOSTS_READ,
+        P.KEYS_READ, P.KEYS_VERIFY, P.AUDIT_READ, P.AUDIT_VERIFY, P.USERS_READ, P.TOKENS_OWN, P.SYSTEM_READ,
+        P.HOSTS_READ,
     }),
 }
 

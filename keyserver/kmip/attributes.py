@@ -54,6 +54,13 @@ class Instances(list[Any]):
     """The values of a multi-instance attribute: one Attribute each, indexed 0.. ."""
 
 
+# Managed keys' algorithms as KMIP names them.
+KEY_ALGORITHMS = {"AES": enums.CryptographicAlgorithm.AES, "HMAC-SHA256": enums.CryptographicAlgorithm.HMAC_SHA256,
+                  "HMAC-SHA384": enums.CryptographicAlgorithm.HMAC_SHA384,
+                  "HMAC-SHA512": enums.CryptographicAlgorithm.HMAC_SHA512}
+ALGORITHM_OF_KMIP = {v: k for k, v in KEY_ALGORITHMS.items()}
+
+
 def usage_list(mask: int) -> list[enums.CryptographicUsageMask]:
     return [m for m in enums.CryptographicUsageMask if int(m.value) & mask]
 
@@ -68,7 +75,7 @@ def version_values(obj: VersionObject) -> dict[str, Any]:
     values: dict[str, Any] = {
         A.UNIQUE_IDENTIFIER.value: obj.uid,
         A.OBJECT_TYPE.value: enums.ObjectType.SYMMETRIC_KEY,
-        A.CRYPTOGRAPHIC_ALGORITHM.value: enums.CryptographicAlgorithm.AES,
+        A.CRYPTOGRAPHIC_ALGORITHM.value: KEY_ALGORITHMS[k.algorithm],
         A.CRYPTOGRAPHIC_LENGTH.value: k.length_bits,
         A.NAME.value: k.name,
         A.STATE.value: STATE_TO_KMIP[v.state],

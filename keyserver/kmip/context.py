@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from keyserver.core.crypto import CryptoService
 from keyserver.core.keys import KeyService
 from keyserver.core.kmip_objects import KmipObjectService
 from keyserver.core.principal import RequestContext
@@ -14,6 +15,7 @@ from keyserver.core.principal import RequestContext
 class Engine:
     keys: KeyService
     objects: KmipObjectService
+    crypto: CryptoService
 
 
 @dataclass(frozen=True, slots=True)

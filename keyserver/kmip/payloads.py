@@ -5,13 +5,15 @@ message decoder builds them like any other.
 
 AddAttribute (KMIP 1.x, §4.13): request = Unique Identifier (optional) + Attribute;
 response = Unique Identifier + Attribute. KMIP 2.0's form is not served (see discovery).
+MACVerify and RNGRetrieve (KMIP 1.2 §4.34, §4.35), without streaming (no correlation
+value, init or final indicator).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kmip.core import enums, exceptions, objects, primitives, utils
+from kmip.core import attributes, enums, exceptions, objects, primitives, utils
 from kmip.core.factories.payloads.request import RequestPayloadFactory
 from kmip.core.factories.payloads.response import ResponsePayloadFactory
 from kmip.core.messages.payloads import base
@@ -144,3 +146,155 @@ def register() -> None:
 
 
 register()
+
+
+# --- MACVerify and RNGRetrieve (KMIP 1.2 §4.34, §4.35) -------------------------------------
+def _read_items(payload: Any, input_buffer: Any, kmip_version: enums.KMIPVersion,
+                fields: tuple[tuple[str, enums.Tags, type], ...]) -> None:
+    """Optional fields in order; each read if its tag comes next."""
+    local = utils.BytearrayStream(input_buffer.read(payload.length))
+    for name, tag, kind in fields:
+        if payload.is_tag_next(tag, local):
+            item = kind(tag=tag) if kind is not attributes.CryptographicParameters else kind()
+            item.read(local, kmip_version=kmip_version)
+            setattr(payload, "_" + name, item)
+        else:
+            setattr(payload, "_" + name, None)
+    payload.is_oversized(local)
+
+
+def _write_items(payload: Any, output_buffer: Any, kmip_version: enums.KMIPVersion, base_cls: Any,
+                 fields: tuple[str, ...]) -> None:
+    local = utils.BytearrayStream()
+    for name in fields:
+        item = getattr(payload, "_" + name)
+        if item is not None:
+            item.write(local, kmip_version=kmip_version)
+    payload.length = local.length()
+    base_cls.write(payload, output_buffer, kmip_version=kmip_version)
+    output_buffer.write(local.buffer)
+
+
+_MAC_VERIFY_REQUEST = (
+    ("unique_identifier", enums.Tags.UNIQUE_IDENTIFIER, primitives.TextString),
+    ("cryptographic_parameters", enums.Tags.CRYPTOGRAPHIC_PARAMETERS, attributes.CryptographicParameters),
+    ("data", enums.Tags.DATA, primitives.ByteString),
+    ("mac_data", enums.Tags.MAC_DATA, primitives.ByteString),
+)
+
+
+class MACVerifyRequestPayload(base.RequestPayload):  # type: ignore[misc]
+    """Unique Identifier, Cryptographic Parameters, Data, MAC Data (no streaming)."""
+
+    def __init__(self, unique_identifier: str | None = None, cryptographic_parameters: Any = None,
+                 data: bytes | None = None, mac_data: bytes | None = None) -> None:
+        super().__init__()
+        self._unique_identifier = (primitives.TextString(unique_identifier, tag=enums.Tags.UNIQUE_IDENTIFIER)
+                                   if unique_identifier is not None else None)
+        self._cryptographic_parameters = cryptographic_parameters
+        self._data = primitives.ByteString(data, tag=enums.Tags.DATA) if data is not None else None
+        self._mac_data = primitives.ByteString(mac_data, tag=enums.Tags.MAC_DATA) if mac_data is not None else None
+
+    @property
+    def unique_identifier(self) -> str | None:
+        return str(self._unique_identifier.value) if self._unique_identifier is not None else None
+
+    @property
+    def cryptographic_parameters(self) -> Any:
+        return self._cryptographic_parameters
+
+    @property
+    def data(self) -> bytes | None:
+        return bytes(self._data.value) if self._data is not None else None
+
+    @property
+    def mac_data(self) -> bytes | None:
+        return bytes(self._mac_data.value) if self._mac_data is not None else None
+
+    def read(self, input_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        super().read(input_buffer, kmip_version=kmip_version)
+        _read_items(self, input_buffer, kmip_version, _MAC_VERIFY_REQUEST)
+
+    def write(self, output_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        _write_items(self, output_buffer, kmip_version, base.RequestPayload,
+                     tuple(name for name, _, _ in _MAC_VERIFY_REQUEST))
+
+
+class MACVerifyResponsePayload(base.ResponsePayload):  # type: ignore[misc]
+    """Unique Identifier, Validity Indicator."""
+
+    def __init__(self, unique_identifier: str | None = None, valid: bool | None = None) -> None:
+        super().__init__()
+        self._unique_identifier = (primitives.TextString(unique_identifier, tag=enums.Tags.UNIQUE_IDENTIFIER)
+                                   if unique_identifier is not None else None)
+        self._validity_indicator = (primitives.Enumeration(
+            enums.ValidityIndicator, enums.ValidityIndicator.VALID if valid else enums.ValidityIndicator.INVALID,
+            tag=enums.Tags.VALIDITY_INDICATOR) if valid is not None else None)
+
+    @property
+    def valid(self) -> bool | None:
+        if self._validity_indicator is None:
+            return None
+        return bool(self._validity_indicator.value == enums.ValidityIndicator.VALID)
+
+    def read(self, input_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        super().read(input_buffer, kmip_version=kmip_version)
+        local = utils.BytearrayStream(input_buffer.read(self.length))
+        self._unique_identifier = primitives.TextString(tag=enums.Tags.UNIQUE_IDENTIFIER)
+        self._unique_identifier.read(local, kmip_version=kmip_version)
+        self._validity_indicator = primitives.Enumeration(enums.ValidityIndicator, tag=enums.Tags.VALIDITY_INDICATOR)
+        self._validity_indicator.read(local, kmip_version=kmip_version)
+        self.is_oversized(local)
+
+    def write(self, output_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        _write_items(self, output_buffer, kmip_version, base.ResponsePayload,
+                     ("unique_identifier", "validity_indicator"))
+
+
+class RNGRetrieveRequestPayload(base.RequestPayload):  # type: ignore[misc]
+    """Data Length."""
+
+    def __init__(self, data_length: int | None = None) -> None:
+        super().__init__()
+        self._data_length = (primitives.Integer(data_length, tag=enums.Tags.DATA_LENGTH)
+                             if data_length is not None else None)
+
+    @property
+    def data_length(self) -> int | None:
+        return int(self._data_length.value) if self._data_length is not None else None
+
+    def read(self, input_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        super().read(input_buffer, kmip_version=kmip_version)
+        _read_items(self, input_buffer, kmip_version, (("data_length", enums.Tags.DATA_LENGTH, primitives.Integer),))
+
+    def write(self, output_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        _write_items(self, output_buffer, kmip_version, base.RequestPayload, ("data_length",))
+
+
+class RNGRetrieveResponsePayload(base.ResponsePayload):  # type: ignore[misc]
+    """Data."""
+
+    def __init__(self, data: bytes | None = None) -> None:
+        super().__init__()
+        self._data = primitives.ByteString(data, tag=enums.Tags.DATA) if data is not None else None
+
+    @property
+    def data(self) -> bytes | None:
+        return bytes(self._data.value) if self._data is not None else None
+
+    def read(self, input_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        super().read(input_buffer, kmip_version=kmip_version)
+        _read_items(self, input_buffer, kmip_version, (("data", enums.Tags.DATA, primitives.ByteString),))
+
+    def write(self, output_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        _write_items(self, output_buffer, kmip_version, base.ResponsePayload, ("data",))
+
+
+def _register_services() -> None:
+    RequestPayloadFactory._create_mac_verify_payload = lambda self: MACVerifyRequestPayload()
+    ResponsePayloadFactory._create_mac_verify_payload = lambda self: MACVerifyResponsePayload()
+    RequestPayloadFactory._create_rng_retrieve_payload = lambda self: RNGRetrieveRequestPayload()
+    ResponsePayloadFactory._create_rng_retrieve_payload = lambda self: RNGRetrieveResponsePayload()
+
+
+_register_services()

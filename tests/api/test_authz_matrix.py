@@ -39,6 +39,36 @@ def fresh_key(_: Services, admin: httpx.Client, __: Actor, **extra: Any) -> dict
     return {"key": r.json()["name"]}
 
 
+def ciphertext(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    from keyserver.core.principal import system_context
+
+    key = fresh_key(s, admin, a)["key"]
+    out = s.crypto.encrypt(system_context("tests"), s.kmip_objects.uid_of(key), b"authz")
+    return {"key": key, "ct": base64.b64encode(out.data).decode(), "iv": base64.b64encode(out.iv).decode(),
+            "tag": base64.b64encode(out.tag).decode()}
+
+
+def key_pair(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    from keyserver.core.principal import system_context
+
+    ctx = system_context("tests")
+    pair = s.kmip_objects.create_key_pair(ctx, bits=2048, private_name=None, public_name=None,
+                                          activation_date=None)
+    for uid in (pair.private.id, pair.public.id):
+        s.kmip_objects.transition(ctx, str(uid), operation="activate")
+    signature = s.crypto.sign(ctx, str(pair.private.id), b"authz")
+    return {"private": str(pair.private.id), "public": str(pair.public.id),
+            "sig": base64.b64encode(signature).decode()}
+
+
+def hmac_key(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    from keyserver.core.keys import KeySpec
+    from keyserver.core.principal import system_context
+
+    key = s.keys.create(system_context("tests"), KeySpec(name=unique("authz-hmac"), algorithm="HMAC-SHA256"))
+    return {"key": key.name}
+
+
 def pre_active_key(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     return fresh_key(s, admin, a, activate=False)
 
@@ -144,6 +174,16 @@ CASES: dict[str, Case] = {
     "reencryptDataKey": Case("POST", "/api/v1/datakeys/reencrypt",
                              (P.DATAKEYS_DECRYPT, P.DATAKEYS_GENERATE),
                              body={"ciphertext_blob": "{blob}"}, setup=blob),
+    "encryptWithKey": Case("POST", "/api/v1/keys/{key}/encrypt", (P.KEYS_ENCRYPT,), body={"plaintext": "aGk="},
+                           setup=fresh_key),
+    "decryptWithKey": Case("POST", "/api/v1/keys/{key}/decrypt", (P.KEYS_DECRYPT,), setup=ciphertext,
+                           body={"ciphertext": "{ct}", "iv": "{iv}", "tag": "{tag}"}),
+    "signWithKey": Case("POST", "/api/v1/keys/{private}/sign", (P.KEYS_ENCRYPT,), body={"data": "aGk="},
+                        setup=key_pair),
+    "verifyWithKey": Case("POST", "/api/v1/keys/{public}/verify", (P.KEYS_VERIFY,), setup=key_pair,
+                          body={"data": "YXV0aHo=", "signature": "{sig}"}),
+    "macWithKey": Case("POST", "/api/v1/keys/{key}/mac", (P.KEYS_ENCRYPT,), body={"data": "aGk="}, setup=hmac_key),
+    "getRandom": Case("GET", "/api/v1/random?bytes=16", (P.KEYS_READ,)),
     "listAuditEvents": Case("GET", "/api/v1/audit/events", (P.AUDIT_READ,)),
     "getAuditEvent": Case("GET", "/api/v1/audit/events/{seq}", (P.AUDIT_READ,), setup=audit_seq),
     "exportAudit": Case("GET", "/api/v1/audit/export?since=2999-01-01T00:00:00Z", (P.AUDIT_READ,)),

@@ -120,3 +120,8 @@ def test_key_pairs_generated_in_the_token_sign_and_decrypt(hsm_backend: Pkcs11Ba
         hsm_backend.private_key_decrypt(key, b"x" * 256, hash="SHA-256")
     with pytest.raises(HsmIntegrityError):
         hsm_backend.private_key_decrypt(key, os.urandom(256), hash="SHA-1")
+
+
+def test_an_hmac_key_is_exported_only_through_unwrap_secret(hsm_backend: Pkcs11Backend, kek: str) -> None:
+    key = os.urandom(48)
+    assert hsm_backend.unwrap_secret(hsm_backend.import_secret(key, kek_id=kek)) == key

@@ -151,7 +151,9 @@ def test_query_and_discover_versions(kmip: Any) -> None:
                                                enums.QueryFunction.QUERY_OBJECTS])
     ops = {enums.Operation(o.value) for o in result.operations}
     assert {enums.Operation.CREATE, enums.Operation.GET, enums.Operation.REKEY, enums.Operation.LOCATE} <= ops
-    assert enums.Operation.ENCRYPT not in ops
+    assert {enums.Operation.ENCRYPT, enums.Operation.SIGN, enums.Operation.MAC_VERIFY,
+            enums.Operation.RNG_RETRIEVE} <= ops
+    assert enums.Operation.DERIVE_KEY not in ops
     versions = kmip.proxy.discover_versions().protocol_versions
     assert [(v.major, v.minor) for v in versions][:2] == [(1, 4), (1, 3)]
 

@@ -3,6 +3,7 @@ defaults (or the codec where it has no call) against the real listener, token an
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -62,7 +63,7 @@ def last_seq(services: Services) -> int:
 def test_one_name_rule_for_every_object_type_and_default_names_register_twice(kmip: Any) -> None:
     """PyKMIP's client names what it registers "Symmetric Key", "Secret Data", ...: two
     unnamed registrations of each work, and a name with spaces is a name everywhere."""
-    uids = [kmip.register(pie.SymmetricKey(enums.CryptographicAlgorithm.AES, 256, bytes(range(32))))
+    uids = [kmip.register(pie.SymmetricKey(enums.CryptographicAlgorithm.AES, 256, os.urandom(32)))
             for _ in range(2)]
     uids += [kmip.register(pie.SecretData(b"hunter2", enums.SecretDataType.PASSWORD)) for _ in range(2)]
     assert len(set(uids)) == 4
@@ -226,7 +227,8 @@ def test_a_clients_usage_mask_is_kept_narrowed_to_what_the_kind_can_do(kmip: Any
     def mask(uid: str) -> int:
         return int(attrs_of(kmip, uid)["Cryptographic Usage Mask"][0].value)  # one Integer: the bits
 
-    narrowed = kmip.register(pie.SymmetricKey(enums.CryptographicAlgorithm.AES, 256, bytes(32), masks=[M.ENCRYPT]))
+    narrowed = kmip.register(pie.SymmetricKey(enums.CryptographicAlgorithm.AES, 256, os.urandom(32),
+                                              masks=[M.ENCRYPT]))
     assert mask(narrowed) == M.ENCRYPT.value
     # Sign makes no sense for AES: dropped; Wrap Key kept (the client adds Encrypt|Decrypt itself)
     mixed = kmip.create(enums.CryptographicAlgorithm.AES, 256, cryptographic_usage_mask=[M.SIGN, M.WRAP_KEY])

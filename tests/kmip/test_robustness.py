@@ -28,7 +28,8 @@ def tight(services: Services) -> Iterator[KmipListener]:
     """A second listener in this process (same services and token) with small limits."""
     listener = KmipListener(
         ca=services.ca, clients=services.kmip_clients,
-        dispatcher=Dispatcher(Engine(keys=services.keys, objects=services.kmip_objects)),
+        dispatcher=Dispatcher(Engine(keys=services.keys, objects=services.kmip_objects,
+                                     crypto=services.crypto)),
         host="127.0.0.1", port=0,
         limits=ListenerLimits(max_connections=3, max_message_bytes=4096, idle_timeout=0.5))
     listener.start()
@@ -55,7 +56,7 @@ def test_unknown_operation_is_not_supported(officer_files: ClientFiles, tight: K
     with connect(officer_files, tight.port) as conn:
         data[i:i + 4] = struct.pack("!I", 0x7FFF)  # no such operation
         assert _reason(roundtrip(conn, bytes(data))) == enums.ResultReason.OPERATION_NOT_SUPPORTED
-        data[i:i + 4] = struct.pack("!I", enums.Operation.ENCRYPT.value)  # known, not ours
+        data[i:i + 4] = struct.pack("!I", enums.Operation.DERIVE_KEY.value)  # known, not ours
         r = roundtrip(conn, bytes(data))
         assert _reason(r) == enums.ResultReason.OPERATION_NOT_SUPPORTED
         # and the connection is still good
@@ -207,7 +208,8 @@ def test_fuzz_then_still_answers(officer_files: ClientFiles, kmip_listener: Kmip
 def test_stop_closes_open_connections_at_once(officer_files: ClientFiles, services: Services) -> None:
     listener = KmipListener(
         ca=services.ca, clients=services.kmip_clients,
-        dispatcher=Dispatcher(Engine(keys=services.keys, objects=services.kmip_objects)),
+        dispatcher=Dispatcher(Engine(keys=services.keys, objects=services.kmip_objects,
+                                     crypto=services.crypto)),
         host="127.0.0.1", port=0, limits=ListenerLimits(idle_timeout=60))
     listener.start()
     conns = [connect(officer_files, listener.port) for _ in range(3)]

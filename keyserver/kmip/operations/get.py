@@ -16,6 +16,7 @@ from hsm import RSA_OAEP_SHA1
 from hsm.backend import AES_KWP
 from keyserver.core.kmip_objects import CERTIFICATE, OPAQUE, PRIVATE_KEY, VersionObject
 from keyserver.core.states import DESTROYED_STATES, KeyState
+from keyserver.kmip import attributes
 from keyserver.kmip.context import Call, request_uid
 from keyserver.kmip.errors import KmipFailure
 from keyserver.store.models import KmipPublicKey, KmipSealedObject
@@ -144,7 +145,7 @@ def handle(call: Call, payload: Any) -> Any:
                          rsa_mechanism=call.engine.objects.rsa_wrap_mechanism)
     exported = call.engine.objects.export(call.ctx, found, wrap_under=wrap_under)
     secret = _secrets.create(enums.ObjectType.SYMMETRIC_KEY, {
-        "cryptographic_algorithm": enums.CryptographicAlgorithm.AES,
+        "cryptographic_algorithm": attributes.KEY_ALGORITHMS[exported.obj.key.algorithm],
         "cryptographic_length": exported.obj.key.length_bits,
         "key_format_type": enums.KeyFormatType.RAW, "key_value": exported.material})
     if exported.wrapping_mechanism is not None:

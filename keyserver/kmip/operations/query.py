@@ -22,7 +22,7 @@ def handle(call: Call, payload: Any) -> Any:
         operations = sorted(REGISTRY, key=lambda op: op.value)
     if enums.QueryFunction.QUERY_OBJECTS in functions:
         objects = [enums.ObjectType.SYMMETRIC_KEY, enums.ObjectType.PUBLIC_KEY, enums.ObjectType.PRIVATE_KEY,
-                   enums.ObjectType.SECRET_DATA, enums.ObjectType.CERTIFICATE]
+                   enums.ObjectType.SECRET_DATA, enums.ObjectType.CERTIFICATE, enums.ObjectType.OPAQUE_DATA]
     if enums.QueryFunction.QUERY_SERVER_INFORMATION in functions:
         vendor = VENDOR
     return payloads.QueryResponsePayload(operations=operations, object_types=objects,

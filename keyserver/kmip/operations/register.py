@@ -70,16 +70,19 @@ def handle(call: Call, payload: Any) -> Any:
         return _secret_data(call, obj, material, name, values, client)
     if fmt != enums.KeyFormatType.RAW:
         raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "symmetric keys are registered in Raw format")
-    algorithm = _enum(block.cryptographic_algorithm) if block.cryptographic_algorithm is not None else None
-    if algorithm not in (None, enums.CryptographicAlgorithm.AES):
-        raise KmipFailure(R.INVALID_FIELD, "only AES keys can be registered")
-    if len(material) not in (16, 24, 32):
+    kmip_algorithm = _enum(block.cryptographic_algorithm) if block.cryptographic_algorithm is not None else None
+    algorithm = attributes.ALGORITHM_OF_KMIP.get(kmip_algorithm or enums.CryptographicAlgorithm.AES)
+    if algorithm is None:
+        raise KmipFailure(R.INVALID_FIELD, "AES and HMAC-SHA256/384/512 keys can be registered; legacy ciphers "
+                                           "(3DES, RC4, ...) are refused")
+    if algorithm == "AES" and len(material) not in (16, 24, 32):
         raise KmipFailure(R.INVALID_FIELD, "AES keys are 16, 24 or 32 bytes long")
+    client = attributes.template_client_attributes(payload.template_attribute, "symmetric-key", algorithm)
     activate, activation_date = activation_of(values)
     key = call.engine.keys.create(call.ctx, KeySpec(
         name=name or f"kmip-{uuid.uuid4().hex[:16]}", description="registered over KMIP",
         owner=call.ctx.principal.name, activate=activate, activation_date=activation_date,
-        length_bits=len(material) * 8, material=material, unique_name=False,
+        length_bits=len(material) * 8, material=material, unique_name=False, algorithm=algorithm,
         kmip_attributes=client))
     return payloads.RegisterResponsePayload(unique_identifier=str(key.versions[-1].id))
 

@@ -1,0 +1,81 @@
+"""KMIP's cryptographic services beyond the conformance profiles' cases: RSA-OAEP between
+the halves of a pair, refusals a client can act on, and the audit record of each use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kmip.core import enums
+from kmip.pie.exceptions import KmipOperationFailure
+from sqlalchemy import select
+
+from keyserver.kmip.listener import KmipListener
+from keyserver.services import Services
+from keyserver.store.models import AuditEvent
+from tests.kmip.conftest import ClientFiles, make_client
+
+OAEP = {"padding_method": enums.PaddingMethod.OAEP, "hashing_algorithm": enums.HashingAlgorithm.SHA_1,
+        "cryptographic_algorithm": enums.CryptographicAlgorithm.RSA}
+
+
+def reason(call: Callable[[], Any]) -> Any:
+    with pytest.raises(KmipOperationFailure) as e:
+        call()
+    return e.value.reason
+
+
+def test_rsa_oaep_between_the_halves_of_a_pair(kmip: Any) -> None:
+    M = enums.CryptographicUsageMask
+    public, private = kmip.create_key_pair(enums.CryptographicAlgorithm.RSA, 2048,
+                                           public_usage_mask=[M.ENCRYPT], private_usage_mask=[M.DECRYPT])
+    kmip.activate(public)
+    kmip.activate(private)
+    ciphertext, _ = kmip.encrypt(b"wrapped secret", uid=public, cryptographic_parameters=OAEP)
+    assert len(ciphertext) == 256
+    assert kmip.decrypt(ciphertext, uid=private, cryptographic_parameters=OAEP) == b"wrapped secret"
+    # the private half was made for decryption only: it does not sign
+    assert reason(lambda: kmip.sign(b"x", uid=private)) == enums.ResultReason.ILLEGAL_OPERATION
+    # PKCS#1 v1.5 encryption is refused by name (Bleichenbacher), not silently replaced
+    v15 = {**OAEP, "padding_method": enums.PaddingMethod.PKCS1v15}
+    assert reason(lambda: kmip.encrypt(b"x", uid=public, cryptographic_parameters=v15)) == \
+        enums.ResultReason.FEATURE_NOT_SUPPORTED
+
+
+def test_legacy_ciphers_and_modes_are_refused_with_their_reason(kmip: Any) -> None:
+    uid = kmip.create(enums.CryptographicAlgorithm.AES, 256)
+    kmip.activate(uid)
+    for params, says in (({"cryptographic_algorithm": enums.CryptographicAlgorithm.TRIPLE_DES}, "legacy"),
+                         ({"block_cipher_mode": enums.BlockCipherMode.ECB}, "use GCM or CBC")):
+        with pytest.raises(KmipOperationFailure) as e:
+            kmip.encrypt(b"x" * 16, uid=uid, cryptographic_parameters=params)
+        assert e.value.reason == enums.ResultReason.FEATURE_NOT_SUPPORTED and says in e.value.message
+    assert reason(lambda: kmip.create(enums.CryptographicAlgorithm.TRIPLE_DES, 168)) == \
+        enums.ResultReason.INVALID_FIELD
+
+
+def test_every_use_is_audited_with_the_key_version_and_refusals_too(
+        kmip: Any, services: Services, kmip_files: Callable[[str], ClientFiles], kmip_listener: KmipListener) -> None:
+    uid = kmip.create(enums.CryptographicAlgorithm.AES, 256)
+    kmip.activate(uid)
+    ciphertext, iv = kmip.encrypt(b"payload", uid=uid)
+    assert kmip.decrypt(ciphertext, uid=uid, iv_counter_nonce=iv) == b"payload"
+    auditor = make_client(kmip_files("auditor"), kmip_listener.port)
+    auditor.open()
+    try:
+        assert reason(lambda: auditor.encrypt(b"x", uid=uid)) == enums.ResultReason.PERMISSION_DENIED
+    finally:
+        auditor.close()
+    key_id = {a.attribute_name.value: a.attribute_value.value for a in kmip.get_attributes(uid)[1]
+              if a.attribute_name.value == "x-strongroom-key-id"}["x-strongroom-key-id"]
+    services.audit.flush()
+    with services.db() as s:
+        rows = list(s.execute(select(AuditEvent).where(AuditEvent.action.in_(("key.encrypt", "key.decrypt")),
+                                                       AuditEvent.object_id == key_id)
+                              .order_by(AuditEvent.seq)).scalars())
+    # one identity (the managed key) for the uses and the refusal alike
+    assert [(e.action, e.outcome, (e.details or {}).get("version")) for e in rows] == [
+        ("key.encrypt", "allowed", 1), ("key.decrypt", "allowed", 1), ("key.encrypt", "denied", None)]
+    assert rows[0].details["kmip_uid"] == uid and rows[0].details["mechanism"] == "AES-GCM"
+    assert rows[2].details == {"missing_permission": "keys:encrypt"}
