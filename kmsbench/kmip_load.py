@@ -1,5 +1,8 @@
-"""`kms-bench kmip`: KMIP Create and Get per second, Strongroom vs PyKMIP's
-bundled server, same machine, same run, same client.
+"""`kms-bench kmip`: KMIP operations per second, Strongroom vs PyKMIP's bundled server,
+same machine, same run, same client: Get, Create, a client's key lifecycle (Create →
+Activate → Get → Revoke → Destroy, each waiting for the previous answer), Encrypt
+(AES-CBC with PKCS#5 padding, 4 KiB: a mode both servers serve) and Sign (RSA-2048 PSS
+with SHA-256 over 1 KiB).
 
 * Strongroom: `keyserver serve` (one process) on a scratch PostgreSQL database with its
   own SoftHSM2 token; the client identity is issued by its CA.
@@ -89,8 +92,15 @@ def _exchange(conn: ssl.SSLSocket, msg: bytes) -> bytes:
     return buf
 
 
+OPS = ("get", "create", "lifecycle", "encrypt", "sign")
+# Issue 14's targets: (operation, connections, minimum ratio to PyKMIP's server).
+TARGETS = (("lifecycle", 8, 3.0), ("get", 50, 2.0))
+ENCRYPT_BYTES, SIGN_BYTES = 4096, 1024
+
+
 def _request(operation: str, uid: str | None) -> bytes:
     from kmip.core import enums
+    from kmip.core.attributes import CryptographicParameters, UniqueIdentifier
     from kmip.core.factories.attributes import AttributeFactory
     from kmip.core.messages import contents, messages, payloads
     from kmip.core.objects import TemplateAttribute
@@ -107,9 +117,38 @@ def _request(operation: str, uid: str | None) -> bytes:
                 f.create_attribute(enums.AttributeType.CRYPTOGRAPHIC_USAGE_MASK,
                                    [enums.CryptographicUsageMask.ENCRYPT, enums.CryptographicUsageMask.DECRYPT])]))
     elif operation == "activate":
-        from kmip.core.attributes import UniqueIdentifier
-
         op, payload = enums.Operation.ACTIVATE, payloads.ActivateRequestPayload(UniqueIdentifier(uid))
+    elif operation == "revoke":
+        from kmip.core.objects import RevocationReason
+
+        op, payload = enums.Operation.REVOKE, payloads.RevokeRequestPayload(
+            unique_identifier=UniqueIdentifier(uid),
+            revocation_reason=RevocationReason(code=enums.RevocationReasonCode.CESSATION_OF_OPERATION))
+    elif operation == "destroy":
+        op, payload = enums.Operation.DESTROY, payloads.DestroyRequestPayload(unique_identifier=UniqueIdentifier(uid))
+    elif operation == "encrypt":
+        op, payload = enums.Operation.ENCRYPT, payloads.EncryptRequestPayload(
+            unique_identifier=uid, data=bytes(ENCRYPT_BYTES), cryptographic_parameters=CryptographicParameters(
+                block_cipher_mode=enums.BlockCipherMode.CBC, padding_method=enums.PaddingMethod.PKCS5,
+                cryptographic_algorithm=enums.CryptographicAlgorithm.AES))
+    elif operation == "sign":
+        op, payload = enums.Operation.SIGN, payloads.SignRequestPayload(
+            unique_identifier=uid, data=bytes(SIGN_BYTES), cryptographic_parameters=CryptographicParameters(
+                padding_method=enums.PaddingMethod.PSS, hashing_algorithm=enums.HashingAlgorithm.SHA_256,
+                cryptographic_algorithm=enums.CryptographicAlgorithm.RSA))
+    elif operation == "create_key_pair":
+        masks = enums.AttributeType.CRYPTOGRAPHIC_USAGE_MASK
+        op, payload = enums.Operation.CREATE_KEY_PAIR, payloads.CreateKeyPairRequestPayload(
+            common_template_attribute=TemplateAttribute(attributes=[
+                f.create_attribute(enums.AttributeType.CRYPTOGRAPHIC_ALGORITHM, enums.CryptographicAlgorithm.RSA),
+                f.create_attribute(enums.AttributeType.CRYPTOGRAPHIC_LENGTH, 2048)],
+                tag=enums.Tags.COMMON_TEMPLATE_ATTRIBUTE),
+            private_key_template_attribute=TemplateAttribute(attributes=[
+                f.create_attribute(masks, [enums.CryptographicUsageMask.SIGN])],
+                tag=enums.Tags.PRIVATE_KEY_TEMPLATE_ATTRIBUTE),
+            public_key_template_attribute=TemplateAttribute(attributes=[
+                f.create_attribute(masks, [enums.CryptographicUsageMask.VERIFY])],
+                tag=enums.Tags.PUBLIC_KEY_TEMPLATE_ATTRIBUTE))
     else:
         op, payload = enums.Operation.GET, payloads.GetRequestPayload(unique_identifier=uid)
     header = messages.RequestHeader(protocol_version=contents.ProtocolVersion(1, 2),
@@ -125,23 +164,71 @@ def _ok(response: bytes) -> bool:
     return bytes.fromhex("42007f050000000400000000") in response
 
 
-def _load(files: dict[str, str], port: int, msg: bytes, connections: int, seconds: float) -> tuple[int, int]:
+def _uid_fast(response: bytes) -> str:
+    """The first Unique Identifier (Text String) of a response, without decoding it all."""
+    i = response.index(bytes.fromhex("42009407")) + 4
+    n = struct.unpack("!I", response[i:i + 4])[0]
+    return response[i + 4:i + 4 + n].decode()
+
+
+def _refusal(response: bytes) -> str:
+    """What a failed response says (result reason and message), for the report."""
+    from kmip.core.messages import messages
+    from kmip.core.utils import BytearrayStream
+
+    try:
+        r = messages.ResponseMessage()
+        r.read(BytearrayStream(response))
+        item = r.batch_items[0]
+        reason = item.result_reason.value.name if item.result_reason else "?"
+        return f"{reason}: {item.result_message.value if item.result_message else ''}"[:160]
+    except Exception:  # the report says it could not tell
+        return "an undecodable response"
+
+
+def _lifecycle(conn: ssl.SSLSocket) -> bytes | None:
+    """One key's life as a client drives it; None when done, else the failing response."""
+    r = _exchange(conn, _request("create", None))
+    if not _ok(r):
+        return r
+    uid = _uid_fast(r)
+    for op in ("activate", "get", "revoke", "destroy"):
+        r = _exchange(conn, _request(op, uid))
+        if not _ok(r):
+            return r
+    return None
+
+
+def _load(files: dict[str, str], port: int, msg: bytes | None, connections: int,
+          seconds: float) -> tuple[int, int, str | None]:
+    """(successes, failures, the first failure's reason) of `connections` clients sending
+    `msg` back to back (None: a key lifecycle each turn) for `seconds`."""
     ctx = _context(files)
     counts = [0] * connections
     errors = [0] * connections
+    first_error: list[str] = []
     start = threading.Barrier(connections + 1)
     stop_at = [0.0]
+
+    def once(conn: ssl.SSLSocket) -> bytes | None:
+        if msg is None:
+            return _lifecycle(conn)
+        r = _exchange(conn, msg)
+        return None if _ok(r) else r
 
     def worker(i: int) -> None:
         conn = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30),
                                server_hostname="localhost")
-        _exchange(conn, msg)  # warm the connection before the clock starts
+        once(conn)  # warm the connection before the clock starts
         start.wait()
         while time.monotonic() < stop_at[0]:
-            if _ok(_exchange(conn, msg)):
+            failed = once(conn)
+            if failed is None:
                 counts[i] += 1
             else:
                 errors[i] += 1
+                if not first_error:
+                    first_error.append(_refusal(failed))
         conn.close()
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(connections)]
@@ -152,15 +239,23 @@ def _load(files: dict[str, str], port: int, msg: bytes, connections: int, second
     stop_at[0] = time.monotonic() + seconds
     for t in threads:
         t.join(seconds + 60)
-    return sum(counts), sum(errors)
+    return sum(counts), sum(errors), first_error[0] if first_error else None
 
 
-def _load_in_process(files: dict[str, str], port: int, msg: bytes, connections: int, seconds: float) -> float:
+def _load_in_process(files: dict[str, str], port: int, msg: bytes | None, connections: int,
+                     seconds: float) -> tuple[float, str | None]:
+    """(successes per second, the refusal when nothing succeeded). A hung server cannot
+    hang the run: the round is given up after its time plus a minute."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        ok, errors = pool.apply(_load, (files, port, msg, connections, seconds))
+        job = pool.apply_async(_load, (files, port, msg, connections, seconds))
+        try:
+            ok, errors, reason = job.get(timeout=seconds + 120)
+        except multiprocessing.TimeoutError:
+            console.print("[red]the round did not finish: the server stopped answering[/red]")
+            return 0.0, "no answer (the server hung)"
     if errors:
-        console.print(f"[yellow]{errors} failed requests[/yellow]")
-    return ok / seconds
+        console.print(f"[yellow]{errors} failed requests ({reason})[/yellow]")
+    return ok / seconds, (reason if ok == 0 else None)
 
 
 def _uid_of(response: bytes) -> str:
@@ -189,8 +284,20 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) ->
 
 
 # --- the run ---------------------------------------------------------------------------
+def _private_uid(response: bytes) -> str | None:
+    from kmip.core.messages import messages
+    from kmip.core.utils import BytearrayStream
+
+    r = messages.ResponseMessage()
+    r.read(BytearrayStream(response))
+    item = r.batch_items[0]
+    if item.result_status.value.value != 0:
+        return None  # the Sign round reports the server's refusal
+    return str(item.response_payload.private_key_unique_identifier)
+
+
 def run(*, postgres: str, connections: list[int], duration: float, output: Path | None,
-        json_out: Path | None, repeats: int = 3) -> dict[str, Any]:
+        json_out: Path | None, repeats: int = 3, ops: tuple[str, ...] = OPS) -> dict[str, Any]:
     from keyserver.core.principal import system_context
     from keyserver.services import build_services
     from keyserver.settings import Settings
@@ -215,7 +322,7 @@ def run(*, postgres: str, connections: list[int], duration: float, output: Path 
            "STRONGROOM_DATABASE_POOL_SIZE": "64", "STRONGROOM_HSM_POOL_SIZE": "16"}
     procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, Any] = {"machine": machine(), "when": datetime.now(UTC).isoformat(timespec="seconds"),
-                               "duration_s": duration, "repeats": repeats, "servers": {},
+                               "duration_s": duration, "repeats": repeats, "servers": {}, "ops": list(ops),
                                "load_before": os.getloadavg()[0]}
     try:
         os.environ.update({k: v for k, v in env.items() if k.startswith("STRONGROOM_")})
@@ -248,27 +355,36 @@ def run(*, postgres: str, connections: list[int], duration: float, output: Path 
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(theirs)
         servers = (("strongroom", kmip_port, ours), ("pykmip", pykmip_port, theirs))
-        uids: dict[str, str] = {}
+        uids: dict[str, dict[str, str]] = {}
         for name, port, proc in servers:
             _wait_port(port, proc)
             ctx = _context(files)
             with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30),
                                  server_hostname="localhost") as tls:
-                uids[name] = _uid_of(_exchange(tls, _request("create", None)))
-                _exchange(tls, _request("activate", uids[name]))
+                aes = _uid_of(_exchange(tls, _request("create", None)))
+                _exchange(tls, _request("activate", aes))
+                private = _private_uid(_exchange(tls, _request("create_key_pair", None)))
+                if private is not None:
+                    _exchange(tls, _request("activate", private))
+                uids[name] = {"get": aes, "encrypt": aes, "sign": private or aes, "create": aes}
         # Interleaved (each figure of both servers, then the next round), so that the
         # machine's other load falls on both alike; medians and ranges are reported.
         runs: dict[str, dict[str, dict[str, list[float]]]] = {}
+        refused: dict[str, dict[str, str]] = {}
         for round_no in range(repeats):
-            for op in ("get", "create"):
+            for op in ops:
                 for n in connections:
                     for name, port, _ in servers:
                         console.print(f"round {round_no + 1}/{repeats}: {name} {op} on {n} connection(s)…")
-                        rate = _load_in_process(files, port, _request(op, uids[name]), n, duration)
+                        msg = None if op == "lifecycle" else _request(op, uids[name][op])
+                        rate, reason = _load_in_process(files, port, msg, n, duration)
                         runs.setdefault(name, {}).setdefault(op, {}).setdefault(str(n), []).append(round(rate, 1))
-        for name, ops in runs.items():
+                        if reason is not None:
+                            refused.setdefault(name, {})[op] = reason
+        results["refused"] = refused
+        for name, measured in runs.items():
             results["servers"][name] = {op: {n: statistics.median(v) for n, v in per_n.items()}
-                                        for op, per_n in ops.items()}
+                                        for op, per_n in measured.items()}
         results["runs"] = runs
     finally:
         for p in procs:
@@ -324,19 +440,34 @@ def render(r: dict[str, Any], connections: list[int]) -> str:
     s, p = r["servers"].get("strongroom", {}), r["servers"].get("pykmip", {})
     runs = r.get("runs", {})
 
+    refused = r.get("refused", {})
+
     def cell(name: str, op: str, n: int) -> str:
         median = r["servers"].get(name, {}).get(op, {}).get(str(n))
+        if not median and op in refused.get(name, {}):
+            return f"refused ({refused[name][op]})"
         if median is None:
             return "-"
         values = runs.get(name, {}).get(op, {}).get(str(n), [])
         return f"{median:.0f} ({min(values):.0f}-{max(values):.0f})" if len(values) > 1 else f"{median:.0f}"
 
-    for op in ("get", "create"):
+    labels = {"get": "Get", "create": "Create", "lifecycle": "Lifecycle (Create→Activate→Get→Revoke→Destroy)",
+              "encrypt": f"Encrypt (AES-CBC-PKCS5, {ENCRYPT_BYTES} B)", "sign": f"Sign (RSA-2048 PSS, {SIGN_BYTES} B)"}
+    for op in r.get("ops", ["get", "create"]):
         for n in connections:
             ours, theirs = s.get(op, {}).get(str(n)), p.get(op, {}).get(str(n))
             ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
-            lines.append(f"| {op.capitalize()} | {n} | {cell('strongroom', op, n)} | {cell('pykmip', op, n)} | "
+            lines.append(f"| {labels.get(op, op)} | {n} | {cell('strongroom', op, n)} | {cell('pykmip', op, n)} | "
                          f"{ratio} |")
+    targets = [(op, n, want) for op, n, want in TARGETS if op in r.get("ops", []) and n in connections]
+    if targets:
+        lines += ["", "| target | measured | met |", "|---|--:|:-:|"]
+        for op, n, want in targets:
+            ours, theirs = s.get(op, {}).get(str(n)), p.get(op, {}).get(str(n))
+            got = ours / theirs if ours and theirs else None
+            lines.append(f"| {labels.get(op, op)} at {n} connections ≥ {want:g}x PyKMIP | "
+                         f"{f'{got:.2f}x' if got is not None else '-'} | "
+                         f"{'yes' if got is not None and got >= want else 'no'} |")
     ceiling = r.get("hsm_unwrap")
     if ceiling:
         pykmip_get = max((float(v) for v in p.get("get", {}).values()), default=0.0)
@@ -375,16 +506,22 @@ app = typer.Typer(add_completion=False)
 def bench_kmip(
     postgres: Annotated[str, typer.Option(help="PostgreSQL server URL (a scratch database is created)")] =
         "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
-    connections: Annotated[str, typer.Option(help="comma-separated concurrent connection counts")] = "1,50",
+    connections: Annotated[str, typer.Option(help="comma-separated concurrent connection counts")] = "1,8,50",
+    ops: Annotated[str, typer.Option(help=f"comma-separated rounds among {','.join(OPS)}")] = ",".join(OPS),
     duration: Annotated[float, typer.Option(min=1, help="seconds per measurement")] = 5,
     repeats: Annotated[int, typer.Option(min=1, help="interleaved rounds per figure (median and spread)")] = 3,
     output: Annotated[Path | None, typer.Option(help="Markdown file whose KMIP section is rewritten")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="raw results as JSON")] = None,
 ) -> None:
-    """KMIP Create/Get per second, Strongroom vs PyKMIP's bundled server, in one run."""
+    """KMIP operations per second, Strongroom vs PyKMIP's bundled server, in one run."""
+    chosen = tuple(o.strip() for o in ops.split(",") if o.strip())
+    unknown = set(chosen) - set(OPS)
+    if unknown or not chosen:
+        console.print(f"[red]unknown rounds {sorted(unknown)}[/red]: choose among {', '.join(OPS)}")
+        raise typer.Exit(Exit.USAGE)
     _check_connection_slots(postgres, max(int(c) for c in connections.split(",")))
     run(postgres=postgres, connections=[int(c) for c in connections.split(",")], duration=duration,
-        output=output, json_out=json_out, repeats=repeats)
+        output=output, json_out=json_out, repeats=repeats, ops=chosen)
 
 
 def main(argv: list[str] | None = None) -> None:
