@@ -88,7 +88,8 @@ class CryptoService:
     # --- the checks every use passes ---------------------------------------------------
     def _subject(self, ctx: RequestContext, uid: str, use: Use) -> VersionObject | StandaloneObject:
         mask, permission = _NEEDS[use]
-        obj = self._objects.resolve(ctx, uid, action=f"key.{use}", permission=permission)
+        # The cached resolution Get uses: state, material and attributes, dropped on every change
+        obj = self._objects.resolve_for_export(ctx, uid, action=f"key.{use}", permission=permission)
         state = KeyState(obj.version.state if isinstance(obj, VersionObject) else obj.state)
         refusal = None
         if state not in PROCESS_STATES or (use in PROTECT and state is not KeyState.ACTIVE):

@@ -306,20 +306,21 @@ class KmipObjectService:
                                            details=audit_details(found)))
         return found
 
-    def resolve_for_export(self, ctx: RequestContext, uid: str) -> VersionObject | StandaloneObject:
+    def resolve_for_export(self, ctx: RequestContext, uid: str, *, action: str = "kmip.read",
+                           permission: Permission = Permission.KEYS_READ) -> VersionObject | StandaloneObject:
         """`resolve` for Get: state, material and lengths only, from the cache when the
         notification listener guarantees it is current."""
         notifier = self._notifier
         if notifier is None or not notifier.healthy:
-            return self.resolve(ctx, uid)
+            return self.resolve(ctx, uid, action=action, permission=permission)
         hit = self._cache.get(uid)
         if hit is not None and time.monotonic() - hit[1] < self._cache_seconds:
-            self._require(ctx, Permission.KEYS_READ, "kmip.read", hit[0], uid)
+            self._require(ctx, permission, action, hit[0], uid)
             return hit[0]
         started, generation = time.monotonic(), self._generation
         with self._read() as s:
             found = self._find(s, uid)
-        self._require(ctx, Permission.KEYS_READ, "kmip.read", found, uid)
+        self._require(ctx, permission, action, found, uid)
         if found is None:
             raise NotFound(f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
         with self._cache_lock:
