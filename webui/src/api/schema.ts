@@ -556,6 +556,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/keys/{key_ref}/decrypt": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Decrypt with a key that stays in the HSM (Deactivated and Compromised keys still decrypt) */
+        post: operations["decryptWithKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/keys/{key_ref}/destroy": {
         parameters: {
             query?: never;
@@ -573,6 +590,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/keys/{key_ref}/encrypt": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Encrypt with a key that stays in the HSM (AES-GCM by default; RSA-OAEP with a public key) */
+        post: operations["encryptWithKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/keys/{key_ref}/generate-data-key": {
         parameters: {
             query?: never;
@@ -584,6 +618,23 @@ export interface paths {
         put?: never;
         /** Generate Data Key */
         post: operations["generateDataKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/keys/{key_ref}/mac": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Compute (or, given `mac`, verify in constant time) an HMAC with an HMAC key */
+        post: operations["macWithKey"];
         delete?: never;
         options?: never;
         head?: never;
@@ -624,6 +675,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/keys/{key_ref}/sign": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Sign with a private key that stays in the HSM (RSA-PSS by default) */
+        post: operations["signWithKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/keys/{key_ref}/verify": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Verify a signature with a public key or certificate */
+        post: operations["verifyWithKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/kmip/clients": {
         parameters: {
             query?: never;
@@ -657,6 +742,23 @@ export interface paths {
          * @description Refused at once: the serial is checked on every KMIP connection and request.
          */
         delete: operations["revokeKmipClient"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/random": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Random bytes from the HSM's generator */
+        get: operations["getRandom"];
+        put?: never;
+        post?: never;
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -1014,6 +1116,45 @@ export interface components {
              */
             plaintext: string | null;
         };
+        /** DecryptRequest */
+        DecryptRequest: {
+            /**
+             * Aad
+             * @default
+             */
+            aad?: string;
+            /** Ciphertext */
+            ciphertext: string;
+            /** Iv */
+            iv?: string | null;
+            /** Mode */
+            mode?: ("AES-GCM" | "AES-CBC-PAD" | "RSA-OAEP") | null;
+            /**
+             * Oaep Hash
+             * @default SHA-1
+             * @enum {string}
+             */
+            oaep_hash?: "SHA-1" | "SHA-256";
+            /**
+             * Tag
+             * @description base64 GCM tag
+             * @default
+             */
+            tag?: string;
+            /**
+             * Version
+             * @description the key version that encrypted (default: newest)
+             */
+            version?: number | null;
+        };
+        /** DecryptResult */
+        DecryptResult: {
+            /**
+             * Plaintext
+             * @description base64
+             */
+            plaintext: string;
+        };
         /** DeliveredKeyPublic */
         DeliveredKeyPublic: {
             /**
@@ -1045,6 +1186,59 @@ export interface components {
              * @description omit to destroy every version
              */
             version?: number | null;
+        };
+        /** EncryptRequest */
+        EncryptRequest: {
+            /**
+             * Aad
+             * @description base64 associated data (GCM)
+             * @default
+             */
+            aad?: string;
+            /**
+             * Iv
+             * @description base64; omit to let the HSM choose (recommended)
+             */
+            iv?: string | null;
+            /**
+             * Mode
+             * @description AES-GCM (default for AES keys), AES-CBC-PAD; RSA-OAEP for a public key
+             */
+            mode?: ("AES-GCM" | "AES-CBC-PAD" | "RSA-OAEP") | null;
+            /**
+             * Oaep Hash
+             * @default SHA-1
+             * @enum {string}
+             */
+            oaep_hash?: "SHA-1" | "SHA-256";
+            /**
+             * Plaintext
+             * @description base64, at most 1 MiB
+             */
+            plaintext: string;
+        };
+        /** EncryptResult */
+        EncryptResult: {
+            /**
+             * Ciphertext
+             * @description base64
+             */
+            ciphertext: string;
+            /**
+             * Iv
+             * @description base64 IV (AES)
+             */
+            iv: string | null;
+            /**
+             * Key Id
+             * @description the object used: a key version's KMIP identifier
+             */
+            key_id: string;
+            /**
+             * Tag
+             * @description base64 GCM tag
+             */
+            tag: string | null;
         };
         /** EnrollmentInfo */
         EnrollmentInfo: {
@@ -1738,6 +1932,31 @@ export interface components {
             expires_at: string;
             user: components["schemas"]["Me"];
         };
+        /** MacRequest */
+        MacRequest: {
+            /** Data */
+            data: string;
+            /**
+             * Mac
+             * @description base64 MAC to verify; omit to compute one
+             */
+            mac?: string | null;
+            /** Version */
+            version?: number | null;
+        };
+        /** MacResult */
+        MacResult: {
+            /**
+             * Mac
+             * @description base64 HMAC (when computing)
+             */
+            mac: string | null;
+            /**
+             * Valid
+             * @description whether `mac` matched (when verifying)
+             */
+            valid: boolean | null;
+        };
         /** Me */
         Me: {
             /** Actor Type */
@@ -1799,6 +2018,14 @@ export interface components {
             /** Type */
             type: string;
         };
+        /** RandomResult */
+        RandomResult: {
+            /**
+             * Random
+             * @description base64 bytes from the HSM's RNG
+             */
+            random: string;
+        };
         /** RekeyProgress */
         RekeyProgress: {
             /** Done */
@@ -1857,6 +2084,31 @@ export interface components {
             uids?: number[];
             /** Users */
             users?: string[];
+        };
+        /** SignRequest */
+        SignRequest: {
+            /** Data */
+            data: string;
+            /**
+             * Hash
+             * @default SHA-256
+             * @enum {string}
+             */
+            hash?: "SHA-256" | "SHA-384" | "SHA-512";
+            /**
+             * Scheme
+             * @default RSA-PSS
+             * @enum {string}
+             */
+            scheme?: "RSA-PSS" | "RSA-PKCS1-v1_5";
+        };
+        /** SignResult */
+        SignResult: {
+            /**
+             * Signature
+             * @description base64
+             */
+            signature: string;
         };
         /** TokenCreate */
         TokenCreate: {
@@ -1978,6 +2230,30 @@ export interface components {
             full_name?: string | null;
             /** Role */
             role?: ("admin" | "key-officer" | "operator" | "auditor") | null;
+        };
+        /** VerifyRequest */
+        VerifyRequest: {
+            /** Data */
+            data: string;
+            /**
+             * Hash
+             * @default SHA-256
+             * @enum {string}
+             */
+            hash?: "SHA-256" | "SHA-384" | "SHA-512";
+            /**
+             * Scheme
+             * @default RSA-PSS
+             * @enum {string}
+             */
+            scheme?: "RSA-PSS" | "RSA-PKCS1-v1_5";
+            /** Signature */
+            signature: string;
+        };
+        /** VerifyResult */
+        VerifyResult: {
+            /** Valid */
+            valid: boolean;
         };
         /** VerifyResultPublic */
         VerifyResultPublic: {
@@ -5417,6 +5693,104 @@ export interface operations {
             };
         };
     };
+    decryptWithKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key_ref: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["DecryptRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DecryptResult"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     destroyKey: {
         parameters: {
             query?: never;
@@ -5515,6 +5889,104 @@ export interface operations {
             };
         };
     };
+    encryptWithKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key_ref: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EncryptRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EncryptResult"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     generateDataKey: {
         parameters: {
             query?: never;
@@ -5537,6 +6009,104 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["DataKeyPublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    macWithKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key_ref: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["MacRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MacResult"];
                 };
             };
             /** @description Bad request */
@@ -5729,6 +6299,202 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["KeyPublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    signWithKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key_ref: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SignRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SignResult"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    verifyWithKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key_ref: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["VerifyRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VerifyResult"];
                 };
             };
             /** @description Bad request */
@@ -6011,6 +6777,100 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["KmipClientPublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getRandom: {
+        parameters: {
+            query?: {
+                bytes?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RandomResult"];
                 };
             };
             /** @description Bad request */

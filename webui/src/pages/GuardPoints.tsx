@@ -7,7 +7,7 @@ import { IconArrowDown, IconArrowUp, IconInfoCircle, IconPlus, IconTrash } from 
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState } from "react";
 import { Link } from "react-router";
-import { api, call, type Schemas } from "../api/client";
+import { api, call, type Key, type Schemas } from "../api/client";
 import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
 import { EmptyState, Loading, fmtRelative, fmtTime } from "../components/bits";
@@ -137,7 +137,7 @@ interface Draft {
 export function draftFrom(gp?: GuardPoint): Draft {
   return gp ? {
     target: gp.host_id ? "host" : "group", host_group: gp.host_group ?? "", host_id: gp.host_id ?? null, path: gp.path,
-    backing_path: gp.backing_path, key: gp.key_name, chunk_size: String(gp.chunk_size), mode: gp.mode as Draft["mode"],
+    backing_path: gp.backing_path, key: gp.key_id, chunk_size: String(gp.chunk_size), mode: gp.mode as Draft["mode"],
     default_effect: gp.default_effect as Draft["default_effect"], rules: gp.rules,
   } : {
     target: "group", host_group: "", host_id: null, path: "", backing_path: "", key: null, chunk_size: "4096",
@@ -151,6 +151,15 @@ export function bodyFrom(d: Draft): Body {
     path: d.path.trim(), backing_path: d.backing_path.trim() || null, key: d.key ?? "", chunk_size: Number(d.chunk_size),
     mode: d.mode, default_effect: d.default_effect, rules: d.rules,
   };
+}
+
+/** Active AES keys as choices: the key's id is the value (KMIP clients may give several
+ * keys one name), its name the label, with a short id where names repeat. */
+export function keyOptions(keys: Key[]): { value: string; label: string }[] {
+  const usable = keys.filter((k) => k.state === "active" && k.algorithm === "AES");
+  const seen = new Map<string, number>();
+  for (const k of usable) seen.set(k.name, (seen.get(k.name) ?? 0) + 1);
+  return usable.map((k) => ({ value: k.id, label: (seen.get(k.name) ?? 0) > 1 ? `${k.name} (${k.id.slice(0, 8)})` : k.name }));
 }
 
 function GuardPointEditor({ editing, opened, onClose }: { editing: GuardPoint | null; opened: boolean; onClose: () => void }) {
@@ -200,7 +209,7 @@ function GuardPointEditor({ editing, opened, onClose }: { editing: GuardPoint | 
                      onChange={(e) => set({ backing_path: e.currentTarget.value })} />
           <Group grow>
             <Select label="Key" required searchable disabled={readOnly || fixed} value={draft.key}
-                    data={(keys.data?.items ?? []).filter((k) => k.state === "active").map((k) => k.name)}
+                    data={keyOptions(keys.data?.items ?? [])}
                     onChange={(v) => set({ key: v })} nothingFoundMessage="No active key" />
             <Select label="Chunk size (bytes)" data={CHUNKS} value={draft.chunk_size} disabled={readOnly} allowDeselect={false}
                     onChange={(v) => v && set({ chunk_size: v })} />
@@ -285,7 +294,7 @@ export function GuardPointsPage() {
                                       onClick={() => { setEditing(gp); setOpen(true); }}>{gp.path}</Anchor>
                       <Text size="xs" c="dimmed" ff="monospace">{gp.backing_path}</Text></Table.Td>
                     <Table.Td>{gp.host_group ? `group ${gp.host_group}` : <Text size="sm" ff="monospace">host {gp.host_id?.slice(0, 8)}</Text>}</Table.Td>
-                    <Table.Td><Anchor component={Link} to={`/keys/${encodeURIComponent(gp.key_name)}`} size="sm">{gp.key_name}</Anchor></Table.Td>
+                    <Table.Td><Anchor component={Link} to={`/keys/${gp.key_id}`} size="sm">{gp.key_name}</Anchor></Table.Td>
                     <Table.Td><Badge variant="light" radius="sm" color={gp.mode === "enforce" ? "teal" : gp.mode === "off" ? "red" : "yellow"}>
                       {gp.mode === "off" ? "off · encryption off" : gp.mode}</Badge></Table.Td>
                     <Table.Td><Tooltip multiline w={360} withArrow label={gp.rules.length

@@ -48,7 +48,8 @@ describe("guard point policy editing", () => {
 
   it("an edited guard point round-trips to the request body; one target only", () => {
     const body = bodyFrom(draftFrom(gp));
-    expect(body).toMatchObject({ host_group: "db", host_id: null, path: "/srv/pg", key: "pg-data", chunk_size: 4096,
+    // the key goes by its id: KMIP clients may give several keys one name
+    expect(body).toMatchObject({ host_group: "db", host_id: null, path: "/srv/pg", key: gp.key_id, chunk_size: 4096,
                                  mode: "enforce", default_effect: "deny" });
     expect(body.rules).toEqual(gp.rules);
     const fresh = bodyFrom({ ...draftFrom(), target: "host", host_id: "h1", host_group: "ignored", path: " /data ", key: "k" });
@@ -73,5 +74,24 @@ describe("encryption off and unprotect", () => {
     await userEvent.click(screen.getByRole("button", { name: "Decrypt in place" }));
     await waitFor(() => expect(server.calls("POST /api/v1/guard-points/:id/unprotect")).toHaveLength(1));
     expect(server.calls("POST /api/v1/guard-points/:id/unprotect")[0].params.id).toBe(off.id);
+  });
+});
+
+describe("key choices", () => {
+  it("offer active AES keys by id, telling apart keys that share a name", async () => {
+    const { keyOptions } = await import("./GuardPoints");
+    const base = { state: "active", algorithm: "AES" };
+    const keys = [
+      { ...base, id: "11111111-aaaa", name: "Symmetric Key" },
+      { ...base, id: "22222222-bbbb", name: "Symmetric Key" },
+      { ...base, id: "33333333-cccc", name: "payroll" },
+      { ...base, id: "44444444-dddd", name: "mac", algorithm: "HMAC-SHA256" },
+      { ...base, id: "55555555-eeee", name: "old", state: "deactivated" },
+    ] as unknown as Parameters<typeof keyOptions>[0];
+    expect(keyOptions(keys)).toEqual([
+      { value: "11111111-aaaa", label: "Symmetric Key (11111111)" },
+      { value: "22222222-bbbb", label: "Symmetric Key (22222222)" },
+      { value: "33333333-cccc", label: "payroll" },
+    ]);
   });
 });
