@@ -216,11 +216,22 @@ def _load(files: dict[str, str], port: int, msg: bytes | None, connections: int,
         r = _exchange(conn, msg)
         return None if _ok(r) else r
 
+    _request("create", None)  # import PyKMIP's codec once, before threads race to (a circular import)
+
     def worker(i: int) -> None:
-        conn = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30),
-                               server_hostname="localhost")
-        once(conn)  # warm the connection before the clock starts
-        start.wait()
+        try:
+            conn = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30),
+                                   server_hostname="localhost")
+            once(conn)  # warm the connection before the clock starts
+        except BaseException as exc:
+            first_error.append(f"set-up failed: {exc}")
+            start.abort()  # the others (and the clock) must not wait for this one
+            raise
+        try:
+            start.wait()
+        except threading.BrokenBarrierError:
+            conn.close()
+            return
         while time.monotonic() < stop_at[0]:
             failed = once(conn)
             if failed is None:
@@ -235,7 +246,11 @@ def _load(files: dict[str, str], port: int, msg: bytes | None, connections: int,
     for t in threads:
         t.start()
     stop_at[0] = time.monotonic() + 3600
-    start.wait()
+    try:
+        start.wait()
+    except threading.BrokenBarrierError:
+        stop_at[0] = 0.0
+        return 0, connections, first_error[0] if first_error else "a client could not start"
     stop_at[0] = time.monotonic() + seconds
     for t in threads:
         t.join(seconds + 60)
@@ -520,6 +535,8 @@ def bench_kmip(
         console.print(f"[red]unknown rounds {sorted(unknown)}[/red]: choose among {', '.join(OPS)}")
         raise typer.Exit(Exit.USAGE)
     _check_connection_slots(postgres, max(int(c) for c in connections.split(",")))
+    # SIGTERM unwinds like Ctrl-C, so that run() stops both servers and drops its database
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     run(postgres=postgres, connections=[int(c) for c in connections.split(",")], duration=duration,
         output=output, json_out=json_out, repeats=repeats, ops=chosen)
 
