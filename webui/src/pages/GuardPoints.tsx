@@ -172,7 +172,17 @@ function GuardPointEditor({ editing, opened, onClose }: { editing: GuardPoint | 
     setSeen(editing);
     setDraft(draftFrom(editing ?? undefined));
   }
-  const keys = useKeys({ limit: 200, offset: 0 }, opened);
+  // Active keys found by the server as the person types: a deployment has more keys than
+  // one page. The chosen one stays offered whatever the search shows.
+  const [keySearch, setKeySearch] = useState("");
+  const [chosenKey, setChosenKey] = useState<{ value: string; label: string } | null>(null);
+  const keys = useKeys({ q: keySearch.replace(/ \([0-9a-f]{8}\)$/, "") || undefined, state: "active", limit: 100, offset: 0 },
+                       opened);
+  const keyData = keyOptions(keys.data?.items ?? []);
+  if (chosenKey && !keyData.some((o) => o.value === chosenKey.value)) keyData.unshift(chosenKey);
+  if (draft.key && !keyData.some((o) => o.value === draft.key) && editing?.key_id === draft.key) {
+    keyData.unshift({ value: editing.key_id, label: editing.key_name });
+  }
   const hosts = useQuery({ queryKey: ["hosts"], queryFn: () => call(api.GET("/api/v1/hosts")), enabled: opened });
   const save = useMutation({
     mutationFn: () => editing
@@ -209,8 +219,10 @@ function GuardPointEditor({ editing, opened, onClose }: { editing: GuardPoint | 
                      onChange={(e) => set({ backing_path: e.currentTarget.value })} />
           <Group grow>
             <Select label="Key" required searchable disabled={readOnly || fixed} value={draft.key}
-                    data={keyOptions(keys.data?.items ?? [])}
-                    onChange={(v) => set({ key: v })} nothingFoundMessage="No active key" />
+                    data={keyData} searchValue={keySearch} onSearchChange={setKeySearch}
+                    filter={({ options }) => options /* the server filtered them */}
+                    onChange={(v, option) => { set({ key: v }); setChosenKey(v ? option : null); }}
+                    nothingFoundMessage={keys.isFetching ? "Searching…" : "No active AES key matches"} />
             <Select label="Chunk size (bytes)" data={CHUNKS} value={draft.chunk_size} disabled={readOnly} allowDeselect={false}
                     onChange={(v) => v && set({ chunk_size: v })} />
           </Group>
