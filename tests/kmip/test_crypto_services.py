@@ -79,3 +79,61 @@ def test_every_use_is_audited_with_the_key_version_and_refusals_too(
         ("key.encrypt", "allowed", 1), ("key.decrypt", "allowed", 1), ("key.encrypt", "denied", None)]
     assert rows[0].details["kmip_uid"] == uid and rows[0].details["mechanism"] == "AES-GCM"
     assert rows[2].details == {"missing_permission": "keys:encrypt"}
+
+
+def test_a_pre_active_key_does_nothing(kmip: Any) -> None:
+    """§3.22: a Pre-Active object "SHALL NOT be used for any cryptographic purpose"."""
+    aes = kmip.create(enums.CryptographicAlgorithm.AES, 256)
+    mac_key = kmip.create(enums.CryptographicAlgorithm.HMAC_SHA256, 256)
+    public, private = kmip.create_key_pair(enums.CryptographicAlgorithm.RSA, 2048)
+    calls: list[Callable[[], Any]] = [
+        lambda: kmip.encrypt(b"x", uid=aes),
+        lambda: kmip.decrypt(b"x" * 32, uid=aes, iv_counter_nonce=bytes(12)),
+        lambda: kmip.mac(b"x", uid=mac_key, algorithm=enums.CryptographicAlgorithm.HMAC_SHA256),
+        lambda: kmip.sign(b"x", uid=private),
+        lambda: kmip.decrypt(b"x" * 256, uid=private, cryptographic_parameters=OAEP),
+        lambda: kmip.signature_verify(b"x", b"y" * 256, uid=public)]
+    for call in calls:
+        with pytest.raises(KmipOperationFailure) as e:
+            call()
+        assert e.value.reason == enums.ResultReason.ILLEGAL_OPERATION and "pre-active" in e.value.message.lower()
+
+
+@pytest.mark.parametrize(("algorithm", "bits", "digest"), [
+    (enums.CryptographicAlgorithm.HMAC_SHA384, 384, "sha384"),
+    (enums.CryptographicAlgorithm.HMAC_SHA512, 512, "sha512")])
+def test_hmac_keys_of_every_size_are_created_got_raw_and_mac_in_the_token(
+        kmip: Any, algorithm: enums.CryptographicAlgorithm, bits: int, digest: str) -> None:
+    import hashlib
+    import hmac
+
+    uid = kmip.create(algorithm, bits)
+    kmip.activate(uid)
+    key = kmip.get(uid)
+    assert (key.cryptographic_algorithm, key.cryptographic_length, key.key_format_type, len(key.value)) == \
+        (algorithm, bits, enums.KeyFormatType.RAW, bits // 8)
+    _, tag = kmip.mac(b"ledger", uid=uid, algorithm=algorithm)
+    assert tag == hmac.new(key.value, b"ledger", getattr(hashlib, digest)).digest()
+    # an HMAC key MACs with its own hash, and does not encrypt
+    assert reason(lambda: kmip.mac(b"x", uid=uid, algorithm=enums.CryptographicAlgorithm.HMAC_SHA256)) == \
+        enums.ResultReason.INVALID_FIELD
+    assert reason(lambda: kmip.encrypt(b"x", uid=uid)) == enums.ResultReason.ILLEGAL_OPERATION
+
+
+def test_an_auditor_uses_no_key(kmip: Any, kmip_files: Callable[[str], ClientFiles],
+                                kmip_listener: KmipListener) -> None:
+    aes = kmip.create(enums.CryptographicAlgorithm.AES, 256)
+    mac_key = kmip.create(enums.CryptographicAlgorithm.HMAC_SHA256, 256)
+    public, private = kmip.create_key_pair(enums.CryptographicAlgorithm.RSA, 2048)
+    for uid in (aes, mac_key, public, private):
+        kmip.activate(uid)
+    ciphertext, iv = kmip.encrypt(b"x", uid=aes)
+    auditor = make_client(kmip_files("auditor"), kmip_listener.port)
+    auditor.open()
+    try:
+        for call in (lambda: auditor.decrypt(ciphertext, uid=aes, iv_counter_nonce=iv),
+                     lambda: auditor.mac(b"x", uid=mac_key, algorithm=enums.CryptographicAlgorithm.HMAC_SHA256),
+                     lambda: auditor.sign(b"x", uid=private)):
+            assert reason(call) == enums.ResultReason.PERMISSION_DENIED
+    finally:
+        auditor.close()
