@@ -40,6 +40,8 @@ class WrappedKey:
 AES_GCM, AES_CBC_PAD = "AES-GCM", "AES-CBC-PAD"
 HASHES = ("SHA-1", "SHA-256", "SHA-384", "SHA-512")
 RSA_PSS, RSA_PKCS1V15 = "RSA-PSS", "RSA-PKCS1-v1_5"
+ECDSA = "ECDSA"  # signatures of EC keys: DER Ecdsa-Sig-Value (X9.62), the hash computed by the caller's choice
+EC_CURVES = ("P-256", "P-384")  # client EC key pairs (KMIP CreateKeyPair)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ class SealedPrivateKey:
 
     dek: WrappedKey
     material: bytes = field(repr=False)
+    algorithm: str = "RSA"  # "RSA" or "EC": the key type the PKCS#8 holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +168,10 @@ class HsmBackend(Protocol):
         """Added: an RSA key pair (2048, 3072 or 4096 bits) generated in the token; the
         private key leaves it only wrapped (see WrappedKeyPair)."""
 
+    def generate_wrapped_ec_pair(self, *, kek_id: str, curve: str) -> WrappedKeyPair:
+        """Added: an EC key pair on `curve` (one of EC_CURVES) generated in the token; the
+        private key leaves it only wrapped, exactly as for RSA (see WrappedKeyPair)."""
+
     def forget(self, wrapped: WrappedKey) -> None:
         """Drop any cached unwrapped handle of this blob (key destroyed or re-wrapped)."""
 
@@ -202,7 +209,9 @@ class HsmBackend(Protocol):
 
     def private_key_sign(self, key: SealedPrivateKey, data: bytes, *, scheme: str, hash: str) -> bytes:
         """RSA signature (RSA_PSS with salt = hash length, or RSA_PKCS1V15) of `data`,
-        by a sealed private key opened inside the token only."""
+        by a sealed private key opened inside the token only; with an EC key
+        (`key.algorithm` "EC"), `scheme` ECDSA: the digest is computed outside, signed
+        inside (CKM_ECDSA), returned DER-encoded."""
 
     def private_key_decrypt(self, key: SealedPrivateKey, ciphertext: bytes, *, hash: str) -> bytes:
         """RSA-OAEP (MGF1 with the same hash, empty label) decryption by a sealed

@@ -68,6 +68,12 @@ class RsaPrivateOpsView(_View, _SignMixin, _DecryptMixin, _PrivateKey):  # type:
     key_type = KeyType.RSA
 
 
+class EcPrivateOpsView(_View, _SignMixin, _PrivateKey):  # type: ignore[misc]
+    """A client EC private key opened in the token for Sign (CKM_ECDSA)."""
+
+    key_type = KeyType.EC
+
+
 class AesUnwrapView(_View, _UnwrapMixin, _SecretKey):  # type: ignore[misc]
     """A sealed object's DEK, opened in the token to unwrap the object inside it."""
 

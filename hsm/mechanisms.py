@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import padding
+from cryptography.hazmat.primitives.asymmetric import ec, padding
 from pkcs11 import MGF, Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11.constants import DEFAULT
 
@@ -152,15 +152,16 @@ HMAC_BITS: Final = frozenset({256, 384, 512})
 HMAC_IMPORT_BYTES: Final = range(16, 129)
 
 
-def opened_private_template() -> dict[Attribute, Any]:
+def opened_private_template(key_type: KeyType = KeyType.RSA) -> dict[Attribute, Any]:
     """A client private key opened from its sealed form for Sign/Decrypt: a sensitive
     session object that can never leave the token. python-pkcs11 adds every capability
     attribute to an unwrap template; Encrypt, Wrap and Verify do not exist on a private
-    key (SoftHSM2 answers CKR_ATTRIBUTE_TYPE_INVALID), so they are left out (DEFAULT)."""
-    return {Attribute.CLASS: ObjectClass.PRIVATE_KEY, Attribute.KEY_TYPE: KeyType.RSA, Attribute.TOKEN: False,
+    key (SoftHSM2 answers CKR_ATTRIBUTE_TYPE_INVALID), so they are left out (DEFAULT).
+    An EC key only signs (ECDH derivation is not a service we offer)."""
+    return {Attribute.CLASS: ObjectClass.PRIVATE_KEY, Attribute.KEY_TYPE: key_type, Attribute.TOKEN: False,
             Attribute.PRIVATE: True, Attribute.SENSITIVE: True, Attribute.EXTRACTABLE: False,
-            Attribute.SIGN: True, Attribute.DECRYPT: True, Attribute.UNWRAP: False, Attribute.DERIVE: False,
-            Attribute.ENCRYPT: DEFAULT, Attribute.WRAP: DEFAULT, Attribute.VERIFY: DEFAULT}
+            Attribute.SIGN: True, Attribute.DECRYPT: key_type == KeyType.RSA, Attribute.UNWRAP: False,
+            Attribute.DERIVE: False, Attribute.ENCRYPT: DEFAULT, Attribute.WRAP: DEFAULT, Attribute.VERIFY: DEFAULT}
 
 
 HASH_MECHANISMS: Final = {"SHA-1": Mechanism.SHA_1, "SHA-256": Mechanism.SHA256, "SHA-384": Mechanism.SHA384,
@@ -188,6 +189,19 @@ def client_rsa_templates() -> tuple[dict[Attribute, Any], dict[Attribute, Any]]:
     private = {Attribute.TOKEN: False, Attribute.PRIVATE: True, Attribute.SENSITIVE: True,
                Attribute.EXTRACTABLE: True, Attribute.DECRYPT: False, Attribute.UNWRAP: False,
                Attribute.SIGN: False, Attribute.DERIVE: False}
+    return public, private
+
+
+# Client EC key pairs (KMIP CreateKeyPair with EC/ECDSA): our curve name → the curve's
+# name for python-pkcs11's CKA_EC_PARAMS encoder, its `cryptography` class, its length.
+CLIENT_EC_CURVES: Final = {"P-256": ("secp256r1", ec.SECP256R1, 256), "P-384": ("secp384r1", ec.SECP384R1, 384)}
+
+
+def client_ec_templates() -> tuple[dict[Attribute, Any], dict[Attribute, Any]]:
+    """As client_rsa_templates: the private half leaves the token only wrapped."""
+    public = {Attribute.TOKEN: False, Attribute.PRIVATE: False, Attribute.VERIFY: False, Attribute.DERIVE: False}
+    private = {Attribute.TOKEN: False, Attribute.PRIVATE: True, Attribute.SENSITIVE: True,
+               Attribute.EXTRACTABLE: True, Attribute.SIGN: False, Attribute.DERIVE: False}
     return public, private
 
 

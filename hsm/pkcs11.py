@@ -23,9 +23,11 @@ from typing import Any, Final, TypeVar
 
 import pkcs11
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11 import exceptions as p11
+from pkcs11.util.ec import encode_named_curve_parameters
 
 from hsm import capabilities as caps
 from hsm import cryptoki, faults, mechanisms
@@ -33,6 +35,7 @@ from hsm.backend import (
     AES_CBC_PAD,
     AES_GCM,
     AES_KWP,
+    ECDSA,
     RSA_OAEP_SHA256,
     RSA_PKCS1V15,
     RSA_PSS,
@@ -57,6 +60,7 @@ from hsm.handles import (
     AesKeyView,
     AesUnwrapView,
     CacheKey,
+    EcPrivateOpsView,
     HandleCache,
     HmacKeyView,
     RsaPrivateOpsView,
@@ -463,6 +467,41 @@ class Pkcs11Backend:
 
         return self._run("generate_wrapped_rsa_pair", generate, on_crypto=_refused)
 
+    def generate_wrapped_ec_pair(self, *, kek_id: str, curve: str) -> WrappedKeyPair:
+        if curve not in mechanisms.CLIENT_EC_CURVES:
+            raise HsmInvalidInput(f"EC key pairs are on {', '.join(mechanisms.CLIENT_EC_CURVES)}, not {curve!r}")
+        p11_name, curve_class, _ = mechanisms.CLIENT_EC_CURVES[curve]
+        scheme = self._wrap_scheme
+
+        def generate(lease: _Lease) -> WrappedKeyPair:
+            session = lease.session
+            kek = self._kek(session, kek_id)
+            public_template, private_template = mechanisms.client_ec_templates()
+            domain = session.create_domain_parameters(
+                KeyType.EC, {Attribute.EC_PARAMS: encode_named_curve_parameters(p11_name)}, local=True)
+            public, private = domain.generate_keypair(store=False, capabilities=0, public_template=public_template,
+                                                      private_template=private_template)
+            try:
+                dek = session.generate_key(KeyType.AES, mechanisms.DATA_KEY_BITS, capabilities=0,
+                                           template=dict(mechanisms.PAIR_DEK_TEMPLATE))
+                try:
+                    wrapped_private = bytes(_AesWrapView(session, dek.handle).wrap_key(
+                        private, mechanism=Mechanism.AES_KEY_WRAP_PAD))
+                    dek_blob = self._wrap(session, kek.public_handle, dek, scheme)
+                finally:
+                    _destroy_quietly(dek)
+                point = _der_octet_string(bytes(public[Attribute.EC_POINT]))  # CKA_EC_POINT is DER-wrapped
+            finally:
+                _destroy_quietly(private)
+                _destroy_quietly(public)
+            der = ec.EllipticCurvePublicKey.from_encoded_point(curve_class(), point).public_bytes(
+                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+            return WrappedKeyPair(public_key_der=der,
+                                  dek=WrappedKey(wrapping_key_id=kek_id, mechanism=scheme.name, ciphertext=dek_blob),
+                                  private_key=wrapped_private, mechanism=AES_KWP)
+
+        return self._run("generate_wrapped_ec_pair", generate, on_crypto=_refused)
+
     def forget(self, wrapped: WrappedKey) -> None:
         self._cache.forget(_cache_key(wrapped))
 
@@ -611,7 +650,10 @@ class Pkcs11Backend:
     def _opened_private_key(self, lease: _Lease, key: SealedPrivateKey) -> Iterator[int]:
         """The sealed private key unwrapped inside the token (session object, sensitive,
         never extractable), cached like data keys by the hash of its sealed form."""
-        cache_key = ("sealed-private", key.dek.mechanism,
+        key_type = _PRIVATE_KEY_TYPES.get(key.algorithm)
+        if key_type is None:
+            raise HsmInvalidInput(f"private keys are RSA or EC, not {key.algorithm!r}")
+        cache_key = (f"sealed-private-{key.algorithm}", key.dek.mechanism,
                      hashlib.sha256(bytes(key.dek.ciphertext) + bytes(key.material)).digest())
         entry = self._cache.lease(cache_key)
         if entry is None:
@@ -620,9 +662,9 @@ class Pkcs11Backend:
             dek = self._unwrap(session, kek, key.dek, self._unwrap_scheme(key.dek), mechanisms.SEALED_DEK_TEMPLATE)
             try:
                 opened = AesUnwrapView(session, dek.handle).unwrap_key(
-                    ObjectClass.PRIVATE_KEY, KeyType.RSA, bytes(key.material),
+                    ObjectClass.PRIVATE_KEY, key_type, bytes(key.material),
                     mechanism=Mechanism.AES_KEY_WRAP_PAD, capabilities=0,
-                    template=mechanisms.opened_private_template())
+                    template=mechanisms.opened_private_template(key_type))
             finally:
                 _destroy_quietly(dek)
             entry = self._cache.adopt(cache_key, handle=opened.handle, owner=opened, generation=lease.generation)
@@ -632,6 +674,8 @@ class Pkcs11Backend:
             self._cache.release(entry)
 
     def private_key_sign(self, key: SealedPrivateKey, data: bytes, *, scheme: str, hash: str) -> bytes:
+        if key.algorithm == "EC" or scheme == ECDSA:
+            return self._ecdsa_sign(key, data, scheme=scheme, hash=hash)
         if scheme == RSA_PSS and hash in mechanisms.PSS_MECHANISMS:
             mechanism = mechanisms.PSS_MECHANISMS[hash]
             param: Any = (mechanisms.HASH_MECHANISMS[hash], mechanisms.HASH_MGF[hash], mechanisms.HASH_BYTES[hash])
@@ -649,7 +693,27 @@ class Pkcs11Backend:
 
         return self._run("private_key_sign", sign, on_crypto=_integrity)
 
+    def _ecdsa_sign(self, key: SealedPrivateKey, data: bytes, *, scheme: str, hash: str) -> bytes:
+        if key.algorithm != "EC" or scheme != ECDSA:
+            raise HsmInvalidInput(f"{ECDSA} is for EC keys and EC keys sign with {ECDSA} only, "
+                                  f"not {scheme} with a {key.algorithm} key")
+        if hash not in mechanisms.HASH_BYTES or hash == "SHA-1":
+            raise HsmInvalidInput(f"{ECDSA} hashes with SHA-256, SHA-384 or SHA-512, not {hash!r}")
+        # The token has CKM_ECDSA only (no CKM_ECDSA_SHA*): the digest is computed here —
+        # it is no secret — and signed inside the token, which answers r || s.
+        digest = hashlib.new(hash.replace("-", "").lower(), bytes(data)).digest()
+
+        def sign(lease: _Lease) -> bytes:
+            with self._opened_private_key(lease, key) as handle:
+                return bytes(EcPrivateOpsView(lease.session, handle).sign(digest, mechanism=Mechanism.ECDSA))
+
+        raw = self._run("private_key_sign", sign, on_crypto=_integrity)
+        half = len(raw) // 2
+        return encode_dss_signature(int.from_bytes(raw[:half], "big"), int.from_bytes(raw[half:], "big"))
+
     def private_key_decrypt(self, key: SealedPrivateKey, ciphertext: bytes, *, hash: str) -> bytes:
+        if key.algorithm != "RSA":
+            raise HsmInvalidInput(f"only RSA private keys decrypt (RSA-OAEP), not {key.algorithm} keys")
         if hash not in ("SHA-1", "SHA-256"):
             raise HsmInvalidInput(f"RSA-OAEP decryption uses SHA-1 or SHA-256, not {hash!r}")
         supported = self._capabilities.rsa_unwrap_mechanisms or {self._capabilities.rsa_wrap_mechanism}
@@ -1135,6 +1199,22 @@ def _start_date(obj: Any) -> datetime | None:
         return None
     # CK_DATE has no time of day; midnight UTC is the honest reading of it.
     return datetime.combine(value, time.min, tzinfo=UTC)
+
+
+_PRIVATE_KEY_TYPES: Final = {"RSA": KeyType.RSA, "EC": KeyType.EC}
+
+
+def _der_octet_string(data: bytes) -> bytes:
+    """The contents of a DER OCTET STRING (how PKCS#11 v2.20+ tokens give CKA_EC_POINT);
+    a bare point (some older tokens) is returned as it is."""
+    if len(data) >= 2 and data[0] == 0x04:
+        length, offset = data[1], 2
+        if length & 0x80:
+            n = length & 0x7F
+            length, offset = int.from_bytes(data[2:2 + n], "big"), 2 + n
+        if offset + length == len(data):
+            return data[offset:]
+    return data
 
 
 def _destroy_quietly(obj: Any) -> None:

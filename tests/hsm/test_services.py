@@ -7,17 +7,19 @@ import hashlib
 import hmac
 import os
 import uuid
+from collections.abc import Callable
 
 import pytest
 from cryptography.hazmat.primitives import hashes, padding, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric import padding as asym
-from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from hsm import (
     AES_CBC_PAD,
     AES_GCM,
+    ECDSA,
     RSA_PKCS1V15,
     RSA_PSS,
     HsmIntegrityError,
@@ -27,7 +29,8 @@ from hsm import (
 from hsm.pkcs11 import Pkcs11Backend
 from keyserver.core.kmip_sealed import seal
 
-HASHES = {"SHA-256": hashes.SHA256, "SHA-384": hashes.SHA384, "SHA-512": hashes.SHA512}
+HASHES: dict[str, Callable[[], hashes.HashAlgorithm]] = {
+    "SHA-256": hashes.SHA256, "SHA-384": hashes.SHA384, "SHA-512": hashes.SHA512}
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +128,42 @@ def test_key_pairs_generated_in_the_token_sign_and_decrypt(hsm_backend: Pkcs11Ba
 def test_an_hmac_key_is_exported_only_through_unwrap_secret(hsm_backend: Pkcs11Backend, kek: str) -> None:
     key = os.urandom(48)
     assert hsm_backend.unwrap_secret(hsm_backend.import_secret(key, kek_id=kek)) == key
+
+
+@pytest.mark.parametrize(("curve", "curve_class", "name"), [
+    ("P-256", ec.SECP256R1, "SHA-256"), ("P-384", ec.SECP384R1, "SHA-384"), ("P-256", ec.SECP256R1, "SHA-512")])
+def test_ec_pairs_generated_in_the_token_sign_ecdsa_inside_it(hsm_backend: Pkcs11Backend, kek: str, curve: str,
+                                                               curve_class: type[ec.EllipticCurve],
+                                                               name: str) -> None:
+    pair = hsm_backend.generate_wrapped_ec_pair(kek_id=kek, curve=curve)
+    public = serialization.load_der_public_key(pair.public_key_der)
+    assert isinstance(public, ec.EllipticCurvePublicKey) and isinstance(public.curve, curve_class)
+    key = SealedPrivateKey(dek=pair.dek, material=pair.private_key, algorithm="EC")
+    data = os.urandom(700)
+    signature = hsm_backend.private_key_sign(key, data, scheme=ECDSA, hash=name)
+    public.verify(signature, data, ec.ECDSA(HASHES[name]()))  # DER, as `cryptography` and OpenSSL write it
+    # ECDSA signatures are randomised: two differ, both verify
+    assert hsm_backend.private_key_sign(key, data, scheme=ECDSA, hash=name) != signature
+    with pytest.raises(HsmInvalidInput):
+        hsm_backend.private_key_sign(key, data, scheme=RSA_PSS, hash=name)
+    with pytest.raises(HsmInvalidInput, match="only RSA private keys decrypt"):
+        hsm_backend.private_key_decrypt(key, b"x" * 64, hash="SHA-1")
+    with pytest.raises(HsmInvalidInput):
+        hsm_backend.generate_wrapped_ec_pair(kek_id=kek, curve="P-192")
+
+
+def test_an_ec_key_sealed_in_software_signs_in_the_token(hsm_backend: Pkcs11Backend, kek: str) -> None:
+    private = ec.generate_private_key(ec.SECP256R1())
+    der = private.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    sealed = seal(hsm_backend, der, kek_id=kek)
+    key = SealedPrivateKey(dek=sealed.dek, material=sealed.material, algorithm="EC")
+    signature = hsm_backend.private_key_sign(key, b"release", scheme=ECDSA, hash="SHA-256")
+    private.public_key().verify(signature, b"release", ec.ECDSA(hashes.SHA256()))
+    # an RSA key named EC (or the other way round) is refused by the token, not misused
+    rsa_der = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    wrong = seal(hsm_backend, rsa_der, kek_id=kek)
+    with pytest.raises(HsmIntegrityError):
+        hsm_backend.private_key_sign(SealedPrivateKey(dek=wrong.dek, material=wrong.material, algorithm="EC"),
+                                     b"x", scheme=ECDSA, hash="SHA-256")
