@@ -292,7 +292,7 @@ class Problem(BaseModel):
 
 # --- cryptographic services (keys stay in the HSM) -------------------------------
 CipherMode = Literal["AES-GCM", "AES-CBC-PAD", "RSA-OAEP"]
-SignatureScheme = Literal["RSA-PSS", "RSA-PKCS1-v1_5"]
+SignatureScheme = Literal["RSA-PSS", "RSA-PKCS1-v1_5", "ECDSA"]
 HashName = Literal["SHA-1", "SHA-256", "SHA-384", "SHA-512"]
 
 
@@ -328,8 +328,10 @@ class DecryptResult(BaseModel):
 
 class SignRequest(Strict):
     data: Base64Bytes
-    scheme: SignatureScheme = "RSA-PSS"
-    hash: Literal["SHA-256", "SHA-384", "SHA-512"] = "SHA-256"
+    scheme: SignatureScheme | None = Field(default=None, description="default: RSA-PSS for an RSA key, ECDSA "
+                                                                      "for an EC key")
+    hash: Literal["SHA-256", "SHA-384", "SHA-512"] | None = Field(
+        default=None, description="default: SHA-256 (RSA, P-256), SHA-384 (P-384)")
 
 
 class SignResult(BaseModel):
@@ -338,9 +340,9 @@ class SignResult(BaseModel):
 
 class VerifyRequest(Strict):
     data: Base64Bytes
-    signature: Base64Bytes
-    scheme: SignatureScheme = "RSA-PSS"
-    hash: Literal["SHA-256", "SHA-384", "SHA-512"] = "SHA-256"
+    signature: Base64Bytes = Field(description="base64 (ECDSA: DER Ecdsa-Sig-Value)")
+    scheme: SignatureScheme | None = Field(default=None, description="as for sign: the key's default")
+    hash: Literal["SHA-256", "SHA-384", "SHA-512"] | None = Field(default=None, description="as for sign")
 
 
 class MacRequest(Strict):

@@ -1,6 +1,7 @@
 """Cryptographic services with keys that never leave the HSM: encrypt and decrypt (AES-GCM,
 AES-CBC with PKCS#7 padding under a key version; RSA-OAEP with a key pair), sign and
-verify (RSA-PSS, RSA PKCS#1 v1.5), MAC and MAC verify (HMAC keys), random bytes. KMIP
+verify (RSA-PSS, RSA PKCS#1 v1.5; ECDSA with EC pairs), MAC and MAC verify (HMAC keys),
+random bytes. KMIP
 (Encrypt, Decrypt, Sign, SignatureVerify, MAC, MACVerify, RNGRetrieve) and REST
 (/keys/{key}/encrypt ...) both call this; it knows neither.
 
@@ -20,12 +21,13 @@ from typing import Literal
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509 import load_der_x509_certificate
 
 from hsm import (
     AES_CBC_PAD,
     AES_GCM,
+    ECDSA,
     RSA_PKCS1V15,
     RSA_PSS,
     HsmBackend,
@@ -125,7 +127,10 @@ class CryptoService:
         obj = self._subject(ctx, uid, "encrypt")
         data = self._bounded(data)
         if isinstance(obj, KmipPublicKey):
-            out = Ciphered(data=self._public(obj).encrypt(data, _oaep(oaep_hash)))
+            public = self._public(obj)
+            if not isinstance(public, rsa.RSAPublicKey):  # (an EC key's usage mask already refused)
+                raise Conflict("an EC public key does not encrypt; use an RSA public key", code="wrong_object_type")
+            out = Ciphered(data=public.encrypt(data, _oaep(oaep_hash)))
             self._record(ctx, "encrypt", obj, {"mechanism": f"RSA-OAEP-{oaep_hash}", "bytes": len(data)})
             return out
         version = self._aes(obj)
@@ -165,12 +170,16 @@ class CryptoService:
         return plain
 
     # --- sign / verify -----------------------------------------------------------------
-    def sign(self, ctx: RequestContext, uid: str, data: bytes, *, scheme: str = RSA_PSS,
-             hash: str = "SHA-256") -> bytes:
+    def sign(self, ctx: RequestContext, uid: str, data: bytes, *, scheme: str | None = None,
+             hash: str | None = None) -> bytes:
+        """RSA-PSS (default) or RSA PKCS#1 v1.5 with an RSA private key, SHA-256 by default;
+        ECDSA with an EC private key, by default with the hash of the curve's strength
+        (P-256: SHA-256, P-384: SHA-384)."""
         obj = self._subject(ctx, uid, "sign")
         data = self._bounded(data)
         if not isinstance(obj, KmipSealedObject) or obj.object_type != PRIVATE_KEY:
             raise Conflict(f"a {object_type_of(obj)} does not sign; use a private key", code="wrong_object_type")
+        scheme, hash = _signature_choice(obj.algorithm or "RSA", obj.length_bits, scheme, hash)
         try:
             signature = self._hsm.private_key_sign(self._sealed(obj), data, scheme=scheme, hash=hash)
         except HsmInvalidInput as exc:
@@ -180,28 +189,35 @@ class CryptoService:
         self._record(ctx, "sign", obj, {"mechanism": f"{scheme}-{hash}", "bytes": len(data)})
         return signature
 
-    def verify(self, ctx: RequestContext, uid: str, data: bytes, signature: bytes, *, scheme: str = RSA_PSS,
-               hash: str = "SHA-256") -> bool:
+    def verify(self, ctx: RequestContext, uid: str, data: bytes, signature: bytes, *, scheme: str | None = None,
+               hash: str | None = None) -> bool:
+        """The inverse of sign, with a public key or a certificate (RSA or EC), in software."""
         obj = self._subject(ctx, uid, "verify")
         data = self._bounded(data)
-        if hash not in HASHES or hash == "SHA-1" or scheme not in (RSA_PSS, RSA_PKCS1V15):
-            raise InvalidInput(f"signatures are {RSA_PSS} or {RSA_PKCS1V15} with SHA-256/384/512")
+        public: rsa.RSAPublicKey | ec.EllipticCurvePublicKey
         if isinstance(obj, KmipPublicKey):
             public = self._public(obj)
         elif isinstance(obj, KmipSealedObject) and obj.object_type == CERTIFICATE and obj.material:
             key = load_der_x509_certificate(obj.material).public_key()
-            if not isinstance(key, rsa.RSAPublicKey):
-                raise InvalidInput("only RSA certificates verify signatures here")
+            if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
+                raise InvalidInput("only RSA and EC certificates verify signatures here")
             public = key
         else:
             raise Conflict(f"a {object_type_of(obj)} does not verify; use a public key or a certificate",
                            code="wrong_object_type")
+        if isinstance(public, ec.EllipticCurvePublicKey):
+            scheme, hash = _signature_choice("EC", public.curve.key_size, scheme, hash)
+        else:
+            scheme, hash = _signature_choice("RSA", public.key_size, scheme, hash)
         algorithm = HASHES[hash]()
-        pad: padding.AsymmetricPadding = (
-            padding.PSS(mgf=padding.MGF1(HASHES[hash]()), salt_length=algorithm.digest_size)
-            if scheme == RSA_PSS else padding.PKCS1v15())
         try:
-            public.verify(signature, data, pad, algorithm)
+            if isinstance(public, ec.EllipticCurvePublicKey):
+                public.verify(signature, data, ec.ECDSA(algorithm))
+            else:
+                pad: padding.AsymmetricPadding = (
+                    padding.PSS(mgf=padding.MGF1(HASHES[hash]()), salt_length=algorithm.digest_size)
+                    if scheme == RSA_PSS else padding.PKCS1v15())
+                public.verify(signature, data, pad, algorithm)
             valid = True
         except InvalidSignature:
             valid = False
@@ -262,13 +278,30 @@ class CryptoService:
             raise Conflict(f"a {obj.object_type} has no private key to use", code="wrong_object_type")
         assert obj.dek_wrapping_key_id and obj.dek_mechanism
         return SealedPrivateKey(dek=WrappedKey(obj.dek_wrapping_key_id, obj.dek_mechanism, obj.dek_ciphertext),
-                                material=obj.material)
+                                material=obj.material, algorithm=obj.algorithm or "RSA")
 
     @staticmethod
-    def _public(obj: KmipPublicKey) -> rsa.RSAPublicKey:
-        key = serialization.load_der_public_key(obj.der)
-        assert isinstance(key, rsa.RSAPublicKey)
+    def _public(obj: KmipPublicKey) -> rsa.RSAPublicKey | ec.EllipticCurvePublicKey:
+        key = serialization.load_der_public_key(obj.der)  # stored as SubjectPublicKeyInfo
+        assert isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey)
         return key
+
+
+def _signature_choice(algorithm: str, bits: int | None, scheme: str | None, hash: str | None) -> tuple[str, str]:
+    """(scheme, hash) for a key: the caller's choice checked against the key, or the key's
+    defaults (RSA: RSA-PSS with SHA-256; EC: ECDSA with SHA-256 on P-256, SHA-384 on P-384)."""
+    if algorithm == "EC":
+        if scheme not in (None, ECDSA):
+            raise InvalidInput(f"an EC key signs and verifies with {ECDSA} only, not {scheme}")
+        scheme, default = ECDSA, "SHA-384" if (bits or 0) >= 384 else "SHA-256"
+    else:
+        if scheme not in (None, RSA_PSS, RSA_PKCS1V15):
+            raise InvalidInput(f"an RSA key signs and verifies with {RSA_PSS} or {RSA_PKCS1V15}, not {scheme}")
+        scheme, default = scheme or RSA_PSS, "SHA-256"
+    hash = hash or default
+    if hash not in HASHES or hash == "SHA-1":
+        raise InvalidInput(f"{scheme} signatures hash with SHA-256, SHA-384 or SHA-512, not {hash}")
+    return scheme, hash
 
 
 def _oaep(name: str) -> padding.OAEP:

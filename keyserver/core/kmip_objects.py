@@ -62,6 +62,7 @@ MAX_TEXT = 1024
 PRIVATE_KEY, SECRET_DATA, CERTIFICATE, OPAQUE = "private-key", "secret-data", "certificate", "opaque-object"
 SEALED_TYPES = frozenset({PRIVATE_KEY, SECRET_DATA, CERTIFICATE, OPAQUE})
 RSA_PAIR_BITS = frozenset({2048, 3072, 4096})
+EC_PAIR_CURVES = {256: "P-256", 384: "P-384"}  # Cryptographic Length → curve (EC pairs)
 PAIR_GENERATIONS = 2  # RSA key pairs generated at once per replica
 MAX_SECRET_BYTES = 64 * 1024
 # Objects with a lifecycle of their own (not a managed key's version).
@@ -376,7 +377,7 @@ class KmipObjectService:
                 stmt = stmt.order_by(ManagedKey.name, ManagedKey.created_at, KeyVersion.version.desc())
                 uids.extend(str(i) for i, attrs in s.execute(stmt.limit(limit)) if wanted(attrs))
             if not nothing and q.object_type in (None, "public-key") and q.certificate_type is None \
-                    and q.algorithm in (None, "RSA"):
+                    and q.algorithm in (None, "RSA", "EC"):
                 pstmt: Select[Any] = select(KmipPublicKey.id, KmipPublicKey.kmip_attributes).order_by(
                     KmipPublicKey.created_at)
                 pstmt = pstmt.where(KmipPublicKey.state == q.state.value) if q.state is not None else \
@@ -385,6 +386,9 @@ class KmipObjectService:
                     pstmt = pstmt.where(KmipPublicKey.name == q.name)
                 if q.length_bits is not None:
                     pstmt = pstmt.where(KmipPublicKey.length_bits == q.length_bits)
+                if q.algorithm is not None:  # no algorithm column: RSA keys are >= 2048 bits, EC ones 256/384
+                    pstmt = pstmt.where(KmipPublicKey.length_bits < 1024 if q.algorithm == "EC"
+                                        else KmipPublicKey.length_bits >= 1024)
                 uids.extend(str(i) for i, attrs in s.execute(pstmt.limit(limit)) if wanted(attrs))
             if not nothing and (q.object_type is None or q.object_type in SEALED_TYPES):
                 sstmt: Select[Any] = select(KmipSealedObject.id, KmipSealedObject.kmip_attributes).order_by(
@@ -437,6 +441,9 @@ class KmipObjectService:
                     material = self._hsm.wrap_with_key(wrapped, wrapping=version_wrapped(target.version))
                     mechanism = AES_KWP
                 elif isinstance(target, KmipPublicKey):
+                    if public_key_algorithm(target) != "RSA":
+                        raise Conflict("an EC public key cannot wrap keys (ECDSA only); use an RSA public key or "
+                                       "an AES key", code="wrong_object_type")
                     if KeyState(target.state) is not KeyState.ACTIVE:
                         raise Conflict("the wrapping key must be active", code="illegal_state")
                     rewrapped = self._hsm.rewrap_for_public_key(wrapped, public_key_der=target.der)
@@ -508,26 +515,32 @@ class KmipObjectService:
     def create_key_pair(
         self, ctx: RequestContext, *, bits: int, private_name: str | None, public_name: str | None,
         activation_date: datetime | None, private_attributes: dict[str, Any] | None = None,
-        public_attributes: dict[str, Any] | None = None,
+        public_attributes: dict[str, Any] | None = None, algorithm: str = "RSA",
     ) -> CreatedPair:
-        """An RSA key pair generated in the HSM; the private key leaves it only sealed.
+        """An RSA key pair (or `algorithm` "EC": `bits` 256 or 384, curve P-256 or P-384)
+        generated in the HSM; the private key leaves it only sealed.
         Both halves are Pre-Active unless `activation_date` is not in the future."""
         self._policy.require(ctx, Permission.KEYS_CREATE, action="kmip.create_key_pair",
                              object_type="private_key", object_id=private_name)
-        if bits not in RSA_PAIR_BITS:
+        if algorithm == "EC" and bits not in EC_PAIR_CURVES:
+            raise InvalidInput("EC key pairs are 256 (P-256) or 384 (P-384) bits long")
+        if algorithm == "RSA" and bits not in RSA_PAIR_BITS:
             raise InvalidInput(f"RSA key pairs are {', '.join(map(str, sorted(RSA_PAIR_BITS)))} bits long")
+        if algorithm not in ("RSA", "EC"):
+            raise InvalidInput("key pairs are RSA or EC")
         self._check_name(private_name)
         self._check_name(public_name)
         try:
             with self._pair_slots:
-                pair = self._hsm.generate_wrapped_rsa_pair(kek_id=self._kek(), bits=bits)
+                pair = (self._hsm.generate_wrapped_ec_pair(kek_id=self._kek(), curve=EC_PAIR_CURVES[bits])
+                        if algorithm == "EC" else self._hsm.generate_wrapped_rsa_pair(kek_id=self._kek(), bits=bits))
         except HsmError as exc:
             raise hsm_failure("generate a key pair", exc) from exc
         now = self._now()
         state, activated = self._initial_state(now, activation_date)
         private_id, public_id = uuid.uuid4(), uuid.uuid4()
         private = KmipSealedObject(
-            id=private_id, object_type=PRIVATE_KEY, name=private_name, owner=ctx.principal.name, algorithm="RSA",
+            id=private_id, object_type=PRIVATE_KEY, name=private_name, owner=ctx.principal.name, algorithm=algorithm,
             length_bits=bits, data_type="pkcs8", state=state.value, public_key_id=public_id,
             dek_wrapping_key_id=pair.dek.wrapping_key_id, dek_mechanism=pair.dek.mechanism,
             dek_ciphertext=pair.dek.ciphertext, mechanism=pair.mechanism, material=pair.private_key,
@@ -540,7 +553,8 @@ class KmipObjectService:
             s.add_all([private, public])
             self._audit.add(s, ctx, action="kmip.create_key_pair", object_type="private_key",
                             object_id=str(private_id),
-                            details={"public_key": str(public_id), "bits": bits, "state": state.value,
+                            details={"public_key": str(public_id), "algorithm": algorithm, "bits": bits,
+                                     "state": state.value,
                                      "private_name": private_name, "public_name": public_name})
         return CreatedPair(private=private, public=public)
 
@@ -817,8 +831,17 @@ def usage_of(obj: VersionObject | StandaloneObject) -> Usage:
     uses a key checks it."""
     if isinstance(obj, VersionObject):
         return uses_of("symmetric-key", obj.key.algorithm, obj.key.kmip_attributes)
-    algorithm = obj.algorithm if isinstance(obj, KmipSealedObject) else "RSA"
+    algorithm = obj.algorithm if isinstance(obj, KmipSealedObject) else public_key_algorithm(obj)
     return uses_of(object_type_of(obj), algorithm, obj.kmip_attributes)
+
+
+_EC_PUBLIC_KEY_OID = bytes.fromhex("06072a8648ce3d0201")  # id-ecPublicKey, as DER
+
+
+def public_key_algorithm(pk: KmipPublicKey) -> str:
+    """"RSA" or "EC". The table keeps no algorithm: the SubjectPublicKeyInfo's
+    AlgorithmIdentifier (in its first bytes) says it. (PKCS#1 public keys are RSA.)"""
+    return "EC" if _EC_PUBLIC_KEY_OID in pk.der[:24] else "RSA"
 
 
 def audit_identity(obj: VersionObject | StandaloneObject) -> tuple[str, str]:

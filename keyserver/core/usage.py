@@ -46,6 +46,8 @@ def kind_uses(kind: str, algorithm: str | None = None) -> Usage:
     """Everything an object of this kind can do (symmetric keys: by algorithm)."""
     if kind == "symmetric-key":
         return _BY_KIND["HMAC" if (algorithm or "AES").startswith("HMAC") else "AES"]
+    if algorithm == "EC" and kind in ("private-key", "public-key"):  # ECDSA: sign and verify, nothing else
+        return U.SIGN if kind == "private-key" else U.VERIFY
     return _BY_KIND.get(kind, U(0))
 
 

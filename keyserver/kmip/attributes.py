@@ -22,6 +22,7 @@ from keyserver.core.kmip_objects import (
     PRIVATE_KEY,
     SECRET_DATA,
     VersionObject,
+    public_key_algorithm,
     usage_of,
 )
 from keyserver.core.states import KeyState
@@ -128,6 +129,10 @@ def settable(attribute_name: str) -> str:
                           f"{', '.join(sorted(CLIENT_ATTRIBUTES))} and custom x-<name> attributes")
     return attribute_name
 
+# Key pairs' algorithms (an EC pair is created with EC or ECDSA and reported as EC, the
+# key's type; ECDSA is what it may do, its usage mask says so).
+PAIR_ALGORITHMS = {"RSA": enums.CryptographicAlgorithm.RSA, "EC": enums.CryptographicAlgorithm.EC}
+
 
 def _lifecycle(obj: KmipPublicKey | KmipSealedObject) -> dict[str, Any]:
     return {
@@ -152,7 +157,7 @@ def public_key_values(pk: KmipPublicKey) -> dict[str, Any]:
     values: dict[str, Any] = {
         A.UNIQUE_IDENTIFIER.value: str(pk.id),
         A.OBJECT_TYPE.value: enums.ObjectType.PUBLIC_KEY,
-        A.CRYPTOGRAPHIC_ALGORITHM.value: enums.CryptographicAlgorithm.RSA,
+        A.CRYPTOGRAPHIC_ALGORITHM.value: PAIR_ALGORITHMS[public_key_algorithm(pk)],
         A.CRYPTOGRAPHIC_LENGTH.value: pk.length_bits,
         A.NAME.value: pk.name,
         A.CRYPTOGRAPHIC_USAGE_MASK.value: usage_list(usage_of(pk)),
@@ -168,7 +173,7 @@ def sealed_values(obj: KmipSealedObject) -> dict[str, Any]:
     values: dict[str, Any] = {
         A.UNIQUE_IDENTIFIER.value: str(obj.id),
         A.OBJECT_TYPE.value: OBJECT_TYPES[obj.object_type],
-        A.CRYPTOGRAPHIC_ALGORITHM.value: enums.CryptographicAlgorithm.RSA if obj.algorithm == "RSA" else None,
+        A.CRYPTOGRAPHIC_ALGORITHM.value: PAIR_ALGORITHMS.get(obj.algorithm or ""),
         A.CRYPTOGRAPHIC_LENGTH.value: obj.length_bits,
         A.NAME.value: obj.name,
         A.CRYPTOGRAPHIC_USAGE_MASK.value: usage_list(usage_of(obj)) or None,

@@ -1,7 +1,8 @@
 """KMIP Cryptographic Parameters → what core/crypto.py takes, and one refusal for the
 rest. Absent parameters take the defaults docs/kmip.md states: AES-GCM (16-byte tag)
 for symmetric keys, RSA-OAEP with SHA-1 (SoftHSM2's only OAEP, decision 0001) for key
-pairs, RSA-PSS with SHA-256 for signatures, the key's own hash for HMAC."""
+pairs, RSA-PSS with SHA-256 for RSA signatures, ECDSA with the curve's hash (P-256:
+SHA-256, P-384: SHA-384) for EC ones, the key's own hash for HMAC."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from kmip.core import enums
 
-from hsm import AES_CBC_PAD, AES_GCM, RSA_PKCS1V15, RSA_PSS
+from hsm import AES_CBC_PAD, AES_GCM, ECDSA, RSA_PKCS1V15, RSA_PSS
 from keyserver.kmip.errors import KmipFailure
 
 R = enums.ResultReason
@@ -20,7 +21,11 @@ SIGNATURES = {
     enums.DigitalSignatureAlgorithm.SHA256_WITH_RSA_ENCRYPTION: (RSA_PKCS1V15, "SHA-256"),
     enums.DigitalSignatureAlgorithm.SHA384_WITH_RSA_ENCRYPTION: (RSA_PKCS1V15, "SHA-384"),
     enums.DigitalSignatureAlgorithm.SHA512_WITH_RSA_ENCRYPTION: (RSA_PKCS1V15, "SHA-512"),
+    enums.DigitalSignatureAlgorithm.ECDSA_WITH_SHA256: (ECDSA, "SHA-256"),
+    enums.DigitalSignatureAlgorithm.ECDSA_WITH_SHA384: (ECDSA, "SHA-384"),
+    enums.DigitalSignatureAlgorithm.ECDSA_WITH_SHA512: (ECDSA, "SHA-512"),
 }
+EC_ALGORITHMS = (enums.CryptographicAlgorithm.EC, enums.CryptographicAlgorithm.ECDSA)
 HMACS = {enums.CryptographicAlgorithm.HMAC_SHA256: "SHA-256", enums.CryptographicAlgorithm.HMAC_SHA384: "SHA-384",
          enums.CryptographicAlgorithm.HMAC_SHA512: "SHA-512"}
 # Legacy and weak choices are refused by name, so a client learns why.
@@ -80,27 +85,38 @@ def cipher(params: Any) -> Cipher:
     raise _refuse(f"block cipher mode {mode.name} is not supported; use GCM or CBC (PKCS#5 padding)")
 
 
-def signature(params: Any) -> tuple[str, str]:
-    """(scheme, hash) for Sign/SignatureVerify."""
+def signature(params: Any) -> tuple[str | None, str | None]:
+    """(scheme, hash) for Sign/SignatureVerify; None where the request leaves it to the
+    key's defaults (core/crypto.py: RSA-PSS with SHA-256; ECDSA with the curve's hash)."""
     if params is None:
-        return RSA_PSS, "SHA-256"
+        return None, None
     algorithm = _algorithm(params)
-    if algorithm not in (None, enums.CryptographicAlgorithm.RSA):
-        raise _refuse(f"signatures with {algorithm.name} are not supported; use RSA")
+    if algorithm not in (None, enums.CryptographicAlgorithm.RSA, *EC_ALGORITHMS):
+        raise _refuse(f"signatures with {algorithm.name} are not supported; use RSA or ECDSA")
     chosen = params.digital_signature_algorithm
+    scheme: str | None
     if chosen is not None:
         if chosen in SIGNATURES:
             return SIGNATURES[chosen]
         if chosen != enums.DigitalSignatureAlgorithm.RSASSA_PSS:
-            raise _refuse(f"{chosen.name} is not supported; use RSASSA-PSS or SHA-256/384/512 with RSA")
+            raise _refuse(f"{chosen.name} is not supported; use RSASSA-PSS, SHA-256/384/512 with RSA, or "
+                          "ECDSA with SHA-256/384/512")
         scheme = RSA_PSS
-    elif params.padding_method in (None, enums.PaddingMethod.PSS):
+    elif algorithm in EC_ALGORITHMS:
+        if params.padding_method is not None:
+            raise _refuse("ECDSA takes no padding method")
+        scheme = ECDSA
+    elif params.padding_method is None:
+        scheme = None
+    elif params.padding_method == enums.PaddingMethod.PSS:
         scheme = RSA_PSS
     elif params.padding_method == enums.PaddingMethod.PKCS1v15:
         scheme = RSA_PKCS1V15
     else:
         raise _refuse("signatures use PSS or PKCS#1 v1.5 padding")
-    name = HASHES.get(params.hashing_algorithm or enums.HashingAlgorithm.SHA_256)
+    if params.hashing_algorithm is None:
+        return scheme, None
+    name = HASHES.get(params.hashing_algorithm)
     if name not in ("SHA-256", "SHA-384", "SHA-512"):
         raise _refuse("signatures hash with SHA-256, SHA-384 or SHA-512")
     return scheme, name

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from sqlalchemy import select
 
 from keyserver.core.errors import InvalidInput
@@ -141,3 +141,30 @@ def test_roles_and_random(actors: dict[str, Actor], admin: httpx.Client) -> None
     first, second = (unb64(auditor.get("/api/v1/random", params={"bytes": 32}).json()["random"]) for _ in range(2))
     assert len(first) == 32 and first != second
     assert auditor.get("/api/v1/random", params={"bytes": 0}).status_code == 422
+
+
+def test_ecdsa_with_an_ec_key_pair(admin: httpx.Client, services: Services) -> None:
+    ctx = system_context("tests")
+    pair = services.kmip_objects.create_key_pair(ctx, bits=384, private_name=unique("ec-signer"), public_name=None,
+                                                 activation_date=None, algorithm="EC")
+    private, public = str(pair.private.id), str(pair.public.id)
+    for uid in (private, public):
+        services.kmip_objects.transition(ctx, uid, operation="activate")
+    key = serialization.load_der_public_key(pair.public.der)
+    assert isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name == "secp384r1"
+    # defaults: ECDSA with the curve's hash (P-384: SHA-384)
+    signature = unb64(post(admin, f"/keys/{private}/sign", data=b64(b"doc"))["signature"])
+    key.verify(signature, b"doc", ec.ECDSA(hashes.SHA384()))
+    assert post(admin, f"/keys/{public}/verify", data=b64(b"doc"), signature=b64(signature)) == {"valid": True}
+    signature = unb64(post(admin, f"/keys/{private}/sign", data=b64(b"doc"), scheme="ECDSA",
+                           hash="SHA-512")["signature"])
+    key.verify(signature, b"doc", ec.ECDSA(hashes.SHA512()))
+    assert post(admin, f"/keys/{public}/verify", data=b64(b"dog"), signature=b64(signature),
+                hash="SHA-512") == {"valid": False}
+    r = admin.post(f"/api/v1/keys/{private}/sign", json={"data": b64(b"doc"), "scheme": "RSA-PSS"})
+    assert r.status_code == 400 and "ECDSA only" in r.json()["detail"]
+    r = admin.post(f"/api/v1/keys/{public}/encrypt", json={"plaintext": b64(b"x"), "mode": "RSA-OAEP"})
+    assert r.status_code == 409 and r.json()["code"] == "usage_not_allowed"
+    signs = events(services, "key.sign", private)
+    assert [(e.outcome, e.details["mechanism"]) for e in signs] == [
+        ("allowed", "ECDSA-SHA-384"), ("allowed", "ECDSA-SHA-512")]

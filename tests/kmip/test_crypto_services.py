@@ -3,11 +3,14 @@ the halves of a pair, refusals a client can act on, and the audit record of each
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kmip.core import enums
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from kmip.core import enums, misc
 from kmip.pie.exceptions import KmipOperationFailure
 from sqlalchemy import select
 
@@ -137,3 +140,71 @@ def test_an_auditor_uses_no_key(kmip: Any, kmip_files: Callable[[str], ClientFil
             assert reason(call) == enums.ResultReason.PERMISSION_DENIED
     finally:
         auditor.close()
+
+
+@pytest.mark.parametrize(("algorithm", "bits", "curve", "default_hash"), [
+    (enums.CryptographicAlgorithm.EC, 256, ec.SECP256R1, hashes.SHA256),
+    (enums.CryptographicAlgorithm.ECDSA, 384, ec.SECP384R1, hashes.SHA384)])
+def test_ec_key_pairs_sign_with_ecdsa_inside_the_hsm(kmip: Any, algorithm: enums.CryptographicAlgorithm, bits: int,
+                                                     curve: type[ec.EllipticCurve],
+                                                     default_hash: type[hashes.HashAlgorithm]) -> None:
+    public, private = kmip.create_key_pair(algorithm, bits)
+    for uid, mask in ((public, enums.CryptographicUsageMask.VERIFY), (private, enums.CryptographicUsageMask.SIGN)):
+        found = {a.attribute_name.value: a.attribute_value for a in kmip.get_attributes(uid)[1]}
+        assert found["Cryptographic Algorithm"].value == enums.CryptographicAlgorithm.EC
+        assert found["Cryptographic Length"].value == bits
+        assert found["Cryptographic Usage Mask"].value == mask.value  # ECDSA: that and nothing else
+        kmip.activate(uid)
+    got = kmip.get(public)
+    assert (got.cryptographic_algorithm, got.key_format_type) == (enums.CryptographicAlgorithm.EC,
+                                                                  enums.KeyFormatType.X_509)
+    key = serialization.load_der_public_key(got.value)
+    assert isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, curve)
+    # the PKCS#8 a client may export matches the public half
+    pkcs8 = serialization.load_der_private_key(kmip.get(private).value, None)
+    assert isinstance(pkcs8, ec.EllipticCurvePrivateKey) and pkcs8.public_key().public_numbers() == \
+        key.public_numbers()
+
+    data = b"release 4.2.0 " + os.urandom(16)
+    signature = kmip.sign(data, uid=private)  # no parameters: ECDSA with the curve's hash
+    key.verify(signature, data, ec.ECDSA(default_hash()))
+    assert kmip.signature_verify(data, signature, uid=public) == enums.ValidityIndicator.VALID
+    assert kmip.signature_verify(data + b"!", signature, uid=public) == enums.ValidityIndicator.INVALID
+    by_name = {"digital_signature_algorithm": enums.DigitalSignatureAlgorithm.ECDSA_WITH_SHA512}
+    signature = kmip.sign(data, uid=private, cryptographic_parameters=by_name)
+    key.verify(signature, data, ec.ECDSA(hashes.SHA512()))
+    by_parts = {"cryptographic_algorithm": enums.CryptographicAlgorithm.ECDSA,
+                "hashing_algorithm": enums.HashingAlgorithm.SHA_512}
+    assert kmip.signature_verify(data, signature, uid=public, cryptographic_parameters=by_parts) == \
+        enums.ValidityIndicator.VALID
+
+    # what an EC key does not do, each refused with its reason
+    pss = {"padding_method": enums.PaddingMethod.PSS, "hashing_algorithm": enums.HashingAlgorithm.SHA_256}
+    assert reason(lambda: kmip.sign(data, uid=private, cryptographic_parameters=pss)) == \
+        enums.ResultReason.INVALID_FIELD
+    assert reason(lambda: kmip.encrypt(data, uid=public, cryptographic_parameters=OAEP)) == \
+        enums.ResultReason.ILLEGAL_OPERATION
+    assert reason(lambda: kmip.decrypt(os.urandom(64), uid=private, cryptographic_parameters=OAEP)) == \
+        enums.ResultReason.ILLEGAL_OPERATION
+    result = kmip.proxy.get(public, key_format_type=misc.KeyFormatType(enums.KeyFormatType.PKCS_1))
+    assert result.result_reason.value == enums.ResultReason.KEY_FORMAT_TYPE_NOT_SUPPORTED
+    aes = kmip.create(enums.CryptographicAlgorithm.AES, 256)
+    with pytest.raises(KmipOperationFailure) as e:
+        kmip.get(aes, key_wrapping_specification={"wrapping_method": enums.WrappingMethod.ENCRYPT,
+                                                  "encryption_key_information": {"unique_identifier": public}})
+    assert e.value.reason == enums.ResultReason.ILLEGAL_OPERATION and "EC public key cannot wrap" in e.value.message
+
+    # Locate by algorithm finds both halves (EC and ECDSA name one kind), RSA finds neither
+    for name in (enums.CryptographicAlgorithm.EC, enums.CryptographicAlgorithm.ECDSA):
+        assert {public, private} <= set(kmip.locate(attributes=[
+            kmip.attribute_factory.create_attribute(enums.AttributeType.CRYPTOGRAPHIC_ALGORITHM, name)]))
+    assert not {public, private} & set(kmip.locate(attributes=[
+        kmip.attribute_factory.create_attribute(enums.AttributeType.CRYPTOGRAPHIC_ALGORITHM,
+                                                enums.CryptographicAlgorithm.RSA)]))
+
+
+def test_ec_key_pairs_of_other_sizes_are_refused(kmip: Any) -> None:
+    for bits in (192, 521, 2048):
+        with pytest.raises(KmipOperationFailure) as e:
+            kmip.create_key_pair(enums.CryptographicAlgorithm.EC, bits)
+        assert e.value.reason == enums.ResultReason.INVALID_FIELD and "P-256" in e.value.message

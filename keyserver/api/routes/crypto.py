@@ -56,14 +56,14 @@ def decrypt(key_ref: KeyRef, body: DecryptRequest, ctx: Ctx, services: ServicesD
 
 
 @router.post("/keys/{key_ref}/sign", operation_id="signWithKey", response_model=SignResult,
-             summary="Sign with a private key that stays in the HSM (RSA-PSS by default)")
+             summary="Sign with a private key that stays in the HSM (RSA-PSS by default; ECDSA with an EC key)")
 def sign(key_ref: KeyRef, body: SignRequest, ctx: Ctx, services: ServicesDep) -> SignResult:
     uid = services.kmip_objects.uid_of(key_ref)
     return SignResult(signature=_b64(services.crypto.sign(ctx, uid, body.data, scheme=body.scheme, hash=body.hash)))
 
 
 @router.post("/keys/{key_ref}/verify", operation_id="verifyWithKey", response_model=VerifyResult,
-             summary="Verify a signature with a public key or certificate")
+             summary="Verify a signature with a public key or certificate (RSA or EC)")
 def verify(key_ref: KeyRef, body: VerifyRequest, ctx: Ctx, services: ServicesDep) -> VerifyResult:
     uid = services.kmip_objects.uid_of(key_ref)
     return VerifyResult(valid=services.crypto.verify(ctx, uid, body.data, body.signature, scheme=body.scheme,

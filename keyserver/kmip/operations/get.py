@@ -14,7 +14,7 @@ from kmip.core.messages import payloads
 
 from hsm import RSA_OAEP_SHA1
 from hsm.backend import AES_KWP
-from keyserver.core.kmip_objects import CERTIFICATE, OPAQUE, PRIVATE_KEY, VersionObject
+from keyserver.core.kmip_objects import CERTIFICATE, OPAQUE, PRIVATE_KEY, VersionObject, public_key_algorithm
 from keyserver.core.states import DESTROYED_STATES, KeyState
 from keyserver.kmip import attributes
 from keyserver.kmip.context import Call, request_uid
@@ -77,11 +77,14 @@ def _public_key(uid: str, found: KmipPublicKey, fmt: Any) -> Any:
     if KeyState(found.state) in DESTROYED_STATES:
         raise KmipFailure(R.ILLEGAL_OPERATION, f"the public key is {found.state}")
     der = found.der
+    algorithm = public_key_algorithm(found)
+    if fmt == enums.KeyFormatType.PKCS_1 and algorithm != "RSA":
+        raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "PKCS#1 is for RSA keys; EC public keys are X.509")
     if fmt == enums.KeyFormatType.PKCS_1:
         der = serialization.load_der_public_key(der).public_bytes(serialization.Encoding.DER,
                                                                    serialization.PublicFormat.PKCS1)
     secret = _secrets.create(enums.ObjectType.PUBLIC_KEY, {
-        "cryptographic_algorithm": enums.CryptographicAlgorithm.RSA, "cryptographic_length": found.length_bits,
+        "cryptographic_algorithm": attributes.PAIR_ALGORITHMS[algorithm], "cryptographic_length": found.length_bits,
         "key_format_type": fmt or enums.KeyFormatType.X_509, "key_value": der})
     return payloads.GetResponsePayload(object_type=enums.ObjectType.PUBLIC_KEY, unique_identifier=uid, secret=secret)
 
@@ -90,6 +93,8 @@ def _sealed(call: Call, uid: str, found: KmipSealedObject, fmt: Any) -> Any:
     if found.object_type == PRIVATE_KEY:
         if fmt not in (None, enums.KeyFormatType.PKCS_8, enums.KeyFormatType.PKCS_1):
             raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "private keys are delivered in PKCS#8 or PKCS#1 format")
+        if fmt == enums.KeyFormatType.PKCS_1 and found.algorithm != "RSA":
+            raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "PKCS#1 is for RSA keys; EC private keys are PKCS#8")
     elif fmt is not None and not (found.object_type != CERTIFICATE and fmt == enums.KeyFormatType.OPAQUE):
         raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, f"a {found.object_type} has no key format to choose")
     material = call.engine.objects.export_object(call.ctx, found)
@@ -109,7 +114,8 @@ def _sealed(call: Call, uid: str, found: KmipSealedObject, fmt: Any) -> Any:
                 serialization.Encoding.DER, serialization.PrivateFormat.TraditionalOpenSSL,
                 serialization.NoEncryption())
         secret = _secrets.create(enums.ObjectType.PRIVATE_KEY, {
-            "cryptographic_algorithm": enums.CryptographicAlgorithm.RSA,
+            "cryptographic_algorithm": attributes.PAIR_ALGORITHMS.get(found.algorithm or "RSA",
+                                                                      enums.CryptographicAlgorithm.RSA),
             "cryptographic_length": found.length_bits,
             "key_format_type": fmt or enums.KeyFormatType.PKCS_8, "key_value": material})
         return payloads.GetResponsePayload(object_type=enums.ObjectType.PRIVATE_KEY, unique_identifier=uid,

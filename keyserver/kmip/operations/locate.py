@@ -21,6 +21,7 @@ OBJECT_TYPES = {enums.ObjectType.SYMMETRIC_KEY: "symmetric-key", enums.ObjectTyp
                 enums.ObjectType.PRIVATE_KEY: "private-key", enums.ObjectType.SECRET_DATA: "secret-data",
                 enums.ObjectType.CERTIFICATE: "certificate", enums.ObjectType.OPAQUE_DATA: "opaque-object"}
 ALGORITHMS = {enums.CryptographicAlgorithm.AES: "AES", enums.CryptographicAlgorithm.RSA: "RSA",
+              enums.CryptographicAlgorithm.EC: "EC", enums.CryptographicAlgorithm.ECDSA: "EC",
               enums.CryptographicAlgorithm.HMAC_SHA256: "HMAC-SHA256",
               enums.CryptographicAlgorithm.HMAC_SHA384: "HMAC-SHA384",
               enums.CryptographicAlgorithm.HMAC_SHA512: "HMAC-SHA512"}

@@ -684,7 +684,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Sign with a private key that stays in the HSM (RSA-PSS by default) */
+        /** Sign with a private key that stays in the HSM (RSA-PSS by default; ECDSA with an EC key) */
         post: operations["signWithKey"];
         delete?: never;
         options?: never;
@@ -701,7 +701,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Verify a signature with a public key or certificate */
+        /** Verify a signature with a public key or certificate (RSA or EC) */
         post: operations["verifyWithKey"];
         delete?: never;
         options?: never;
@@ -2091,16 +2091,14 @@ export interface components {
             data: string;
             /**
              * Hash
-             * @default SHA-256
-             * @enum {string}
+             * @description default: SHA-256 (RSA, P-256), SHA-384 (P-384)
              */
-            hash?: "SHA-256" | "SHA-384" | "SHA-512";
+            hash?: ("SHA-256" | "SHA-384" | "SHA-512") | null;
             /**
              * Scheme
-             * @default RSA-PSS
-             * @enum {string}
+             * @description default: RSA-PSS for an RSA key, ECDSA for an EC key
              */
-            scheme?: "RSA-PSS" | "RSA-PKCS1-v1_5";
+            scheme?: ("RSA-PSS" | "RSA-PKCS1-v1_5" | "ECDSA") | null;
         };
         /** SignResult */
         SignResult: {
@@ -2237,17 +2235,18 @@ export interface components {
             data: string;
             /**
              * Hash
-             * @default SHA-256
-             * @enum {string}
+             * @description as for sign
              */
-            hash?: "SHA-256" | "SHA-384" | "SHA-512";
+            hash?: ("SHA-256" | "SHA-384" | "SHA-512") | null;
             /**
              * Scheme
-             * @default RSA-PSS
-             * @enum {string}
+             * @description as for sign: the key's default
              */
-            scheme?: "RSA-PSS" | "RSA-PKCS1-v1_5";
-            /** Signature */
+            scheme?: ("RSA-PSS" | "RSA-PKCS1-v1_5" | "ECDSA") | null;
+            /**
+             * Signature
+             * @description base64 (ECDSA: DER Ecdsa-Sig-Value)
+             */
             signature: string;
         };
         /** VerifyResult */
