@@ -31,7 +31,7 @@ from keyserver.core.kmip_objects import KmipObjectService
 from keyserver.core.policy import Policy
 from keyserver.core.scheduler import Scheduler
 from keyserver.settings import Settings
-from keyserver.store import db
+from keyserver.store import db, notify
 from keyserver.store.notify import Notifier
 
 log = logging.getLogger(__name__)
@@ -144,8 +144,9 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
 
     @event.listens_for(session_factory, "after_commit")
     def _local_notify(session: Session) -> None:
-        if session.info.pop("notify_local", False):
-            notifier.fire_local()
+        topics = session.info.pop(notify.LOCAL, None)
+        if topics:
+            notifier.fire_local(topics)
     backend: HsmBackend = hsm if hsm is not None else LazyHsm(settings.hsm_config())
     audit = AuditService(session_factory, backend, hmac_key_id=settings.audit_hmac_key_id)
     policy = Policy(audit)

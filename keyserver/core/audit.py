@@ -54,6 +54,10 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def _connection(session: Session | Connection) -> Connection:
+    return session.connection() if isinstance(session, Session) else session
+
+
 def _iso(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -137,8 +141,9 @@ class AuditService:
         details: dict[str, Any] | None = None,
     ) -> None:
         """Queue a record in the caller's transaction: it commits or rolls back with it."""
-        # A Core insert: no unit-of-work bookkeeping on the hot path.
-        session.execute(insert(AuditInbox).values(
+        # A Core insert on the session's connection: no unit-of-work bookkeeping (and no
+        # ORM bulk-insert handling) on the hot path.
+        _connection(session).execute(insert(AuditInbox).values(
             payload=self._payload(ctx, action, outcome, object_type, object_id, details)))
         # The chainer lingers before it looks, by which time this has usually committed;
         # if not, the next poll takes it.
@@ -149,7 +154,7 @@ class AuditService:
         callers that group the records of concurrent requests into one commit."""
         if not records:
             return
-        session.execute(insert(AuditInbox), [
+        _connection(session).execute(insert(AuditInbox), [
             {"payload": self._payload(r.ctx, r.action, r.outcome, r.object_type, r.object_id, r.details)}
             for r in records])
         self._wake.set()

@@ -31,7 +31,7 @@ from keyserver.core.principal import RequestContext
 from keyserver.core.states import DECRYPTABLE, KeyState
 from keyserver.store.db import retry_on_disconnect
 from keyserver.store.models import KeyVersion, ManagedKey
-from keyserver.store.notify import Notifier
+from keyserver.store.notify import Notifier, Topic
 
 MAGIC = b"SRDK"
 FORMAT_V1 = 1
@@ -96,7 +96,7 @@ class DataKeyService:
         self._notifier = notifier
         self._cache_seconds = cache_seconds
         self._active: dict[str, _Active] = {}
-        notifier.subscribe(self._active.clear)
+        notifier.subscribe(Topic.KEYS, self._active.clear)
 
     def _active_version(self, conn: Connection, ref: str) -> _Active:
         hit = self._active.get(ref)

@@ -34,7 +34,7 @@ from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import ANONYMOUS, Principal, RequestContext
 from keyserver.core.states import DECRYPTABLE, KeyState
 from keyserver.store.models import EnrollmentToken, GuardPoint, Host, KeyVersion, ManagedKey
-from keyserver.store.notify import Notifier
+from keyserver.store.notify import Notifier, Topic
 
 TOKEN_PREFIX = "sre_"  # noqa: S105 - a public prefix, not a secret
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -231,7 +231,7 @@ class HostService:
             if host.state == "revoked":
                 raise Conflict(f"host {host.hostname} is already revoked", code="host_revoked")
             host.state, host.revoked_at = "revoked", self._now()
-            self._notifier.publish(s)
+            self._notifier.publish(s, Topic.PRINCIPALS)
             self._audit.add(s, ctx, action="host.revoke", object_type="host", object_id=str(host.id),
                             details={"hostname": host.hostname, "serial": host.cert_serial})
         return host

@@ -29,7 +29,7 @@ from keyserver.core.errors import Conflict, Forbidden, InvalidInput, NotFound, R
 from keyserver.core.policy import Permission, Policy, Role, permissions_for
 from keyserver.core.principal import Principal, RequestContext, system_context
 from keyserver.store.models import ApiToken, BrowserSession, User
-from keyserver.store.notify import Notifier
+from keyserver.store.notify import Notifier, Topic
 
 USERNAME_RE = re.compile(r"^[a-z0-9][a-z0-9._@-]{1,63}$")
 MIN_PASSWORD = 12
@@ -121,7 +121,7 @@ class IdentityService:
         self._notifier = notifier
         self._token_ttl = token_cache_seconds
         self._token_cache: dict[str, tuple[Principal, datetime | None, float]] = {}
-        notifier.subscribe(self._token_cache.clear)
+        notifier.subscribe(Topic.PRINCIPALS, self._token_cache.clear)
 
     # --- bootstrap --------------------------------------------------------------
     def bootstrap_admin(self, username: str = "admin") -> str | None:
@@ -201,7 +201,7 @@ class IdentityService:
                 raise Conflict("this is the last enabled administrator; create another one first",
                                code="last_admin")
             changes: dict[str, object] = {}
-            self._notifier.publish(s)
+            self._notifier.publish(s, Topic.PRINCIPALS)
             if role is not None:
                 user.role, changes["role"] = role, role
             if full_name is not None:
@@ -233,7 +233,7 @@ class IdentityService:
             user.password_hash = _hasher.hash(password)
             user.must_change_password, user.password_changed_at = True, self._now()
             user.failed_logins, user.locked_until = 0, None
-            self._notifier.publish(s)
+            self._notifier.publish(s, Topic.PRINCIPALS)
             s.execute(update(BrowserSession).where(BrowserSession.user_id == user.id).values(revoked=True))
             self._audit.add(s, ctx, action="user.reset_password", object_type="user", object_id=user.username)
         return password
@@ -422,7 +422,7 @@ class IdentityService:
             assert t is not None
             if t.revoked_at is None:
                 t.revoked_at = self._now()
-            self._notifier.publish(s)
+            self._notifier.publish(s, Topic.PRINCIPALS)
             self._audit.add(s, ctx, action="token.revoke", object_type="token", object_id=str(token_id),
                             details={"name": t.name})
         return t

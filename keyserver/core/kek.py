@@ -24,7 +24,7 @@ from keyserver.core.errors import Conflict, NotFound, ServiceUnavailable, hsm_fa
 from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import RequestContext, system_context
 from keyserver.store.models import Kek, KekRotation, KeyVersion
-from keyserver.store.notify import Notifier
+from keyserver.store.notify import Notifier, Topic
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,6 @@ class KekService:
                     raise hsm_failure("re-wrap for the KEK rotation (paused; it resumes by itself)", exc) from exc
                 rot.done += len(batch)
                 done += len(batch)
-                self._notifier.publish(s)
+                self._notifier.publish(s, Topic.KEYS)
             for w in old:
                 self._hsm.forget(w)

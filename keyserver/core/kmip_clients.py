@@ -30,7 +30,7 @@ from keyserver.core.errors import Conflict, Forbidden, InvalidInput, NotFound, U
 from keyserver.core.policy import Permission, Policy, Role, permissions_for
 from keyserver.core.principal import Principal, RequestContext
 from keyserver.store.models import KmipClient
-from keyserver.store.notify import Notifier
+from keyserver.store.notify import Notifier, Topic
 
 # Also a DNS name: it goes into the certificate's subjectAltName.
 CLIENT_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
@@ -83,7 +83,7 @@ class KmipClientService:
         # what it read, or a revocation racing it would be forgotten for the whole TTL.
         self._generation = 0
         if notifier is not None:
-            notifier.subscribe(self._clear_cache)
+            notifier.subscribe(Topic.PRINCIPALS, self._clear_cache)
 
     def _clear_cache(self) -> None:
         with self._cache_lock:
@@ -159,7 +159,7 @@ class KmipClientService:
             if client.revoked_at is None:
                 client.revoked_at = self._now()
                 if self._notifier is not None:
-                    self._notifier.publish(s)  # every replica drops its cached principals
+                    self._notifier.publish(s, Topic.PRINCIPALS)  # every replica drops its cached principals
                 self._audit.add(s, ctx, action="kmip_client.revoke", object_type="kmip_client",
                                 object_id=str(client.id), details={"name": client.name, "serial": client.serial})
         return client

@@ -44,7 +44,7 @@ from keyserver.core.states import DESTROYED_STATES, RETRIEVABLE, KeyState, check
 from keyserver.core.usage import Usage, uses_of
 from keyserver.store.db import retry_on_disconnect
 from keyserver.store.models import KeyVersion, KmipPublicKey, KmipSealedObject, ManagedKey
-from keyserver.store.notify import Notifier
+from keyserver.store.notify import Notifier, Topic
 
 MAX_LOCATE = 1000
 SCAN_LIMIT = 20_000  # candidates per kind of object when Locate filters on stored attributes
@@ -220,7 +220,7 @@ class KmipObjectService:
         # a burst of CreateKeyPair must not take every session from Get and Create.
         self._pair_slots = threading.BoundedSemaphore(PAIR_GENERATIONS)
         if notifier is not None:
-            notifier.subscribe(self._clear_cache)
+            notifier.subscribe(Topic.KEYS, self._clear_cache)
 
     def _clear_cache(self) -> None:
         with self._cache_lock:
@@ -687,7 +687,7 @@ class KmipObjectService:
             if isinstance(obj, KmipSealedObject):
                 obj.updated_at = now
             if self._notifier is not None:
-                self._notifier.publish(s)  # replicas drop what Get cached of it
+                self._notifier.publish(s, Topic.KEYS)  # replicas drop what Get cached of it
             self._audit.add(s, ctx, action=f"kmip.{operation}", object_type=object_type_of(obj).replace("-", "_"),
                             object_id=uid, details={"state": target.value, "from": current.value,
                                                     **({"reason": reason, "message": message[:200]}
@@ -732,7 +732,7 @@ class KmipObjectService:
             elif isinstance(row, KmipSealedObject):
                 row.updated_at = now
             if self._notifier is not None:
-                self._notifier.publish(s)  # replicas drop what Get cached of it
+                self._notifier.publish(s, Topic.KEYS)  # replicas drop what Get cached of it
             object_type, object_id = audit_identity(found)
             self._audit.add(s, ctx, action=action, object_type=object_type, object_id=object_id,
                             details={**audit_details(found), "attribute": name, "index": index})

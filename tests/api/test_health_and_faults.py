@@ -123,7 +123,8 @@ def test_database_down_is_503_and_recovers(settings: Settings, hsm_backend: obje
     assert admin.post(f"/api/v1/keys/{name}/generate-data-key", json={}).status_code == 200
     u = make_url(database_url)
     with psycopg.connect(host=u.host, port=u.port or 5432, user=u.username, dbname="postgres", autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        # With a timeout, each call returns once that backend has gone: "killed" is a fact.
+        conn.execute("SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
                      "WHERE datname = %s AND pid <> pg_backend_pid()", (u.database,))
     assert admin.get("/api/v1/keys").status_code == 200
     r = admin.post("/api/v1/keys", json={"name": unique("after-kill")})

@@ -23,20 +23,20 @@ from keyserver.kmip.listener import KmipListener
 from keyserver.services import Services
 from keyserver.store import db
 from keyserver.store.models import KeyVersion, KmipClient
-from keyserver.store.notify import Notifier
+from keyserver.store.notify import Notifier, Topic
 from tests.conftest import unique
 from tests.kmip.conftest import ClientFiles, make_client
 from tests.kmip.raw import connect, query_request, roundtrip
 
 
-def _other_replica(services: Services, change: Any) -> None:
+def _other_replica(services: Services, change: Any, topic: Topic) -> None:
     """`change` committed by another process on the same store, with the notification
     its commit carries (LISTEN/NOTIFY on PostgreSQL, the change counter on SQLite)."""
     engine = db.make_engine(services.settings.effective_database_url, pool_size=1)
     try:
         with Session(engine) as s, s.begin():
             s.execute(change)
-            Notifier(engine).publish(s)
+            Notifier(engine).publish(s, topic)
     finally:
         engine.dispose()
 
@@ -58,7 +58,7 @@ def test_a_client_revoked_by_another_replica_is_refused(services: Services, kmip
         for _ in range(3):  # the principal is cached now
             assert roundtrip(conn, query_request()).batch_items[0].result_status.value == enums.ResultStatus.SUCCESS
         _other_replica(services, update(KmipClient).where(KmipClient.id == uuid.UUID(files.client_id))
-                       .values(revoked_at=datetime.now(UTC)))
+                       .values(revoked_at=datetime.now(UTC)), Topic.PRINCIPALS)
 
         def refused() -> bool:
             answer = roundtrip(conn, query_request()).batch_items[0]
@@ -73,7 +73,7 @@ def test_a_key_destroyed_by_another_replica_is_not_served_from_the_cache(service
     assert len(kmip.get(uid).value) == 32
     assert len(kmip.get(uid).value) == 32  # from the cache
     _other_replica(services, update(KeyVersion).where(KeyVersion.id == uuid.UUID(uid))
-                   .values(state="destroyed", wrapped_key=None, destroy_date=datetime.now(UTC)))
+                   .values(state="destroyed", wrapped_key=None, destroy_date=datetime.now(UTC)), Topic.KEYS)
 
     def refused() -> bool:
         try:
@@ -164,3 +164,39 @@ def test_group_commit_writes_each_record_once_and_fails_every_waiter() -> None:
         failing.submit(PendingRecord(ctx=ctx, action="t"))
     with pytest.raises(RuntimeError):  # and the next caller is not stuck behind a dead leader
         failing.submit(PendingRecord(ctx=ctx, action="t"))
+
+
+def test_a_notification_drops_only_the_caches_of_its_topic(services: Services) -> None:
+    """A burst of key changes must not empty every replica's credential caches, and a
+    credential change must still reach them; a notification with no topic (an older
+    replica's) drops everything."""
+    fired: list[str] = []
+    notifier = Notifier(services.notifier._engine)  # a fresh subscriber list, same store
+    notifier.subscribe(Topic.KEYS, lambda: fired.append("keys"))
+    notifier.subscribe(Topic.PRINCIPALS, lambda: fired.append("principals"))
+    notifier.start()
+    try:
+        assert _eventually(lambda: notifier.healthy)
+        time.sleep(0.5)  # past the drop-everything of the listener's own (re)connection
+        engine = db.make_engine(services.settings.effective_database_url, pool_size=1)
+        try:
+            for topic in (Topic.KEYS, Topic.PRINCIPALS):
+                fired.clear()
+                with Session(engine) as s, s.begin():
+                    Notifier(engine).publish(s, topic)
+                assert _eventually(lambda: bool(fired))
+                time.sleep(0.5)  # anything else it would fire has arrived by now
+                if services.notifier._postgres:
+                    assert set(fired) == {topic.value}
+                else:  # the embedded store's change counter carries no topic
+                    assert set(fired) == {"keys", "principals"}
+            if services.notifier._postgres:
+                fired.clear()
+                with engine.connect() as conn:
+                    conn.exec_driver_sql("NOTIFY strongroom_invalidate")
+                    conn.commit()
+                assert _eventually(lambda: set(fired) == {"keys", "principals"})
+        finally:
+            engine.dispose()
+    finally:
+        notifier.stop()
