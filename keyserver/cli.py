@@ -170,9 +170,8 @@ def serve(
             console.print("[red]several workers need PostgreSQL[/red]: set STRONGROOM_DATABASE_URL, "
                           "or STRONGROOM_WORKERS=1 for the embedded SQLite database")
             raise typer.Exit(EXIT_FAILED)
-        # The KMIP listener runs in the supervisor only (one process binds it; see
-        # docs/kmip.md): its services stay open here, the workers open their own.
-        # Every worker serves the agent port too: check here that it can be bound.
+        # Every worker serves the agent and KMIP ports too (SO_REUSEPORT): check here
+        # that they can be bound, and say so once.
         from keyserver.server import bind_socket
 
         if settings.agent_enabled:
@@ -183,17 +182,13 @@ def serve(
             except OSError as exc:
                 _agent_port_failed(settings, exc)
                 os.environ["STRONGROOM_AGENT_ENABLED"] = "false"
-        kmip = _start_kmip(services)
-        if kmip is None:
-            services.close()
+        kmip = _probe_kmip(services)
+        services.close()
         os.environ.setdefault("STRONGROOM_DATA_DIR", str(settings.data_dir))
         from keyserver.server import serve_workers
 
-        try:
-            serve_workers(host=settings.host, port=settings.port, workers=settings.workers, uvicorn_kwargs=common)
-        finally:
-            if kmip is not None:
-                services.close()  # stops the listener first
+        serve_workers(host=settings.host, port=settings.port, workers=settings.workers, uvicorn_kwargs=common,
+                      kmip=kmip)
     else:
         from keyserver.agentport import agent_sidecar, run_servers
 
@@ -233,6 +228,19 @@ def _agent_port_failed(settings: Settings, exc: OSError) -> None:
     logging.getLogger("keyserver").error("agent port not started: %s", exc)
 
 
+def _kmip_disabled(services: Services, exc: OSError) -> None:
+    # KMIP is an extra door, on by default: a busy port must not take REST down with it.
+    console.print(f"[red]KMIP disabled[/red]: cannot listen on {services.settings.kmip_host}:"
+                  f"{services.settings.kmip_port} ({exc}); set STRONGROOM_KMIP_PORT, or "
+                  "STRONGROOM_KMIP_ENABLED=false to silence this")
+    logging.getLogger("keyserver.kmip").error("KMIP listener not started: %s", exc)
+
+
+def _kmip_listening(services: Services, port: int) -> None:
+    console.print(f"KMIP (mutual TLS) on [bold]{services.settings.kmip_host}:{port}[/bold]; "
+                  "issue client certificates with `keyserver kmip-client create`")
+
+
 def _start_kmip(services: Services) -> KmipListener | None:
     if not services.settings.kmip_enabled:
         return None
@@ -242,17 +250,28 @@ def _start_kmip(services: Services) -> KmipListener | None:
     try:
         port = listener.start()
     except OSError as exc:
-        # KMIP is an extra door, on by default: a busy port must not take REST down with it.
-        console.print(f"[red]KMIP disabled[/red]: cannot listen on {services.settings.kmip_host}:"
-                      f"{services.settings.kmip_port} ({exc}); set STRONGROOM_KMIP_PORT, or "
-                      "STRONGROOM_KMIP_ENABLED=false to silence this")
-        logging.getLogger("keyserver.kmip").error("KMIP listener not started: %s", exc)
+        _kmip_disabled(services, exc)
         return None
-    console.print(f"KMIP (mutual TLS) on [bold]{services.settings.kmip_host}:{port}[/bold]; "
-                  "issue client certificates with `keyserver kmip-client create`")
+    _kmip_listening(services, port)
     # Stopped before the services close (the HTTP lifespan's shutdown closes them).
     services.on_close.append(listener.stop)
     return listener
+
+
+def _probe_kmip(services: Services) -> bool:
+    """Whether the workers should serve KMIP: enabled, and its port can be bound."""
+    if not services.settings.kmip_enabled:
+        return False
+    from keyserver.server import bind_socket
+
+    try:
+        bind_socket(services.settings.kmip_host, services.settings.kmip_port).close()
+    except OSError as exc:
+        _kmip_disabled(services, exc)
+        return False
+    services.ca.ensure()  # once here, not raced by the workers
+    _kmip_listening(services, services.settings.kmip_port)
+    return True
 
 
 kmip_app = typer.Typer(help="KMIP client identities (certificates from the internal CA)", no_args_is_help=True)

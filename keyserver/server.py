@@ -3,8 +3,8 @@
 uvicorn's own multi-worker mode shares one listening socket, and the kernel then hands
 most keep-alive connections to whichever worker wakes first: under load one worker
 saturates while the others idle. Here every worker binds its own SO_REUSEPORT socket,
-so the kernel spreads connections evenly. The supervisor restarts a worker that dies
-and stops them all on SIGTERM/SIGINT.
+so the kernel spreads connections evenly; the KMIP port is shared the same way. The
+supervisor restarts a worker that dies and stops them all on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _worker(host: str, port: int, uvicorn_kwargs: dict[str, Any]) -> None:
+def _worker(host: str, port: int, uvicorn_kwargs: dict[str, Any], kmip: bool = False) -> None:
     import uvicorn
 
     from keyserver.agentport import agent_sidecar, run_servers
@@ -40,13 +40,26 @@ def _worker(host: str, port: int, uvicorn_kwargs: dict[str, Any]) -> None:
 
     app = app_factory()
     services = app.state.services
+    if kmip:
+        # Every worker serves KMIP on the same port (SO_REUSEPORT): one Python process
+        # is one core for KMIP, as for HTTP. Caches are per process and dropped by the
+        # store's notifications, as between replicas.
+        from keyserver.kmip.server import build_listener
+
+        listener = build_listener(services, reuse_port=True)
+        try:
+            listener.start()
+            services.on_close.append(listener.stop)  # runs first (last in, first out)
+        except OSError as exc:  # the supervisor bound it a moment ago; serve HTTP regardless
+            log.error("worker %s: KMIP listener not started: %s", os.getpid(), exc)
     sock = bind_socket(host, port)
     sidecar = agent_sidecar(services, app, uvicorn_kwargs)  # the agent port: same SO_REUSEPORT sharing
     tls = uvicorn_tls(rest_tls_context(services.settings, services.ca))
     run_servers(uvicorn.Server(uvicorn.Config(app, **uvicorn_kwargs, **tls)), [sidecar] if sidecar else [], [sock])
 
 
-def serve_workers(*, host: str, port: int, workers: int, uvicorn_kwargs: dict[str, Any]) -> None:
+def serve_workers(*, host: str, port: int, workers: int, uvicorn_kwargs: dict[str, Any],
+                  kmip: bool = False) -> None:
     # Bind once in the parent to fail fast (port in use) before any worker starts.
     probe = bind_socket(host, port)
     ctx = multiprocessing.get_context("spawn")
@@ -54,7 +67,7 @@ def serve_workers(*, host: str, port: int, workers: int, uvicorn_kwargs: dict[st
     stopping = False
 
     def start() -> multiprocessing.process.BaseProcess:
-        p = ctx.Process(target=_worker, args=(host, port, uvicorn_kwargs), daemon=False)
+        p = ctx.Process(target=_worker, args=(host, port, uvicorn_kwargs, kmip), daemon=False)
         p.start()
         return p
 

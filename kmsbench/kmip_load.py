@@ -298,6 +298,22 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) ->
     raise SystemExit("a benchmark server did not start listening")
 
 
+def _wait_listeners(port: int, count: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Until `count` sockets listen on `port` (each worker binds its own, SO_REUSEPORT):
+    connections made while one worker is still starting would all go to the others."""
+    deadline = time.monotonic() + timeout
+    needle = f":{port:04X} 00000000:0000 0A"  # local port, no peer, state LISTEN
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit("a benchmark server exited during start-up")
+        listening = sum(line.count(needle) for f in ("/proc/net/tcp", "/proc/net/tcp6")
+                        if Path(f).exists() for line in Path(f).read_text().splitlines())
+        if listening >= count:
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"only some of the {count} Strongroom workers started listening")
+
+
 # --- the run ---------------------------------------------------------------------------
 def _private_uid(response: bytes) -> str | None:
     from kmip.core.messages import messages
@@ -312,7 +328,7 @@ def _private_uid(response: bytes) -> str | None:
 
 
 def run(*, postgres: str, connections: list[int], duration: float, output: Path | None,
-        json_out: Path | None, repeats: int = 3, ops: tuple[str, ...] = OPS) -> dict[str, Any]:
+        json_out: Path | None, repeats: int = 3, ops: tuple[str, ...] = OPS, workers: int = 1) -> dict[str, Any]:
     from keyserver.core.principal import system_context
     from keyserver.services import build_services
     from keyserver.settings import Settings
@@ -334,10 +350,12 @@ def run(*, postgres: str, connections: list[int], duration: float, output: Path 
            "STRONGROOM_DATABASE_URL": admin_url.set(database=dbname).render_as_string(hide_password=False),
            "STRONGROOM_PORT": str(_free_port()), "STRONGROOM_KMIP_PORT": str(kmip_port),
            "STRONGROOM_KMIP_MAX_CONNECTIONS": "256", "STRONGROOM_LOG_LEVEL": "WARNING",
-           "STRONGROOM_DATABASE_POOL_SIZE": "64", "STRONGROOM_HSM_POOL_SIZE": "16"}
+           "STRONGROOM_DATABASE_POOL_SIZE": str(max(16, 64 // workers)), "STRONGROOM_HSM_POOL_SIZE": "16",
+           "STRONGROOM_WORKERS": str(workers)}
     procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, Any] = {"machine": machine(), "when": datetime.now(UTC).isoformat(timespec="seconds"),
                                "duration_s": duration, "repeats": repeats, "servers": {}, "ops": list(ops),
+                               "workers": workers,
                                "load_before": os.getloadavg()[0]}
     try:
         os.environ.update({k: v for k, v in env.items() if k.startswith("STRONGROOM_")})
@@ -373,6 +391,8 @@ def run(*, postgres: str, connections: list[int], duration: float, output: Path 
         uids: dict[str, dict[str, str]] = {}
         for name, port, proc in servers:
             _wait_port(port, proc)
+            if name == "strongroom":
+                _wait_listeners(port, workers, proc)
             ctx = _context(files)
             with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30),
                                  server_hostname="localhost") as tls:
@@ -444,6 +464,9 @@ def render(r: dict[str, Any], connections: list[int]) -> str:
         f"Measured {r['when']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB), client and servers "
         f"on the same machine; {r.get('repeats', 1)} interleaved rounds of {r['duration_s']} s per figure, "
         "median (min-max), one TLS connection per client thread. "
+        f"Strongroom ran `keyserver serve` with {r.get('workers', 1)} worker process(es) sharing the KMIP port "
+        "(STRONGROOM_WORKERS, one per core as deployed on PostgreSQL); PyKMIP's server is one process by design "
+        "(one global lock). "
         "Command: `.venv/bin/kms-bench kmip --output docs/benchmarks.md`.",
         "",
         f"Load average (1 min) before/after the run: {r.get('load_before', 0):.1f} / {r.get('load_after', 0):.1f} "
@@ -527,6 +550,8 @@ def bench_kmip(
     repeats: Annotated[int, typer.Option(min=1, help="interleaved rounds per figure (median and spread)")] = 3,
     output: Annotated[Path | None, typer.Option(help="Markdown file whose KMIP section is rewritten")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="raw results as JSON")] = None,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Strongroom worker processes (STRONGROOM_WORKERS); "
+                                         "default: one per core, as deployed")] = os.cpu_count() or 1,
 ) -> None:
     """KMIP operations per second, Strongroom vs PyKMIP's bundled server, in one run."""
     chosen = tuple(o.strip() for o in ops.split(",") if o.strip())
@@ -538,7 +563,7 @@ def bench_kmip(
     # SIGTERM unwinds like Ctrl-C, so that run() stops both servers and drops its database
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     run(postgres=postgres, connections=[int(c) for c in connections.split(",")], duration=duration,
-        output=output, json_out=json_out, repeats=repeats, ops=chosen)
+        output=output, json_out=json_out, repeats=repeats, ops=chosen, workers=workers)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -110,13 +111,18 @@ def _trust(tmp_path: Path) -> ssl.SSLContext:
 
 
 def test_several_workers_on_postgresql(tmp_path: Path) -> None:
-    """`STRONGROOM_WORKERS=2`: one SO_REUSEPORT socket per worker, both serving the
-    same database; SIGTERM stops every process."""
+    """`STRONGROOM_WORKERS=2`: one SO_REUSEPORT socket per worker for HTTP and for KMIP,
+    both serving the same database (a key made through one worker is read through the
+    other); SIGTERM stops every process."""
+    from kmip.core import enums
+
+    from tests.kmip.conftest import ClientFiles, make_client
     from tests.pg import scratch_database
 
-    port = free_port()
+    port, kmip_port = free_port(), free_port()
     with scratch_database() as url:
-        env = {**_env(tmp_path / "data", port), "STRONGROOM_WORKERS": "2", "STRONGROOM_DATABASE_URL": url}
+        env = {**_env(tmp_path / "data", port), "STRONGROOM_WORKERS": "2", "STRONGROOM_DATABASE_URL": url,
+               "STRONGROOM_KMIP_PORT": str(kmip_port)}
         proc = subprocess.Popen([KEYSERVER, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             base = f"https://127.0.0.1:{port}"
@@ -133,6 +139,25 @@ def test_several_workers_on_postgresql(tmp_path: Path) -> None:
             assert codes == {200}
             children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
             assert len(children) >= 2, children
+            # KMIP: every worker listens on the port, the supervisor does not.
+            listening = subprocess.run(["ss", "-Hltnp", f"sport = :{kmip_port}"], capture_output=True,
+                                       text=True).stdout
+            pids = {int(p) for p in re.findall(r"pid=(\d+)", listening)}
+            assert len(pids) == 2 and pids <= {int(c) for c in children}, listening
+            out = tmp_path / "client"
+            r = subprocess.run([KEYSERVER, "kmip-client", "create", "deploy-test", "--role", "key-officer",
+                                "--out", str(out)], env=env, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            files = ClientFiles("deploy-test", "", out / "cert.pem", out / "key.pem", out / "ca.pem")
+            made = []
+            for _ in range(6):  # fresh connections, spread over both workers by the kernel
+                with make_client(files, kmip_port) as client:
+                    uid = client.create(enums.CryptographicAlgorithm.AES, 256)
+                    client.activate(uid)
+                    made.append(uid)
+            for uid in made:
+                with make_client(files, kmip_port) as client:
+                    assert len(client.get(uid).value) == 32
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(40)

@@ -334,9 +334,11 @@ class KeyService:
                                      "replaces": newest.version, "reason": reason})
         return key
 
-    def activate(self, ctx: RequestContext, ref: str) -> ManagedKey:
+    def activate(self, ctx: RequestContext, ref: str, *, version: int | None = None) -> ManagedKey:
+        """Activate the newest version (or `version`, which must be the newest: a
+        replaced version was Active once and never becomes Active again)."""
         self._policy.require(ctx, Permission.KEYS_ACTIVATE, action="key.activate", object_type="key", object_id=ref)
-        return self._transition(ctx, ref, None, KeyState.ACTIVE, action="key.activate")
+        return self._transition(ctx, ref, version, KeyState.ACTIVE, action="key.activate")
 
     def deactivate(self, ctx: RequestContext, ref: str) -> ManagedKey:
         self._policy.require(ctx, Permission.KEYS_REVOKE, action="key.deactivate", object_type="key", object_id=ref)
@@ -430,6 +432,9 @@ class KeyService:
                 (x for x in key.versions if x.version == version), None)
             if v is None:
                 raise NotFound(f"key '{key.name}' has no version {version}", code="version_not_found")
+            if target is KeyState.ACTIVE and v is not key.versions[-1]:
+                raise Conflict(f"version {v.version} of '{key.name}' has been replaced (by version "
+                               f"{key.versions[-1].version}) and cannot be activated", code="illegal_state")
             check_transition(KeyState(v.state), target, what=f"key '{key.name}' (version {v.version})")
             v.state = target.value
             if target is KeyState.ACTIVE:

@@ -96,6 +96,15 @@ class VersionObject:
 
 
 @dataclass(frozen=True, slots=True)
+class VersionRef:
+    """Which managed key version a KMIP identifier names: all that an operation which
+    then changes it under the key's lock (Activate, Revoke, Destroy) needs to know."""
+
+    key_id: uuid.UUID
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class ExportedKey:
     obj: VersionObject
     material: bytes = field(repr=False)
@@ -268,6 +277,19 @@ class KmipObjectService:
         if found is None:
             raise NotFound(f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
         return found
+
+    def version_ref(self, ctx: RequestContext, uid: str) -> VersionRef | None:
+        """The key version `uid` names, by one indexed lookup, for a caller allowed to
+        read keys; None otherwise (not a key version, unknown, or a caller `resolve`
+        must refuse and audit), and the caller then goes through `resolve`. Cheaper than
+        `resolve` (which loads the key and all its versions) for operations that load
+        them again anyway, under the key's lock."""
+        if Permission.KEYS_READ not in ctx.principal.permissions or not UUID_RE.match(uid):
+            return None
+        stmt = select(KeyVersion.key_id, KeyVersion.version).where(KeyVersion.id == uuid.UUID(uid))
+        with self._read() as s:
+            row = s.execute(stmt).first()
+        return None if row is None else VersionRef(key_id=row[0], version=row[1])
 
     def _require(self, ctx: RequestContext, permission: Permission, action: str,
                  found: VersionObject | StandaloneObject | None, uid: str) -> None:

@@ -17,6 +17,10 @@ OPERATION = enums.Operation.DESTROY
 
 def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
+    ref = call.engine.objects.version_ref(call.ctx, uid)
+    if ref is not None:
+        call.engine.keys.destroy(call.ctx, str(ref.key_id), version=ref.version)
+        return payloads.DestroyResponsePayload(unique_identifier=UniqueIdentifier(uid))
     obj = call.engine.objects.resolve(call.ctx, uid)
     if not isinstance(obj, VersionObject):
         call.engine.objects.transition(call.ctx, uid, operation="destroy")

@@ -32,11 +32,16 @@ def handle(call: Call, payload: Any) -> Any:
     if reason is None:
         raise KmipFailure(enums.ResultReason.MISSING_DATA, "Revoke needs a revocation reason")
     uid = request_uid(payload)
-    obj = call.engine.objects.resolve(call.ctx, uid)
     message = str(reason.revocation_message.value) if reason.revocation_message is not None else ""
     occurred = payload.compromise_occurrence_date
     when = datetime.fromtimestamp(int(occurred.value), UTC) if occurred is not None else None
     code = REASONS[reason.revocation_code.value]
+    ref = call.engine.objects.version_ref(call.ctx, uid)
+    if ref is not None:
+        call.engine.keys.revoke(call.ctx, str(ref.key_id), reason=code, message=message[:1000],
+                                compromise_date=when, idempotent=True)
+        return payloads.RevokeResponsePayload(unique_identifier=UniqueIdentifier(uid))
+    obj = call.engine.objects.resolve(call.ctx, uid)
     if not isinstance(obj, VersionObject):
         call.engine.objects.transition(call.ctx, uid, operation="revoke", reason=code, message=message[:1000],
                                        compromise_date=when)
