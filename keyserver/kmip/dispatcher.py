@@ -20,6 +20,7 @@ from kmip.core.messages import contents, messages
 from kmip.core.utils import BytearrayStream
 
 from keyserver.core.principal import Principal, RequestContext
+from keyserver.kmip import codec  # noqa: F401  (installs the whole-slice Byte String codec)
 from keyserver.kmip.context import Call, Engine
 from keyserver.kmip.errors import KmipFailure, translate
 from keyserver.kmip.operations import REGISTRY
