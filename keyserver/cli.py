@@ -284,13 +284,15 @@ def kmip_client_create(
     role: Annotated[str, typer.Option(help="admin, key-officer, operator or auditor")] = Role.OPERATOR.value,
     csr: Annotated[Path | None, typer.Option(help="PEM CSR; without it a key pair is generated here")] = None,
     out: Annotated[Path, typer.Option(help="directory for cert.pem, key.pem and ca.pem")] = Path("."),
+    key_export: Annotated[str, typer.Option(help="key material Get may deliver: plaintext (KMIP's default), "
+                                            "wrapped (only under another key) or none")] = "plaintext",
 ) -> None:
     """Issue a KMIP client certificate mapped to a role."""
     services = _services()
     try:
         _initialize(services)
         issued = services.kmip_clients.create(system_context("cli"), name=name, role=role,
-                                              csr_pem=csr.read_text() if csr else None)
+                                              csr_pem=csr.read_text() if csr else None, key_export=key_export)
         services.audit.flush()
         out.mkdir(parents=True, exist_ok=True)
         (out / "cert.pem").write_text(issued.certificate_pem)
@@ -299,8 +301,8 @@ def kmip_client_create(
             fd = os.open(out / "key.pem", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(issued.private_key_pem)
-        console.print(f"[green]issued[/green] KMIP client '{name}' ({role}), serial {issued.client.serial}, "
-                      f"files in {out.resolve()}")
+        console.print(f"[green]issued[/green] KMIP client '{name}' ({role}, key export: {key_export}), "
+                      f"serial {issued.client.serial}, files in {out.resolve()}")
     except CoreError as exc:
         console.print(f"[red]{exc.message}[/red]")
         raise typer.Exit(EXIT_FAILED) from None

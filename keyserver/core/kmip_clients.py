@@ -46,9 +46,25 @@ class IssuedClient:
     private_key_pem: str | None
 
 
+# A client's key-export setting narrows what its role may take out (KMIP 1.4 lets a
+# server refuse Get of material to a client it does not trust with it; the default is
+# KMIP's own behaviour): plaintext, wrapped under another key only, or no material.
+KEY_EXPORT: dict[str, frozenset[Permission]] = {
+    "plaintext": frozenset(),
+    "wrapped": frozenset({Permission.KEYS_EXPORT}),
+    "none": frozenset({Permission.KEYS_EXPORT, Permission.KEYS_EXPORT_WRAPPED}),
+}
+
+
+def check_key_export(value: str) -> str:
+    if value not in KEY_EXPORT:
+        raise InvalidInput(f"key_export must be one of: {', '.join(KEY_EXPORT)}")
+    return value
+
+
 def principal_for(client: KmipClient) -> Principal:
     return Principal(name=f"kmip:{client.name}", actor_type="host", role=client.role,
-                     permissions=permissions_for(client.role))
+                     permissions=permissions_for(client.role) - KEY_EXPORT[client.key_export])
 
 
 class KmipClientService:
@@ -90,9 +106,11 @@ class KmipClientService:
             self._generation += 1
             self._cache.clear()
 
-    def create(self, ctx: RequestContext, *, name: str, role: str, csr_pem: str | None = None) -> IssuedClient:
+    def create(self, ctx: RequestContext, *, name: str, role: str, csr_pem: str | None = None,
+               key_export: str = "plaintext") -> IssuedClient:
         self._policy.require(ctx, Permission.KMIP_CLIENTS, action="kmip_client.create",
                              object_type="kmip_client", object_id=name)
+        check_key_export(key_export)
         if len(name) > 64 or not CLIENT_NAME_RE.match(name):
             raise InvalidInput("a KMIP client name is a DNS name (lower-case letters, digits, '-' "
                                "and '.'), at most 64 characters")
@@ -117,12 +135,12 @@ class KmipClientService:
         now = self._now()
         client = KmipClient(id=uuid.uuid4(), name=name, role=role, serial=serial_hex(cert),
                             fingerprint_sha256=fingerprint(cert), not_after=cert.not_valid_after_utc,
-                            created_at=now, created_by=ctx.principal.name, revoked_at=None)
+                            created_at=now, created_by=ctx.principal.name, revoked_at=None, key_export=key_export)
         with self._db.begin() as s:
             s.add(client)
             self._audit.add(s, ctx, action="kmip_client.create", object_type="kmip_client",
                             object_id=str(client.id),
-                            details={"name": name, "role": role, "serial": client.serial,
+                            details={"name": name, "role": role, "serial": client.serial, "key_export": key_export,
                                      "key_generated_by": "server" if csr_pem is None else "client"})
         return IssuedClient(client=client, certificate_pem=cert.public_bytes(serialization.Encoding.PEM).decode(),
                             ca_certificate_pem=self._ca.certificate_pem().decode(), private_key_pem=private_pem)
@@ -148,6 +166,25 @@ class KmipClientService:
         self._policy.require(ctx, Permission.KMIP_CLIENTS, action="kmip_client.list")
         with self._db() as s:
             return list(s.execute(select(KmipClient).order_by(KmipClient.name)).scalars())
+
+    def update(self, ctx: RequestContext, client_id: uuid.UUID, *, key_export: str) -> KmipClient:
+        """Change what key material may leave to the client; every replica applies it to
+        the client's next request (its cached principal is dropped)."""
+        self._policy.require(ctx, Permission.KMIP_CLIENTS, action="kmip_client.update",
+                             object_type="kmip_client", object_id=str(client_id))
+        check_key_export(key_export)
+        with self._db.begin() as s:
+            client = s.get(KmipClient, client_id, with_for_update=True)
+            if client is None:
+                raise NotFound(f"no KMIP client with id '{client_id}'", code="kmip_client_not_found")
+            if client.key_export != key_export:
+                before, client.key_export = client.key_export, key_export
+                if self._notifier is not None:
+                    self._notifier.publish(s, Topic.PRINCIPALS)
+                self._audit.add(s, ctx, action="kmip_client.update", object_type="kmip_client",
+                                object_id=str(client.id),
+                                details={"name": client.name, "key_export": key_export, "was": before})
+        return client
 
     def revoke(self, ctx: RequestContext, client_id: uuid.UUID) -> KmipClient:
         self._policy.require(ctx, Permission.KMIP_CLIENTS, action="kmip_client.revoke",

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from sqlalchemy import Select, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, joinedload, sessionmaker
@@ -438,7 +438,8 @@ class KmipObjectService:
     def export(self, ctx: RequestContext, obj: VersionObject, *, wrap_under: str | None = None) -> ExportedKey:
         """A key version's material (`obj` from `resolve`), in plaintext or wrapped
         (inside the HSM) under a registered RSA public key. Always audited."""
-        self._require(ctx, Permission.KEYS_EXPORT, "key.export", obj, obj.uid)
+        self._require(ctx, Permission.KEYS_EXPORT if wrap_under is None else Permission.KEYS_EXPORT_WRAPPED,
+                      "key.export", obj, obj.uid)
         state = KeyState(obj.version.state)
         if state not in RETRIEVABLE:
             raise Conflict(f"version {obj.version.version} of '{obj.key.name}' is {state.value}: "
@@ -504,7 +505,8 @@ class KmipObjectService:
     def register_public_key(self, ctx: RequestContext, der: bytes, *, name: str | None,
                             attributes: dict[str, Any] | None = None,
                             activation_date: datetime | None = None) -> KmipPublicKey:
-        """An RSA public key for wrapped delivery. Pre-Active unless `activation_date` is
+        """An RSA public key (for wrapped delivery and signature verification) or an EC
+        one on P-256/P-384 (verification only). Pre-Active unless `activation_date` is
         not in the future, like every registered object (KMIP 1.4 §4.3)."""
         self._policy.require(ctx, Permission.KEYS_CREATE, action="kmip.register", object_type="public_key",
                              object_id=name)
@@ -513,18 +515,23 @@ class KmipObjectService:
             key = _load_public_der(der)
         except ValueError:
             raise InvalidInput("the public key must be DER (SubjectPublicKeyInfo or PKCS#1)") from None
-        if not isinstance(key, rsa.RSAPublicKey) or key.key_size < 2048:
-            raise InvalidInput("only RSA public keys of at least 2048 bits can be registered")
-        spki = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        public: rsa.RSAPublicKey | ec.EllipticCurvePublicKey
+        if ((isinstance(key, rsa.RSAPublicKey) and key.key_size >= 2048)
+                or (isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name in ("secp256r1", "secp384r1"))):
+            public = key
+        else:
+            raise InvalidInput("public keys are RSA of at least 2048 bits or EC on P-256 or P-384")
+        spki = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
         now = self._now()
         state, activated = self._initial_state(now, activation_date)
         row = KmipPublicKey(id=uuid.uuid4(), name=name, owner=ctx.principal.name, der=spki,
-                            length_bits=key.key_size, state=state.value, created_at=now,
+                            length_bits=_public_bits(public), state=state.value, created_at=now,
                             activation_date=activated, kmip_attributes=dict(attributes or {}))
         with self._db.begin() as s:
             s.add(row)
             self._audit.add(s, ctx, action="kmip.register", object_type="public_key", object_id=str(row.id),
-                            details={"name": name, "bits": key.key_size, "state": state.value})
+                            details={"name": name, "algorithm": "EC" if isinstance(public, ec.EllipticCurvePublicKey)
+                                     else "RSA", "bits": _public_bits(public), "state": state.value})
         return row
 
 
@@ -858,6 +865,10 @@ def usage_of(obj: VersionObject | StandaloneObject) -> Usage:
 
 
 _EC_PUBLIC_KEY_OID = bytes.fromhex("06072a8648ce3d0201")  # id-ecPublicKey, as DER
+
+
+def _public_bits(key: rsa.RSAPublicKey | ec.EllipticCurvePublicKey) -> int:
+    return key.key_size if isinstance(key, rsa.RSAPublicKey) else key.curve.key_size
 
 
 def public_key_algorithm(pk: KmipPublicKey) -> str:

@@ -26,6 +26,9 @@ class Permission(StrEnum):
     KEYS_REVOKE = "keys:revoke"
     KEYS_DESTROY = "keys:destroy"
     KEYS_EXPORT = "keys:export"  # plaintext key material out (KMIP Get without wrapping)
+    # Key material out only wrapped under another key, inside the HSM (KMIP Get with a
+    # Key Wrapping Specification): what a KMIP client limited to "wrapped" keeps.
+    KEYS_EXPORT_WRAPPED = "keys:export-wrapped"
     # Cryptographic services with keys that stay in the HSM (core/crypto.py):
     KEYS_ENCRYPT = "keys:encrypt"  # encrypt, sign, MAC: protect data
     KEYS_DECRYPT = "keys:decrypt"  # decrypt: read protected data
@@ -59,12 +62,12 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
     Role.ADMIN: frozenset(Permission),
     Role.KEY_OFFICER: frozenset({
         P.KEYS_READ, P.KEYS_CREATE, P.KEYS_UPDATE, P.KEYS_ROTATE, P.KEYS_ACTIVATE,
-        P.KEYS_REVOKE, P.KEYS_DESTROY, P.KEYS_EXPORT, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
+        P.KEYS_REVOKE, P.KEYS_DESTROY, P.KEYS_EXPORT, P.KEYS_EXPORT_WRAPPED, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
         P.KEYS_ENCRYPT, P.KEYS_DECRYPT, P.KEYS_VERIFY, P.AUDIT_READ, P.AUDIT_VERIFY, P.TOKENS_OWN,
         P.SYSTEM_READ, P.HOSTS_READ, P.GUARDPOINTS_MANAGE,
     }),
     Role.OPERATOR: frozenset({
-        P.KEYS_READ, P.KEYS_ROTATE, P.KEYS_EXPORT, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
+        P.KEYS_READ, P.KEYS_ROTATE, P.KEYS_EXPORT, P.KEYS_EXPORT_WRAPPED, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
         P.KEYS_ENCRYPT, P.KEYS_DECRYPT, P.KEYS_VERIFY, P.TOKENS_OWN, P.SYSTEM_READ, P.HOSTS_READ,
         P.HOSTS_ENROLL, P.HOSTS_REVOKE,
     }),
@@ -109,5 +112,5 @@ class Policy:
         )
         raise Forbidden(
             f"'{ctx.principal.name}' lacks the permission '{permission.value}' for {action}; "
-            "ask an administrator for a role or token scope that grants it"
+            "ask an administrator for a role, token scope or KMIP client setting that grants it"
         )

@@ -248,6 +248,9 @@ class KmipClient(Base):
     created_at: Mapped[datetime]
     created_by: Mapped[str] = mapped_column(String(200))
     revoked_at: Mapped[datetime | None]
+    # What key material may leave to this client (core/kmip_clients.py KEY_EXPORT):
+    # "plaintext" (KMIP's behaviour), "wrapped" (only under another key) or "none".
+    key_export: Mapped[str] = mapped_column(String(16), default="plaintext", server_default="plaintext")
 
 
 class KmipPublicKey(Base):

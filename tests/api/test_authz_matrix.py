@@ -215,6 +215,8 @@ CASES: dict[str, Case] = {
     "listKmipClients": Case("GET", "/api/v1/kmip/clients", (P.KMIP_CLIENTS,)),
     "createKmipClient": Case("POST", "/api/v1/kmip/clients", (P.KMIP_CLIENTS,),
                              body={"name": "{new}", "role": "auditor"}, ok=(201,)),
+    "updateKmipClient": Case("PATCH", "/api/v1/kmip/clients/{client}", (P.KMIP_CLIENTS,), setup=kmip_client,
+                             body={"key_export": "wrapped"}),
     "revokeKmipClient": Case("DELETE", "/api/v1/kmip/clients/{client}", (P.KMIP_CLIENTS,), setup=kmip_client),
     "getEnrollmentInfo": Case("GET", "/api/v1/enrollment-info", (P.HOSTS_READ,)),
     "listGuardPoints": Case("GET", "/api/v1/guard-points", (P.HOSTS_READ,)),

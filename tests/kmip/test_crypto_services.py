@@ -11,6 +11,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from kmip.core import enums, misc
+from kmip.pie import objects as pie
 from kmip.pie.exceptions import KmipOperationFailure
 from sqlalchemy import select
 
@@ -208,3 +209,52 @@ def test_ec_key_pairs_of_other_sizes_are_refused(kmip: Any) -> None:
         with pytest.raises(KmipOperationFailure) as e:
             kmip.create_key_pair(enums.CryptographicAlgorithm.EC, bits)
         assert e.value.reason == enums.ResultReason.INVALID_FIELD and "P-256" in e.value.message
+
+
+@pytest.mark.parametrize(("curve", "bits", "hash"), [(ec.SECP256R1, 256, hashes.SHA256),
+                                                    (ec.SECP384R1, 384, hashes.SHA384)])
+def test_registered_ec_keys_sign_in_the_hsm_and_verify(kmip: Any, curve: type[ec.EllipticCurve], bits: int,
+                                                       hash: type[hashes.HashAlgorithm]) -> None:
+    """An EC key made elsewhere (here with `cryptography`): its public half registered as
+    X.509 SubjectPublicKeyInfo, its private half as PKCS#8, as a client's Register sends
+    them; the private key signs inside the HSM, the public one verifies, and each carries
+    the usage an ECDSA key has (Sign, Verify) and nothing else."""
+    key = ec.generate_private_key(curve())
+    spki = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    pkcs8 = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption())
+    public = kmip.register(pie.PublicKey(enums.CryptographicAlgorithm.EC, bits, spki, enums.KeyFormatType.X_509))
+    private = kmip.register(pie.PrivateKey(enums.CryptographicAlgorithm.EC, bits, pkcs8, enums.KeyFormatType.PKCS_8))
+    for uid, mask in ((public, enums.CryptographicUsageMask.VERIFY), (private, enums.CryptographicUsageMask.SIGN)):
+        found = {a.attribute_name.value: a.attribute_value for a in kmip.get_attributes(uid)[1]}
+        assert found["Cryptographic Algorithm"].value == enums.CryptographicAlgorithm.EC
+        assert found["Cryptographic Length"].value == bits
+        assert found["Cryptographic Usage Mask"].value & mask.value
+        assert not found["Cryptographic Usage Mask"].value & (enums.CryptographicUsageMask.ENCRYPT.value
+                                                              | enums.CryptographicUsageMask.WRAP_KEY.value)
+        kmip.activate(uid)
+    data = b"registered " + os.urandom(16)
+    signature = kmip.sign(data, uid=private)
+    key.public_key().verify(signature, data, ec.ECDSA(hash()))
+    assert kmip.signature_verify(data, signature, uid=public) == enums.ValidityIndicator.VALID
+    assert kmip.signature_verify(data + b"!", signature, uid=public) == enums.ValidityIndicator.INVALID
+    assert kmip.get(public).value == spki
+
+
+def test_ec_keys_on_other_curves_or_mislabelled_are_refused(kmip: Any) -> None:
+    other = ec.generate_private_key(ec.SECP521R1())
+    with pytest.raises(KmipOperationFailure) as e:
+        kmip.register(pie.PublicKey(enums.CryptographicAlgorithm.EC, 521, other.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo), enums.KeyFormatType.X_509))
+    assert "P-256 or P-384" in e.value.message
+    with pytest.raises(KmipOperationFailure) as e:
+        kmip.register(pie.PrivateKey(enums.CryptographicAlgorithm.EC, 521, other.private_bytes(
+            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+            enums.KeyFormatType.PKCS_8))
+    assert e.value.reason == enums.ResultReason.INVALID_FIELD and "P-256 or P-384" in e.value.message
+    p256 = ec.generate_private_key(ec.SECP256R1())
+    with pytest.raises(KmipOperationFailure) as e:  # says RSA, is EC
+        kmip.register(pie.PrivateKey(enums.CryptographicAlgorithm.RSA, 256, p256.private_bytes(
+            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+            enums.KeyFormatType.PKCS_8))
+    assert e.value.reason == enums.ResultReason.INVALID_FIELD and "does not match" in e.value.message

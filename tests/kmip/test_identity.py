@@ -149,3 +149,83 @@ def test_csr_flow_over_rest(actors: dict[str, Actor]) -> None:
     assert ExtendedKeyUsageOID.CLIENT_AUTH in eku
     bad = actors["admin"].client.post("/api/v1/kmip/clients", json={"name": "Not_A_DNS_Name", "role": "auditor"})
     assert bad.status_code in (400, 422)
+
+
+def _issued(admin: httpx.Client, tmp_path: Any, **body: Any) -> ClientFiles:
+    r = admin.post("/api/v1/kmip/clients", json={"name": unique("export"), **body})
+    assert r.status_code == 201, r.text
+    issued = r.json()
+    d = tmp_path / issued["client"]["name"]
+    d.mkdir()
+    for fname, key in (("cert.pem", "certificate_pem"), ("key.pem", "private_key_pem"),
+                       ("ca.pem", "ca_certificate_pem")):
+        (d / fname).write_text(issued[key])
+    return ClientFiles(issued["client"]["name"], issued["client"]["id"], d / "cert.pem", d / "key.pem",
+                       d / "ca.pem")
+
+
+def test_a_client_limited_to_wrapped_export_gets_keys_only_wrapped(
+        actors: dict[str, Actor], kmip_listener: KmipListener, kmip: Any, tmp_path: Any,
+        services: Any) -> None:
+    """The per-client key-export setting: KMIP's behaviour (plaintext) by default; a
+    client set to "wrapped" receives keys only wrapped under another key inside the HSM,
+    one set to "none" no material at all; each refusal is Permission Denied, audited, and
+    a change applies to the client's very next request (REST PATCH, every replica)."""
+    from cryptography.hazmat.primitives.asymmetric import padding, rsa
+    from kmip.pie import objects as pie
+
+    admin: httpx.Client = actors["admin"].client
+    files = _issued(admin, tmp_path, role="key-officer", key_export="wrapped")
+    assert admin.get("/api/v1/kmip/clients").json()[-1]["key_export"] in ("plaintext", "wrapped", "none")
+    wrapper = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    wrap_uid = kmip.register(pie.PublicKey(enums.CryptographicAlgorithm.RSA, 2048, wrapper.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo), enums.KeyFormatType.X_509))
+    kmip.activate(wrap_uid)
+    uid = kmip.create(enums.CryptographicAlgorithm.AES, 256, name=unique("exportable"))
+    kmip.activate(uid)
+    spec = {"wrapping_method": enums.WrappingMethod.ENCRYPT,
+            "encryption_key_information": {"unique_identifier": wrap_uid, "cryptographic_parameters": {
+                "padding_method": enums.PaddingMethod.OAEP, "hashing_algorithm": enums.HashingAlgorithm.SHA_1}},
+            "encoding_option": enums.EncodingOption.NO_ENCODING}
+    oaep = padding.OAEP(mgf=padding.MGF1(hashes.SHA1()), algorithm=hashes.SHA1(), label=None)  # noqa: S303
+    plaintext = kmip.get(uid).value
+    with make_client(files, kmip_listener.port) as limited:
+        with pytest.raises(KmipOperationFailure) as e:
+            limited.get(uid)
+        assert e.value.reason == enums.ResultReason.PERMISSION_DENIED and "keys:export" in e.value.message
+        assert wrapper.decrypt(limited.get(uid, key_wrapping_specification=spec).value, oaep) == plaintext
+        assert limited.get_attributes(uid)[0] == uid  # reading attributes is not export
+
+        r = admin.patch(f"/api/v1/kmip/clients/{files.client_id}", json={"key_export": "none"})
+        assert r.status_code == 200 and r.json()["key_export"] == "none"
+        with pytest.raises(KmipOperationFailure) as e:  # the same open connection, next request
+            limited.get(uid, key_wrapping_specification=spec)
+        assert e.value.reason == enums.ResultReason.PERMISSION_DENIED and "keys:export-wrapped" in e.value.message
+        assert limited.get(wrap_uid).value  # public keys are not secret material
+
+        assert admin.patch(f"/api/v1/kmip/clients/{files.client_id}",
+                           json={"key_export": "plaintext"}).status_code == 200
+        assert limited.get(uid).value == plaintext
+    r = admin.patch(f"/api/v1/kmip/clients/{files.client_id}", json={"key_export": "sometimes"})
+    assert r.status_code == 422
+    services.audit.flush()
+    records = admin.get("/api/v1/audit/events", params={"actor": f"kmip:{files.name}", "outcome": "denied",
+                                                        "limit": 10}).json()["items"]
+    assert {tuple(sorted(r["details"].items())) for r in records} == {
+        (("missing_permission", "keys:export"),), (("missing_permission", "keys:export-wrapped"),)}
+    changes = admin.get("/api/v1/audit/events", params={"action": "kmip_client.update", "object_id": files.client_id,
+                                                        "limit": 10}).json()["items"]
+    assert [c["details"]["key_export"] for c in changes] == ["plaintext", "none"]  # newest first
+
+
+def test_the_key_export_setting_is_validated_and_needs_kmip_clients(actors: dict[str, Actor]) -> None:
+    admin: httpx.Client = actors["admin"].client
+    r = admin.post("/api/v1/kmip/clients", json={"name": unique("bad"), "role": "operator", "key_export": "all"})
+    assert r.status_code == 422
+    listed = admin.get("/api/v1/kmip/clients").json()
+    assert listed, "the session's clients are listed"
+    r = actors["key-officer"].client.patch(f"/api/v1/kmip/clients/{listed[0]['id']}",
+                                           json={"key_export": "none"})
+    assert r.status_code == 403
+    r = admin.patch("/api/v1/kmip/clients/00000000-0000-4000-8000-000000000000", json={"key_export": "none"})
+    assert r.status_code == 404 and r.json()["code"] == "kmip_client_not_found"

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, padding, rsa
 from cryptography.x509.oid import NameOID
 from kmip.core import enums
 from kmip.core.factories.attributes import AttributeFactory
@@ -217,10 +217,10 @@ def test_register_refuses_what_it_cannot_keep(kmip: Any) -> None:
         serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     assert failure(lambda: kmip.register(pie.PrivateKey(
         enums.CryptographicAlgorithm.RSA, 1024, small, enums.KeyFormatType.PKCS_8))) == enums.ResultReason.INVALID_FIELD
-    ec_key = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+    dsa_key = dsa.generate_private_key(2048).private_bytes(  # RSA and EC (P-256/P-384) only
         serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     assert failure(lambda: kmip.register(pie.PrivateKey(
-        enums.CryptographicAlgorithm.EC, 256, ec_key, enums.KeyFormatType.PKCS_8))) == \
+        enums.CryptographicAlgorithm.DSA, 2048, dsa_key, enums.KeyFormatType.PKCS_8))) == \
         enums.ResultReason.FEATURE_NOT_SUPPORTED
     assert failure(lambda: kmip.register(pie.PrivateKey(
         enums.CryptographicAlgorithm.RSA, 2048, b"\x30\x03garbage", enums.KeyFormatType.PKCS_8))) == \

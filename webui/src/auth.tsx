@@ -7,7 +7,7 @@ export type Permission =
   | "keys:read" | "keys:create" | "keys:update" | "keys:rotate" | "keys:activate" | "keys:revoke"
   | "keys:destroy" | "datakeys:generate" | "datakeys:decrypt" | "audit:read" | "audit:verify"
   | "users:read" | "users:manage" | "tokens:own" | "tokens:all" | "system:read" | "system:kek"
-  | "keys:export" | "kmip:clients" | "hosts:read" | "hosts:enroll" | "hosts:revoke" | "guardpoints:manage";
+  | "keys:export" | "keys:export-wrapped" | "kmip:clients" | "hosts:read" | "hosts:enroll" | "hosts:revoke" | "guardpoints:manage";
 
 export interface AuthState {
   me: Me | null;

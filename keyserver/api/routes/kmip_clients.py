@@ -1,4 +1,5 @@
-"""KMIP client identities: issue (server-generated key, or from a CSR), list, revoke.
+"""KMIP client identities: issue (server-generated key, or from a CSR), list, change what
+key material may leave to them, revoke.
 
 The private key in a server-generated bundle is in this one response only; prefer a
 CSR, so the key never leaves the client host."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,6 +17,9 @@ from keyserver.api.deps import Ctx, ServicesDep
 from keyserver.store.models import KmipClient
 
 router = APIRouter(prefix="/kmip/clients", tags=["kmip"])
+KeyExport = Literal["plaintext", "wrapped", "none"]
+KEY_EXPORT_HELP = ("what key material KMIP Get may deliver to this client, within its role: 'plaintext' "
+                   "(KMIP's behaviour), 'wrapped' (only wrapped under another key, inside the HSM) or 'none'")
 
 
 class KmipClientCreate(BaseModel):
@@ -24,6 +29,13 @@ class KmipClientCreate(BaseModel):
     role: str = Field(description="admin, key-officer, operator or auditor")
     csr: str | None = Field(default=None, max_length=16384,
                             description="PEM PKCS#10 request; without it the server generates the key pair")
+    key_export: KeyExport = Field(default="plaintext", description=KEY_EXPORT_HELP)
+
+
+class KmipClientUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key_export: KeyExport = Field(description=KEY_EXPORT_HELP)
 
 
 class KmipClientPublic(BaseModel):
@@ -36,6 +48,7 @@ class KmipClientPublic(BaseModel):
     created_at: datetime
     created_by: str
     revoked_at: datetime | None
+    key_export: KeyExport
 
 
 class KmipClientIssued(BaseModel):
@@ -48,7 +61,8 @@ class KmipClientIssued(BaseModel):
 def client_public(c: KmipClient) -> KmipClientPublic:
     return KmipClientPublic(id=c.id, name=c.name, role=c.role, serial=c.serial,
                             fingerprint_sha256=c.fingerprint_sha256, not_after=c.not_after,
-                            created_at=c.created_at, created_by=c.created_by, revoked_at=c.revoked_at)
+                            created_at=c.created_at, created_by=c.created_by, revoked_at=c.revoked_at,
+                            key_export=c.key_export)  # type: ignore[arg-type]
 
 
 @router.get("", operation_id="listKmipClients", response_model=list[KmipClientPublic])
@@ -58,9 +72,17 @@ def list_kmip_clients(ctx: Ctx, services: ServicesDep) -> list[KmipClientPublic]
 
 @router.post("", operation_id="createKmipClient", response_model=KmipClientIssued, status_code=201)
 def create_kmip_client(body: KmipClientCreate, ctx: Ctx, services: ServicesDep) -> KmipClientIssued:
-    issued = services.kmip_clients.create(ctx, name=body.name, role=body.role, csr_pem=body.csr)
+    issued = services.kmip_clients.create(ctx, name=body.name, role=body.role, csr_pem=body.csr,
+                                          key_export=body.key_export)
     return KmipClientIssued(client=client_public(issued.client), certificate_pem=issued.certificate_pem,
                             ca_certificate_pem=issued.ca_certificate_pem, private_key_pem=issued.private_key_pem)
+
+
+@router.patch("/{client_id}", operation_id="updateKmipClient", response_model=KmipClientPublic)
+def update_kmip_client(client_id: uuid.UUID, body: KmipClientUpdate, ctx: Ctx,
+                       services: ServicesDep) -> KmipClientPublic:
+    """Takes effect on the client's next request, on every replica."""
+    return client_public(services.kmip_clients.update(ctx, client_id, key_export=body.key_export))
 
 
 @router.delete("/{client_id}", operation_id="revokeKmipClient", response_model=KmipClientPublic)

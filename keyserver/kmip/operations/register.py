@@ -1,8 +1,11 @@
-"""Register: AES keys (they become managed keys, wrapped under the KEK at once), RSA
-public keys (>= 2048 bits, so that Get can deliver keys wrapped under them), RSA private
-keys (PKCS#8 or PKCS#1, >= 2048 bits), secret data (Password or Seed) and opaque objects
-(sealed at once under their own AES key wrapped under the KEK), and X.509 certificates
-(stored as they are: they are public)."""
+"""Register: AES and HMAC keys (they become managed keys, wrapped under the KEK at once),
+public keys (RSA >= 2048 bits, so that Get can deliver keys wrapped under them, or EC on
+P-256/P-384 for SignatureVerify; X.509 SubjectPublicKeyInfo, or PKCS#1 for RSA), private
+keys (RSA >= 2048 bits in PKCS#8 or PKCS#1, EC on P-256/P-384 in PKCS#8; they sign inside
+the HSM), secret data (Password or Seed) and opaque objects (sealed at once under their
+own AES key wrapped under the KEK), and X.509 certificates (stored as they are: they are
+public). Transparent key formats are not accepted: PyKMIP's codec, which this server
+decodes with, does not parse them."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from kmip.core import enums
 from kmip.core.messages import payloads
 
@@ -61,11 +64,12 @@ def handle(call: Call, payload: Any) -> Any:
         if fmt not in (enums.KeyFormatType.X_509, enums.KeyFormatType.PKCS_1):
             raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED,
                               "public keys are registered in X.509 (SubjectPublicKeyInfo) or PKCS#1 format")
+        client = attributes.template_client_attributes(payload.template_attribute, kind, _public_algorithm(material))
         row = call.engine.objects.register_public_key(
             call.ctx, material, name=name, attributes=client, activation_date=activation_of(values)[1])
         return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
     if payload.object_type == enums.ObjectType.PRIVATE_KEY:
-        return _private_key(call, material, fmt, block, name, values, client)
+        return _private_key(call, material, fmt, block, name, values, payload.template_attribute)
     if payload.object_type == enums.ObjectType.SECRET_DATA:
         return _secret_data(call, obj, material, name, values, client)
     if fmt != enums.KeyFormatType.RAW:
@@ -87,13 +91,22 @@ def handle(call: Call, payload: Any) -> Any:
     return payloads.RegisterResponsePayload(unique_identifier=str(key.versions[-1].id))
 
 
+def _public_algorithm(der: bytes) -> str:
+    """"EC" or "RSA" (what the usage mask may hold); register_public_key checks the rest."""
+    try:
+        return "EC" if isinstance(serialization.load_der_public_key(der), ec.EllipticCurvePublicKey) else "RSA"
+    except (ValueError, TypeError):
+        return "RSA"  # PKCS#1, or not a key at all (refused when registered)
+
+
 def _private_key(call: Call, material: bytes, fmt: Any, block: Any, name: str | None,
-                 values: dict[str, Any], client: dict[str, Any]) -> Any:
+                 values: dict[str, Any], template: Any) -> Any:
     if fmt not in (enums.KeyFormatType.PKCS_8, enums.KeyFormatType.PKCS_1):
         raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "private keys are registered in PKCS#8 or PKCS#1 format")
     algorithm = _enum(block.cryptographic_algorithm) if block.cryptographic_algorithm is not None else None
-    if algorithm not in (None, enums.CryptographicAlgorithm.RSA):
-        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "only RSA private keys can be registered")
+    if algorithm not in (None, enums.CryptographicAlgorithm.RSA, enums.CryptographicAlgorithm.EC,
+                         enums.CryptographicAlgorithm.ECDSA):
+        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "RSA and EC private keys can be registered")
     if len(material) > MAX_SECRET_BYTES:
         raise KmipFailure(R.INVALID_FIELD, "the private key is too large")
     try:
@@ -101,18 +114,27 @@ def _private_key(call: Call, material: bytes, fmt: Any, block: Any, name: str | 
     except (ValueError, TypeError):
         raise KmipFailure(R.INVALID_FIELD, "the private key is not DER in the stated format "
                           "(unencrypted PKCS#8 or PKCS#1)") from None
-    if not isinstance(key, rsa.RSAPrivateKey):
-        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "only RSA private keys can be registered")
-    if key.key_size < 2048:
-        raise KmipFailure(R.INVALID_FIELD, "RSA private keys must have at least 2048 bits")
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        if key.curve.name not in ("secp256r1", "secp384r1"):
+            raise KmipFailure(R.INVALID_FIELD, "EC private keys are on P-256 or P-384")
+        kind, bits = "EC", key.curve.key_size
+    elif isinstance(key, rsa.RSAPrivateKey):
+        if key.key_size < 2048:
+            raise KmipFailure(R.INVALID_FIELD, "RSA private keys must have at least 2048 bits")
+        kind, bits = "RSA", key.key_size
+    else:
+        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "RSA and EC private keys can be registered")
+    if (algorithm == enums.CryptographicAlgorithm.RSA) != (kind == "RSA") and algorithm is not None:
+        raise KmipFailure(R.INVALID_FIELD, f"the Cryptographic Algorithm does not match the key (an {kind} key)")
     length = block.cryptographic_length
-    if length is not None and int(_enum(length)) != key.key_size:
+    if length is not None and int(_enum(length)) != bits:
         raise KmipFailure(R.INVALID_FIELD, "the Cryptographic Length does not match the key")
+    client = attributes.template_client_attributes(template, PRIVATE_KEY, kind)
     pkcs8 = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
                               serialization.NoEncryption())
     _, activation_date = activation_of(values)
     row = call.engine.objects.register_object(call.ctx, object_type=PRIVATE_KEY, material=pkcs8, name=name,
-                                              data_type="pkcs8", algorithm="RSA", length_bits=key.key_size,
+                                              data_type="pkcs8", algorithm=kind, length_bits=bits,
                                               activation_date=activation_date, attributes=client)
     return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
 

@@ -744,7 +744,11 @@ export interface paths {
         delete: operations["revokeKmipClient"];
         options?: never;
         head?: never;
-        patch?: never;
+        /**
+         * Update Kmip Client
+         * @description Takes effect on the client's next request, on every replica.
+         */
+        patch: operations["updateKmipClient"];
         trace?: never;
     };
     "/api/v1/random": {
@@ -1861,6 +1865,13 @@ export interface components {
              */
             csr?: string | null;
             /**
+             * Key Export
+             * @description what key material KMIP Get may deliver to this client, within its role: 'plaintext' (KMIP's behaviour), 'wrapped' (only wrapped under another key, inside the HSM) or 'none'
+             * @default plaintext
+             * @enum {string}
+             */
+            key_export?: "plaintext" | "wrapped" | "none";
+            /**
              * Name
              * @description a DNS name; also the certificate's SAN
              */
@@ -1900,6 +1911,11 @@ export interface components {
              * Format: uuid
              */
             id: string;
+            /**
+             * Key Export
+             * @enum {string}
+             */
+            key_export: "plaintext" | "wrapped" | "none";
             /** Name */
             name: string;
             /**
@@ -1913,6 +1929,15 @@ export interface components {
             role: string;
             /** Serial */
             serial: string;
+        };
+        /** KmipClientUpdate */
+        KmipClientUpdate: {
+            /**
+             * Key Export
+             * @description what key material KMIP Get may deliver to this client, within its role: 'plaintext' (KMIP's behaviour), 'wrapped' (only wrapped under another key, inside the HSM) or 'none'
+             * @enum {string}
+             */
+            key_export: "plaintext" | "wrapped" | "none";
         };
         /** LoginRequest */
         LoginRequest: {
@@ -6768,6 +6793,104 @@ export interface operations {
             cookie?: never;
         };
         requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KmipClientPublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    updateKmipClient: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                client_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["KmipClientUpdate"];
+            };
+        };
         responses: {
             /** @description Successful Response */
             200: {
