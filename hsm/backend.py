@@ -222,3 +222,11 @@ class HsmBackend(Protocol):
         """Create the token-resident HMAC-SHA-256 key if it does not exist yet."""
 
     def hmac_sha256(self, data: bytes, *, key_id: str) -> bytes: ...
+
+    def ensure_signing_key(self, key_id: str) -> bytes:
+        """The token-resident EC P-256 key pair `key_id` (created on first use): the
+        private half signs inside the token and never leaves it; returns the public half
+        as SubjectPublicKeyInfo DER, for anyone to verify with."""
+
+    def sign_p256(self, data: bytes, *, key_id: str) -> bytes:
+        """ECDSA with SHA-256 over `data` by the token-resident key `key_id`, DER-encoded."""

@@ -243,5 +243,17 @@ def hmac_key_template(key_id: str) -> dict[Attribute, Any]:
     }
 
 
+def signing_key_templates(key_id: str) -> tuple[dict[Attribute, Any], dict[Attribute, Any]]:
+    """A token-resident EC pair that signs (audit checkpoints): the private half is
+    sensitive and never extractable, the public half readable by anyone."""
+    ident = {Attribute.LABEL: key_id, Attribute.ID: key_id.encode("utf-8"), Attribute.TOKEN: True,
+             Attribute.MODIFIABLE: False}
+    public = {**ident, Attribute.PRIVATE: False, Attribute.VERIFY: True, Attribute.ENCRYPT: False,
+              Attribute.WRAP: False, Attribute.DERIVE: False}
+    private = {**ident, Attribute.PRIVATE: True, Attribute.SENSITIVE: True, Attribute.EXTRACTABLE: False,
+               Attribute.SIGN: True, Attribute.DECRYPT: False, Attribute.UNWRAP: False, Attribute.DERIVE: False}
+    return public, private
+
+
 def _int_bytes(value: int) -> bytes:
     return value.to_bytes((value.bit_length() + 7) // 8 or 1, "big")

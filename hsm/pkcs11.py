@@ -763,6 +763,44 @@ class Pkcs11Backend:
 
         return self._run("hmac_sha256", sign, on_crypto=_refused)
 
+    def ensure_signing_key(self, key_id: str) -> bytes:
+        _check_id(key_id, what="signing key id")
+
+        def ensure(lease: _Lease) -> bytes:
+            session = lease.session
+            public = self._find(session, ObjectClass.PUBLIC_KEY, KeyType.EC, key_id)
+            if public is None or self._find(session, ObjectClass.PRIVATE_KEY, KeyType.EC, key_id) is None:
+                if public is not None:
+                    raise HsmUnavailable(f"token {self._label!r} holds the public half of signing key {key_id!r} "
+                                         "without its private half: remove it, or choose another key id")
+                public_template, private_template = mechanisms.signing_key_templates(key_id)
+                domain = session.create_domain_parameters(
+                    KeyType.EC, {Attribute.EC_PARAMS: encode_named_curve_parameters("secp256r1")}, local=True)
+                public, _ = domain.generate_keypair(store=True, capabilities=0, public_template=public_template,
+                                                    private_template=private_template)
+                log.info("created EC P-256 signing key %r in token %r", key_id, self._label)
+            point = _der_octet_string(bytes(public[Attribute.EC_POINT]))
+            return ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), point).public_bytes(
+                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+        with self._create_lock:
+            return self._run("ensure_signing_key", ensure, on_crypto=_refused)
+
+    def sign_p256(self, data: bytes, *, key_id: str) -> bytes:
+        _check_id(key_id, what="signing key id")
+        # The token has CKM_ECDSA only: the digest (no secret) is computed here.
+        digest = hashlib.sha256(bytes(data)).digest()
+
+        def sign(lease: _Lease) -> bytes:
+            key = self._find(lease.session, ObjectClass.PRIVATE_KEY, KeyType.EC, key_id)
+            if key is None:
+                raise HsmKeyNotFound(f"signing key {key_id!r} not found in token {self._label!r}")
+            return bytes(EcPrivateOpsView(lease.session, key.handle).sign(digest, mechanism=Mechanism.ECDSA))
+
+        raw = self._run("sign_p256", sign, on_crypto=_refused)
+        half = len(raw) // 2
+        return encode_dss_signature(int.from_bytes(raw[:half], "big"), int.from_bytes(raw[half:], "big"))
+
     # --- for hsm.bench and tests in this package ----------------------------------
     @contextlib.contextmanager
     def _borrow(self) -> Iterator[Any]:

@@ -274,6 +274,24 @@ def _probe_kmip(services: Services) -> bool:
     return True
 
 
+def _checkpoint_lines(path: Path) -> list[dict[str, object]]:
+    """The checkpoints in a JSON-lines file (a sink writes records and checkpoints)."""
+    import json
+
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError:
+                raise ValueError(f"line {n} is not JSON") from None
+            if isinstance(doc, dict) and doc.get("type") == "checkpoint":
+                out.append(doc)
+    return out
+
+
 kmip_app = typer.Typer(help="KMIP client identities (certificates from the internal CA)", no_args_is_help=True)
 app.add_typer(kmip_app, name="kmip-client")
 
@@ -390,15 +408,33 @@ def rotate_kek() -> None:
 
 
 @app.command("verify-audit")
-def verify_audit() -> None:
-    """Walk the audit chain and name the first broken record, if any."""
+def verify_audit(
+    full: Annotated[bool, typer.Option(help="walk every record, not only those after the last verified "
+                                            "checkpoint")] = False,
+    checkpoints: Annotated[Path | None, typer.Option(
+        help="a copy of the signed checkpoints kept off the server (JSON lines, e.g. a file sink's output; "
+             "other lines are skipped): detects a cut tail, a wipe and a re-MACed chain")] = None,
+) -> None:
+    """Check the audit chain from its last verified checkpoint and name the first broken
+    record, if any."""
+    outside: list[dict[str, object]] = []
+    if checkpoints is not None:
+        try:
+            outside = _checkpoint_lines(checkpoints)
+        except (OSError, ValueError) as exc:
+            console.print(f"[red]cannot read checkpoints from {checkpoints}[/red]: {exc}")
+            raise typer.Exit(EXIT_FAILED) from None
     services = _services()
     try:
         started = time.perf_counter()
-        result = services.audit.verify()
+        result = services.audit.verify(full=full, outside=outside)
         took = time.perf_counter() - started
         if result.ok:
-            console.print(f"[green]audit chain intact[/green]: {result.checked} records verified in {took:.1f}s")
+            where = f"after record {result.from_seq} (the last verified checkpoint)" if result.from_seq else "all"
+            console.print(f"[green]audit chain intact[/green]: {result.checked} records verified ({where}) "
+                          f"in {took:.1f}s; head at record {result.head_seq}"
+                          + (f", last checkpoint {result.checkpoint}" if result.checkpoint else "")
+                          + (f"; {result.outside_checked} outside checkpoints match" if checkpoints else ""))
             return
         console.print(f"[red]audit chain BROKEN[/red] at record {result.first_broken_seq}: {result.reason} "
                       f"({result.checked} records verified before it)")

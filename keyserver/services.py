@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmUnavailable
 from hsm.config import HsmConfig
-from keyserver.core.audit import AuditService
+from keyserver.core.audit import AuditService, CheckpointPolicy
 from keyserver.core.ca import CertificateAuthority
 from keyserver.core.crypto import CryptoService
 from keyserver.core.datakeys import DataKeyService
@@ -109,6 +109,7 @@ class Services:
         """First-run set-up: the HSM keys and the first administrator. Returns the
         administrator's one-time password when one was created."""
         self.hsm.ensure_hmac_key(self.settings.audit_hmac_key_id)
+        self.audit.public_key_der()  # the checkpoint key, made here before any worker signs
         self.keks.ensure_initialized()
         password = self.identity.bootstrap_admin()
         self.ca.ensure()  # the KMIP CA, so client certificates can be issued from the start
@@ -148,7 +149,10 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         if topics:
             notifier.fire_local(topics)
     backend: HsmBackend = hsm if hsm is not None else LazyHsm(settings.hsm_config())
-    audit = AuditService(session_factory, backend, hmac_key_id=settings.audit_hmac_key_id)
+    audit = AuditService(session_factory, backend, hmac_key_id=settings.audit_hmac_key_id,
+                         checkpoints=CheckpointPolicy(records=settings.audit_checkpoint_records,
+                                                      seconds=settings.audit_checkpoint_seconds,
+                                                      key_id=settings.audit_checkpoint_key_id))
     policy = Policy(audit)
     keks = KekService(session_factory, backend, audit, policy, notifier, batch=settings.kek_rewrap_batch)
     keys = KeyService(session_factory, backend, audit, policy, keks, notifier)

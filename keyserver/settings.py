@@ -60,6 +60,10 @@ class Settings(BaseSettings):
     cookie_secure: bool | None = None
 
     audit_hmac_key_id: str = "audit-chain-v1"
+    # Signed checkpoints of the audit chain (docs/audit.md): every N records or T seconds.
+    audit_checkpoint_records: int = Field(default=1000, ge=1)
+    audit_checkpoint_seconds: float = Field(default=300.0, gt=0)
+    audit_checkpoint_key_id: str = "audit-checkpoint-v1"
     scheduler_interval_seconds: float = Field(default=30.0, gt=0)
     kek_rewrap_batch: int = Field(default=200, ge=1)
 

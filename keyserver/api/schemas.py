@@ -181,10 +181,53 @@ class AuditPage(BaseModel):
 
 class VerifyResultPublic(BaseModel):
     ok: bool
-    checked: int
+    checked: int = Field(description="records walked by this run")
     head_seq: int
     first_broken_seq: int | None
     reason: str | None
+    from_seq: int = Field(default=0, description="the run started after this record (the last verified checkpoint; "
+                                         "0 with full=true or on the first run)")
+    checkpoint: int | None = Field(default=None, description="the last checkpoint this run confirmed")
+    outside_checked: int = Field(default=0, description="checkpoints from the outside copy compared")
+
+
+class AuditCheckpointPublic(BaseModel):
+    """A signed checkpoint: ECDSA P-256 with SHA-256 over the canonical JSON of the
+    other fields (docs/audit.md), by the key whose SHA-256 SPKI fingerprint is `key`."""
+
+    model_config = ConfigDict(extra="ignore")  # a sink's line carries "type" too
+
+    checkpoint: int = Field(ge=1, le=2**62)
+    seq: int = Field(ge=1, le=2**62)
+    hash: str = Field(min_length=64, max_length=64)
+    time: str = Field(max_length=40)
+    prev: str = Field(min_length=64, max_length=64)
+    key: str = Field(min_length=64, max_length=64)
+    signature: str = Field(max_length=200)
+
+
+class AuditVerifyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    full: bool = Field(default=False,
+                       description="walk every record, not only those after the last verified checkpoint")
+    outside: list[AuditCheckpointPublic] = Field(
+        default_factory=list, max_length=100_000,
+        description="checkpoints from a copy kept off the server (a sink's file, the SIEM)")
+
+
+class AuditVerifiedPublic(BaseModel):
+    checkpoint: int
+    seq: int
+    at: str
+
+
+class AuditStatusPublic(BaseModel):
+    head_seq: int
+    last_checkpoint: AuditCheckpointPublic | None
+    verified: AuditVerifiedPublic | None = Field(description="how far the last verification got")
+    key_fingerprint: str
+    public_key_pem: str = Field(description="verifies every checkpoint's signature, without the HSM")
 
 
 # --- users and tokens -------------------------------------------------------

@@ -14,11 +14,21 @@ the chain:
 
 A database writer without the HSM can delete or edit rows, but cannot forge the
 hashes; `verify()` names the first record where the chain breaks.
+
+3. Every N records or T seconds the chainer also writes a checkpoint — "the chain held
+   `seq` records, the last with hash `hash`" — signed inside the HSM with an EC P-256
+   key that is not the HMAC key, chained to the previous checkpoint, and copied off the
+   server by the sinks. Anyone with the public key can check a checkpoint without the
+   HSM; a copy outside the server detects what the database alone cannot: the tail cut
+   off, the log wiped, or the chain re-MACed by someone holding the token
+   (`verify(outside=...)`, docs/audit.md).
 """
 
 from __future__ import annotations
 
+import base64
 import csv
+import hashlib
 import hmac
 import io
 import json
@@ -30,13 +40,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy import Connection, delete, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmError
 from keyserver.core.errors import InvalidInput, ServiceUnavailable, hsm_failure
 from keyserver.core.principal import RequestContext
-from keyserver.store.models import AuditEvent, AuditHead, AuditInbox
+from keyserver.store.models import AuditCheckpoint, AuditEvent, AuditHead, AuditInbox, AuditVerified
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +57,10 @@ Outcome = Literal["allowed", "denied", "error"]
 GENESIS_HASH = "0" * 64
 _AFTER = "audit_after_transaction"  # Session.info key: records written once it has ended
 CHAIN_BATCH = 1000
+ZERO_DIGEST = "0" * 64  # the "previous checkpoint" of the first one
+# What a checkpoint's signature covers. Signatures (ECDSA) differ each time one is made,
+# so an outside copy is compared on these.
+SIGNED_FIELDS = ("checkpoint", "seq", "hash", "time", "prev", "key")
 EXPORT_COLUMNS = (
     "seq", "time", "actor", "actor_type", "action", "object_type", "object_id",
     "outcome", "source_ip", "request_id", "details", "prev_hash", "hash",
@@ -77,6 +94,32 @@ def canonical_record(
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def canonical_checkpoint(*, number: int, seq: int, hash: str, time: datetime, prev: str, key: str) -> bytes:
+    """The exact bytes a checkpoint's signature covers (and its successor's `prev` hashes)."""
+    doc = {"checkpoint": number, "seq": seq, "hash": hash, "time": _iso(time), "prev": prev, "key": key}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def checkpoint_dict(c: Any) -> dict[str, Any]:
+    """A checkpoint (row or entity) as sinks write it and `verify(outside=...)` reads it back."""
+    return {"type": "checkpoint", "checkpoint": c.id, "seq": c.seq, "hash": c.hash, "time": _iso(c.time),
+            "prev": c.prev_digest, "key": c.key_fingerprint, "signature": c.signature}
+
+
+def checkpoint_digest(c: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_checkpoint(
+        number=c["checkpoint"], seq=c["seq"], hash=c["hash"], time=_parse_iso(c["time"]), prev=c["prev"],
+        key=c["key"])).hexdigest()
+
+
+def _parse_iso(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def key_fingerprint(public_der: bytes) -> str:
+    return hashlib.sha256(public_der).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class PendingRecord:
     """One record for `add_many`."""
@@ -107,6 +150,20 @@ class VerifyResult:
     head_seq: int
     first_broken_seq: int | None
     reason: str | None
+    # Where this run started (0: the whole chain) and the last checkpoint it confirmed.
+    from_seq: int = 0
+    checkpoint: int | None = None
+    outside_checked: int = 0  # checkpoints from an outside copy compared
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointPolicy:
+    """When the chainer signs a checkpoint: after `records` new records, or when the
+    newest is `seconds` old and not yet covered."""
+
+    records: int = 1000
+    seconds: float = 300.0
+    key_id: str = "audit-checkpoint-v1"
 
 
 class AuditService:
@@ -116,11 +173,14 @@ class AuditService:
         hsm: HsmBackend,
         *,
         hmac_key_id: str,
+        checkpoints: CheckpointPolicy | None = None,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
         self._db = session_factory
         self._hsm = hsm
         self._key_id = hmac_key_id
+        self._checkpoints = checkpoints or CheckpointPolicy()
+        self._public_der: bytes | None = None
         self._now = now
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -290,6 +350,7 @@ class AuditService:
             rows = conn.execute(select(AuditInbox.id, AuditInbox.payload).order_by(AuditInbox.id)
                                 .limit(CHAIN_BATCH)).all()
             if not rows:
+                self._maybe_checkpoint(conn, seq, prev, chained=False)
                 return 0
             events = []
             for _, p in rows:
@@ -307,7 +368,70 @@ class AuditService:
             conn.execute(insert(AuditEvent), events)
             conn.execute(delete(AuditInbox).where(AuditInbox.id.in_([r[0] for r in rows])))
             conn.execute(update(AuditHead).where(AuditHead.id == 1).values(seq=seq, hash=prev))
+            self._maybe_checkpoint(conn, seq, prev, chained=len(rows) == CHAIN_BATCH)
             return len(rows)
+
+    # --- checkpoints -------------------------------------------------------------
+    def public_key_der(self) -> bytes:
+        """The checkpoint signing key's public half (SubjectPublicKeyInfo DER)."""
+        if self._public_der is None:
+            try:
+                self._public_der = self._hsm.ensure_signing_key(self._checkpoints.key_id)
+            except HsmError as exc:
+                raise hsm_failure("open the audit checkpoint key", exc) from exc
+        return self._public_der
+
+    def public_key_pem(self) -> str:
+        key = serialization.load_der_public_key(self.public_key_der())
+        return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+    def _maybe_checkpoint(self, conn: Connection, seq: int, hash: str, *, chained: bool) -> None:
+        """Inside the chainer's transaction (the head's lock serialises every replica):
+        sign a checkpoint when enough records or time have passed since the last one.
+        `chained`: more records are waiting, so a time-based one can wait for them."""
+        table = AuditCheckpoint.__table__
+        last = conn.execute(select(table).order_by(table.c.id.desc()).limit(1)).first()
+        covered = last.seq if last is not None else 0
+        if seq <= covered:
+            return
+        now = self._now()
+        due = (last is None or seq - covered >= self._checkpoints.records
+               or (not chained and (now - last.time).total_seconds() >= self._checkpoints.seconds))
+        if not due:
+            return
+        fingerprint = key_fingerprint(self.public_key_der())
+        number = (last.id if last is not None else 0) + 1
+        prev = checkpoint_digest(checkpoint_dict(last)) if last is not None else ZERO_DIGEST
+        body = canonical_checkpoint(number=number, seq=seq, hash=hash, time=now, prev=prev, key=fingerprint)
+        try:
+            signature = self._hsm.sign_p256(body, key_id=self._checkpoints.key_id)
+        except HsmError as exc:
+            raise hsm_failure("sign an audit checkpoint", exc) from exc
+        conn.execute(insert(AuditCheckpoint).values(
+            id=number, seq=seq, hash=hash, time=now, prev_digest=prev, key_fingerprint=fingerprint,
+            signature=base64.b64encode(signature).decode()))
+
+    def checkpoints(self, *, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        """Checkpoints numbered after `after`, oldest first, as sinks write them."""
+        with self._db() as s:
+            rows = s.execute(select(AuditCheckpoint).where(AuditCheckpoint.id > after)
+                             .order_by(AuditCheckpoint.id).limit(limit)).scalars()
+            return [checkpoint_dict(c) for c in rows]
+
+    def status(self) -> dict[str, Any]:
+        """The chain's head, its last checkpoint and how far it was last verified: what
+        the console shows instead of re-walking the chain."""
+        with self._db() as s:
+            head = s.get(AuditHead, 1)
+            last = s.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.id.desc()).limit(1)).scalars().first()
+            verified = s.get(AuditVerified, 1)
+            return {
+                "head_seq": head.seq if head else 0,
+                "last_checkpoint": checkpoint_dict(last) if last is not None else None,
+                "verified": None if verified is None else {
+                    "checkpoint": verified.checkpoint, "seq": verified.seq, "at": _iso(verified.verified_at)},
+                "key_fingerprint": key_fingerprint(self.public_key_der()),
+            }
 
     def _mac(self, data: bytes) -> str:
         try:
@@ -389,33 +513,117 @@ class AuditService:
             last = rows[-1].seq
             yield buf.getvalue()
 
-    def verify(self) -> VerifyResult:
-        """Walk the whole chain; name the first record that does not fit."""
+    def verify(self, *, full: bool = False, outside: list[dict[str, Any]] | None = None) -> VerifyResult:
+        """Check the chain and name the first thing that does not fit.
+
+        Every checkpoint's signature and link is checked; records are walked from the
+        last checkpoint an earlier run verified (from the start with `full`), each
+        record's link and MAC, and each checkpoint against the record it names.
+        `outside`: checkpoints from a copy kept off the server (a sink's file, the
+        SIEM); each must verify under this server's key and be present, unchanged, in
+        the database — which catches a cut tail, a wipe and a re-MACed chain."""
         self.flush()
-        expected_seq, prev, checked = 1, GENESIS_HASH, 0
+        public = serialization.load_der_public_key(self.public_key_der())
+        assert isinstance(public, ec.EllipticCurvePublicKey)
+        fingerprint = key_fingerprint(self.public_key_der())
         with self._db() as s:
             head = s.get(AuditHead, 1)
-            head_seq = head.seq if head else 0
-            stmt = select(AuditEvent).order_by(AuditEvent.seq).execution_options(yield_per=1000)
+            head_seq, head_hash = (head.seq, head.hash) if head else (0, GENESIS_HASH)
+            stored = [checkpoint_dict(c) for c in
+                      s.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.id)).scalars()]
+            verified = None if full else s.get(AuditVerified, 1)
+
+        def broken(seq: int | None, reason: str, checked: int = 0, start: int = 0) -> VerifyResult:
+            return VerifyResult(False, checked, head_seq, seq, reason, from_seq=start)
+
+        # 1. The checkpoints themselves: signed by this key, linked, increasing.
+        prev_digest, prev_seq = ZERO_DIGEST, 0
+        for n, c in enumerate(stored, start=1):
+            problem = _checkpoint_problem(c, public, fingerprint)
+            if c["checkpoint"] != n:
+                problem = f"checkpoint {n} is missing"
+            elif c["prev"] != prev_digest:
+                problem = f"checkpoint {n} does not link to checkpoint {n - 1}"
+            elif c["seq"] <= prev_seq:
+                problem = f"checkpoint {n} goes backwards (record {c['seq']} after {prev_seq})"
+            if problem:
+                return broken(c["seq"], problem)
+            prev_digest, prev_seq = checkpoint_digest(c), c["seq"]
+        if stored and stored[-1]["seq"] > head_seq:
+            return broken(head_seq + 1, f"checkpoint {stored[-1]['checkpoint']} covers {stored[-1]['seq']} records "
+                                        f"but the chain holds {head_seq}: records were removed")
+        # 2. Checkpoints from outside: each must be valid and present, unchanged, here.
+        by_number = {c["checkpoint"]: c for c in stored}
+        for c in outside or []:
+            problem = _checkpoint_problem(c, public, fingerprint)
+            if problem:
+                return broken(c.get("seq"), f"outside copy: {problem}")
+            mine = by_number.get(c["checkpoint"])
+            if mine is None:
+                what = ("the audit log was wiped" if not stored else
+                        "the chain's tail was cut off" if c["seq"] > head_seq else "checkpoints were removed")
+                return broken(c["seq"], f"checkpoint {c['checkpoint']} (record {c['seq']}) from the outside copy "
+                                        f"is not in the database: {what}")
+            if any(mine[f] != c[f] for f in SIGNED_FIELDS):
+                return broken(c["seq"], f"checkpoint {c['checkpoint']} differs from the outside copy: the chain "
+                                        f"up to record {c['seq']} was rewritten (re-MACed and re-signed)")
+        # 3. The records, from where the last run left off.
+        start, prev = 0, GENESIS_HASH
+        if verified is not None and any(c["checkpoint"] == verified.checkpoint and c["seq"] == verified.seq
+                                        and c["hash"] == verified.hash for c in stored):
+            start, prev = verified.seq, verified.hash
+        at_seq = {c["seq"]: c for c in stored}
+        expected_seq, checked, last_cp = start + 1, 0, None
+        with self._db() as s:
+            stmt = (select(AuditEvent).where(AuditEvent.seq > start).order_by(AuditEvent.seq)
+                    .execution_options(yield_per=1000))
             for r in s.execute(stmt).scalars():
                 if r.seq != expected_seq:
-                    return VerifyResult(False, checked, head_seq, expected_seq,
-                                        f"record {expected_seq} is missing (next present: {r.seq})")
+                    return broken(expected_seq, f"record {expected_seq} is missing (next present: {r.seq})",
+                                  checked, start)
                 if r.prev_hash != prev:
-                    return VerifyResult(False, checked, head_seq, r.seq,
-                                        f"record {r.seq} does not link to record {r.seq - 1}")
+                    return broken(r.seq, f"record {r.seq} does not link to record {r.seq - 1}", checked, start)
                 fields = {c: getattr(r, c) for c in (
                     "seq", "time", "actor", "actor_type", "action", "object_type", "object_id",
                     "outcome", "source_ip", "request_id", "details", "prev_hash")}
                 if not hmac.compare_digest(self._mac(canonical_record(**fields)), r.hash):
-                    return VerifyResult(False, checked, head_seq, r.seq,
-                                        f"record {r.seq} was altered (its MAC does not match)")
+                    return broken(r.seq, f"record {r.seq} was altered (its MAC does not match)", checked, start)
+                cp = at_seq.get(r.seq)
+                if cp is not None:
+                    if cp["hash"] != r.hash:
+                        return broken(r.seq, f"record {r.seq} is not the one checkpoint {cp['checkpoint']} signed",
+                                      checked, start)
+                    last_cp = cp
                 prev, expected_seq, checked = r.hash, expected_seq + 1, checked + 1
-            if head is not None and (head.seq != checked or head.hash != prev):
-                return VerifyResult(False, checked, head_seq, checked + 1,
-                                    f"the chain head says {head.seq} records; "
-                                    f"records after {checked} were removed")
-        return VerifyResult(True, checked, head_seq, None, None)
+        if head_seq != start + checked or head_hash != prev:
+            return broken(start + checked + 1, f"the chain head says {head_seq} records; "
+                                               f"records after {start + checked} were removed", checked, start)
+        if last_cp is not None:
+            with self._db.begin() as s:
+                row = s.get(AuditVerified, 1)
+                if row is None:
+                    row = AuditVerified(id=1)
+                    s.add(row)
+                row.checkpoint, row.seq, row.hash, row.verified_at = (
+                    last_cp["checkpoint"], last_cp["seq"], last_cp["hash"], self._now())
+        return VerifyResult(True, checked, head_seq, None, None, from_seq=start,
+                            checkpoint=(last_cp or (stored[-1] if stored else {})).get("checkpoint"),
+                            outside_checked=len(outside or []))
+
+
+def _checkpoint_problem(c: dict[str, Any], public: ec.EllipticCurvePublicKey, fingerprint: str) -> str | None:
+    """Why checkpoint `c` is not a valid one of this server's (None when it is)."""
+    try:
+        if c["key"] != fingerprint:
+            return f"checkpoint {c['checkpoint']} is signed by another key ({c['key'][:16]}…)"
+        body = canonical_checkpoint(number=c["checkpoint"], seq=c["seq"], hash=c["hash"], time=_parse_iso(c["time"]),
+                                    prev=c["prev"], key=c["key"])
+        public.verify(base64.b64decode(c["signature"], validate=True), body, ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature:
+        return f"checkpoint {c.get('checkpoint')}'s signature does not verify"
+    except (KeyError, TypeError, ValueError):
+        return "a checkpoint is malformed"
+    return None
 
 
 def event_dict(r: AuditEvent) -> dict[str, Any]:

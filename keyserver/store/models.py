@@ -180,6 +180,37 @@ class AuditHead(Base):
     hmac_key_id: Mapped[str] = mapped_column(String(128))
 
 
+class AuditCheckpoint(Base):
+    """A signed statement "the chain held `seq` records, the last with hash `hash`",
+    made by the chainer every N records or T seconds and signed inside the HSM with an
+    EC key that is not the chain's HMAC key. Checkpoints chain too (`prev_digest`), and
+    sinks carry copies off the server: a copy outside detects truncation, wipe and a
+    chain re-MACed by someone holding the token (docs/audit.md)."""
+
+    __tablename__ = "audit_checkpoints"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    hash: Mapped[str] = mapped_column(String(64))
+    time: Mapped[datetime]
+    prev_digest: Mapped[str] = mapped_column(String(64))
+    key_fingerprint: Mapped[str] = mapped_column(String(64))
+    signature: Mapped[str] = mapped_column(Text)  # base64 of the DER ECDSA signature
+
+
+class AuditVerified(Base):
+    """One row: how far `verify-audit` has checked the chain (its checkpoint, record and
+    when), so the next run starts there and the console shows it without re-walking."""
+
+    __tablename__ = "audit_verified"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    checkpoint: Mapped[int] = mapped_column(BigInteger)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    hash: Mapped[str] = mapped_column(String(64))
+    verified_at: Mapped[datetime]
+
+
 class ChangeCounter(Base):
     """One row, bumped by every change that must drop cached credentials or key states
     in other processes: on SQLite they poll it, as PostgreSQL's LISTEN/NOTIFY tells

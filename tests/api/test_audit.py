@@ -61,6 +61,8 @@ def test_export_csv_and_jsonl(admin: httpx.Client, services: Services) -> None:
 
 
 def test_verify_detects_edit_deletion_and_truncation(admin: httpx.Client, services: Services) -> None:
+    """The full walk (`full`): an incremental run starts at the last verified checkpoint
+    and leaves older records to it (tests/api/test_audit_checkpoints.py)."""
     services.audit.flush()
     ok = admin.post("/api/v1/audit/verify").json()
     assert ok["ok"] is True and ok["checked"] >= 1 and ok["first_broken_seq"] is None
@@ -74,22 +76,22 @@ def test_verify_detects_edit_deletion_and_truncation(admin: httpx.Client, servic
         # 1. someone with database access edits a record
         with services.db.begin() as s:
             s.execute(update(AuditEvent).where(AuditEvent.seq == victim.seq).values(actor="someone-else"))
-        r = services.audit.verify()
+        r = services.audit.verify(full=True)
         assert not r.ok and r.first_broken_seq == victim.seq and "altered" in (r.reason or "")
         # 2. ... or deletes it
         with services.db.begin() as s:
             s.execute(delete(AuditEvent).where(AuditEvent.seq == victim.seq))
-        r = services.audit.verify()
+        r = services.audit.verify(full=True)
         assert not r.ok and r.first_broken_seq == victim.seq and "missing" in (r.reason or "")
     finally:
         with services.db.begin() as s:
             s.add(AuditEvent(**snapshot))
-    assert services.audit.verify().ok
+    assert services.audit.verify(full=True).ok
     # 3. ... or cuts off the tail
     with services.db.begin() as s:
         s.execute(delete(AuditEvent).where(AuditEvent.seq == last.seq))
     try:
-        r = services.audit.verify()
+        r = services.audit.verify(full=True)
         assert not r.ok and "removed" in (r.reason or "")
     finally:
         with services.db.begin() as s:
@@ -113,13 +115,13 @@ def test_verify_detects_edit_deletion_and_truncation(admin: httpx.Client, servic
         s.add(AuditEvent(**fields, hash=forged))
         head.seq, head.hash = head.seq + 1, forged
     try:
-        r = services.audit.verify()
+        r = services.audit.verify(full=True)
         assert not r.ok and r.first_broken_seq == saved[0] + 1
     finally:
         with services.db.begin() as s:
             s.execute(delete(AuditEvent).where(AuditEvent.seq == saved[0] + 1))
             s.execute(update(AuditHead).where(AuditHead.id == 1).values(seq=saved[0], hash=saved[1]))
-    assert services.audit.verify().ok
+    assert services.audit.verify(full=True).ok
 
 
 def test_cli_verify_through_api_reports(admin: httpx.Client, services: Services) -> None:

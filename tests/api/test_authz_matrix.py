@@ -188,6 +188,8 @@ CASES: dict[str, Case] = {
     "getAuditEvent": Case("GET", "/api/v1/audit/events/{seq}", (P.AUDIT_READ,), setup=audit_seq),
     "exportAudit": Case("GET", "/api/v1/audit/export?since=2999-01-01T00:00:00Z", (P.AUDIT_READ,)),
     "verifyAudit": Case("POST", "/api/v1/audit/verify", (P.AUDIT_VERIFY,)),
+    "getAuditStatus": Case("GET", "/api/v1/audit/status", (P.AUDIT_READ,)),
+    "listAuditCheckpoints": Case("GET", "/api/v1/audit/checkpoints", (P.AUDIT_READ,)),
     "listUsers": Case("GET", "/api/v1/users", (P.USERS_READ,)),
     "createUser": Case("POST", "/api/v1/users", (P.USERS_MANAGE,),
                        body={"username": "{new}", "role": "auditor"}, ok=(201,)),

@@ -435,6 +435,25 @@ def test_hmac_keys_are_distinct(backend: HsmBackend) -> None:
     assert backend.hmac_sha256(b"x", key_id=one) != backend.hmac_sha256(b"x", key_id=two)
 
 
+def test_signing_key_is_created_once_and_its_signatures_verify_outside(backend: HsmBackend) -> None:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key_id = _new_id("checkpoint")
+    public_der = backend.ensure_signing_key(key_id)
+    assert backend.ensure_signing_key(key_id) == public_der  # idempotent: the same key
+    public = serialization.load_der_public_key(public_der)
+    assert isinstance(public, ec.EllipticCurvePublicKey) and public.curve.name == "secp256r1"
+    signature = backend.sign_p256(b"checkpoint 1", key_id=key_id)
+    public.verify(signature, b"checkpoint 1", ec.ECDSA(hashes.SHA256()))  # no token needed to verify
+    with pytest.raises(InvalidSignature):
+        public.verify(signature, b"checkpoint 2", ec.ECDSA(hashes.SHA256()))
+    assert backend.ensure_signing_key(_new_id("checkpoint")) != public_der
+    with pytest.raises(HsmKeyNotFound):
+        backend.sign_p256(b"x", key_id=_new_id("absent"))
+
+
 def test_hmac_with_missing_key(backend: HsmBackend) -> None:
     with pytest.raises(HsmKeyNotFound):
         backend.hmac_sha256(b"x", key_id=_new_id("absent"))

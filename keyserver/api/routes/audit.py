@@ -7,7 +7,14 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from keyserver.api.deps import Ctx, ServicesDep
-from keyserver.api.schemas import AuditEventPublic, AuditPage, VerifyResultPublic
+from keyserver.api.schemas import (
+    AuditCheckpointPublic,
+    AuditEventPublic,
+    AuditPage,
+    AuditStatusPublic,
+    AuditVerifyRequest,
+    VerifyResultPublic,
+)
 from keyserver.core.audit import AuditFilter, event_dict
 from keyserver.core.errors import NotFound
 from keyserver.core.policy import Permission
@@ -71,11 +78,35 @@ def export(
 
 
 @router.post("/verify", operation_id="verifyAudit", response_model=VerifyResultPublic)
-def verify(ctx: Ctx, services: ServicesDep) -> VerifyResultPublic:
+def verify(ctx: Ctx, services: ServicesDep, body: AuditVerifyRequest | None = None) -> VerifyResultPublic:
+    """From the last verified checkpoint (or every record with `full`); with `outside`,
+    also against checkpoints kept off the server."""
     services.policy.require(ctx, Permission.AUDIT_VERIFY, action="audit.verify")
-    result = services.audit.verify()
+    body = body or AuditVerifyRequest()
+    result = services.audit.verify(full=body.full, outside=[c.model_dump() for c in body.outside])
     services.audit.record_now(ctx, action="audit.verify", outcome="allowed",
-                              details={"ok": result.ok, "checked": result.checked,
+                              details={"ok": result.ok, "checked": result.checked, "from_seq": result.from_seq,
+                                       "outside": result.outside_checked,
                                        "first_broken_seq": result.first_broken_seq})
     return VerifyResultPublic(ok=result.ok, checked=result.checked, head_seq=result.head_seq,
-                              first_broken_seq=result.first_broken_seq, reason=result.reason)
+                              first_broken_seq=result.first_broken_seq, reason=result.reason,
+                              from_seq=result.from_seq, checkpoint=result.checkpoint,
+                              outside_checked=result.outside_checked)
+
+
+@router.get("/status", operation_id="getAuditStatus", response_model=AuditStatusPublic)
+def status(ctx: Ctx, services: ServicesDep) -> AuditStatusPublic:
+    """The chain's head, its last signed checkpoint and how far it was last verified,
+    without walking the chain."""
+    services.policy.require(ctx, Permission.AUDIT_READ, action="audit.read")
+    st = services.audit.status()
+    return AuditStatusPublic(**st, public_key_pem=services.audit.public_key_pem())
+
+
+@router.get("/checkpoints", operation_id="listAuditCheckpoints", response_model=list[AuditCheckpointPublic])
+def checkpoints(ctx: Ctx, services: ServicesDep,
+                after: Annotated[int, Query(ge=0, le=2**62, description="checkpoints numbered after this")] = 0,
+                limit: Annotated[int, Query(ge=1, le=1000)] = 1000) -> list[AuditCheckpointPublic]:
+    """Signed checkpoints, oldest first: keep a copy off the server to verify against."""
+    services.policy.require(ctx, Permission.AUDIT_READ, action="audit.read")
+    return [AuditCheckpointPublic(**c) for c in services.audit.checkpoints(after=after, limit=limit)]

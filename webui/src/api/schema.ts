@@ -102,6 +102,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/audit/checkpoints": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Checkpoints
+         * @description Signed checkpoints, oldest first: keep a copy off the server to verify against.
+         */
+        get: operations["listAuditCheckpoints"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/audit/events": {
         parameters: {
             query?: never;
@@ -153,6 +173,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/audit/status": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Status
+         * @description The chain's head, its last signed checkpoint and how far it was last verified,
+         *     without walking the chain.
+         */
+        get: operations["getAuditStatus"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/audit/verify": {
         parameters: {
             query?: never;
@@ -162,7 +203,11 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Verify */
+        /**
+         * Verify
+         * @description From the last verified checkpoint (or every record with `full`); with `outside`,
+         *     also against checkpoints kept off the server.
+         */
         post: operations["verifyAudit"];
         delete?: never;
         options?: never;
@@ -1043,6 +1088,27 @@ export interface components {
             /** Name */
             name: string;
         };
+        /**
+         * AuditCheckpointPublic
+         * @description A signed checkpoint: ECDSA P-256 with SHA-256 over the canonical JSON of the
+         *     other fields (docs/audit.md), by the key whose SHA-256 SPKI fingerprint is `key`.
+         */
+        AuditCheckpointPublic: {
+            /** Checkpoint */
+            checkpoint: number;
+            /** Hash */
+            hash: string;
+            /** Key */
+            key: string;
+            /** Prev */
+            prev: string;
+            /** Seq */
+            seq: number;
+            /** Signature */
+            signature: string;
+            /** Time */
+            time: string;
+        };
         /** AuditEventPublic */
         AuditEventPublic: {
             /** Action */
@@ -1085,6 +1151,44 @@ export interface components {
             next_before_seq: number | null;
             /** Total */
             total: number;
+        };
+        /** AuditStatusPublic */
+        AuditStatusPublic: {
+            /** Head Seq */
+            head_seq: number;
+            /** Key Fingerprint */
+            key_fingerprint: string;
+            last_checkpoint: components["schemas"]["AuditCheckpointPublic"] | null;
+            /**
+             * Public Key Pem
+             * @description verifies every checkpoint's signature, without the HSM
+             */
+            public_key_pem: string;
+            /** @description how far the last verification got */
+            verified: components["schemas"]["AuditVerifiedPublic"] | null;
+        };
+        /** AuditVerifiedPublic */
+        AuditVerifiedPublic: {
+            /** At */
+            at: string;
+            /** Checkpoint */
+            checkpoint: number;
+            /** Seq */
+            seq: number;
+        };
+        /** AuditVerifyRequest */
+        AuditVerifyRequest: {
+            /**
+             * Full
+             * @description walk every record, not only those after the last verified checkpoint
+             * @default false
+             */
+            full?: boolean;
+            /**
+             * Outside
+             * @description checkpoints from a copy kept off the server (a sink's file, the SIEM)
+             */
+            outside?: components["schemas"]["AuditCheckpointPublic"][];
         };
         /** BlobRequest */
         BlobRequest: {
@@ -2281,14 +2385,34 @@ export interface components {
         };
         /** VerifyResultPublic */
         VerifyResultPublic: {
-            /** Checked */
+            /**
+             * Checked
+             * @description records walked by this run
+             */
             checked: number;
+            /**
+             * Checkpoint
+             * @description the last checkpoint this run confirmed
+             */
+            checkpoint?: number | null;
             /** First Broken Seq */
             first_broken_seq: number | null;
+            /**
+             * From Seq
+             * @description the run started after this record (the last verified checkpoint; 0 with full=true or on the first run)
+             * @default 0
+             */
+            from_seq?: number;
             /** Head Seq */
             head_seq: number;
             /** Ok */
             ok: boolean;
+            /**
+             * Outside Checked
+             * @description checkpoints from the outside copy compared
+             * @default 0
+             */
+            outside_checked?: number;
             /** Reason */
             reason: string | null;
         };
@@ -2773,6 +2897,102 @@ export interface operations {
             };
         };
     };
+    listAuditCheckpoints: {
+        parameters: {
+            query?: {
+                /** @description checkpoints numbered after this */
+                after?: number;
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditCheckpointPublic"][];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     listAuditEvents: {
         parameters: {
             query?: {
@@ -3074,7 +3294,7 @@ export interface operations {
             };
         };
     };
-    verifyAudit: {
+    getAuditStatus: {
         parameters: {
             query?: never;
             header?: never;
@@ -3082,6 +3302,102 @@ export interface operations {
             cookie?: never;
         };
         requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditStatusPublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    verifyAudit: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["AuditVerifyRequest"] | null;
+            };
+        };
         responses: {
             /** @description Successful Response */
             200: {
