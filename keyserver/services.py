@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from hsm import HsmBackend, HsmUnavailable
 from hsm.config import HsmConfig
 from keyserver.core.audit import AuditService, CheckpointPolicy
+from keyserver.core.audit_sinks import AuditSinks, FileSink, Sink, SyslogSink, WebhookSink
 from keyserver.core.ca import CertificateAuthority
 from keyserver.core.crypto import CryptoService
 from keyserver.core.datakeys import DataKeyService
@@ -98,6 +99,7 @@ class Services:
     kmip_objects: KmipObjectService
     hosts: HostService
     guard_points: GuardPointService
+    sinks: AuditSinks
     crypto: CryptoService
     engines: tuple[Engine, ...] = ()
     # Stopped first on close(), e.g. the KMIP listener, so no request outlives the services.
@@ -119,6 +121,7 @@ class Services:
     def start_background(self) -> None:
         self.notifier.start()
         self.audit.start()
+        self.sinks.start()
         self.scheduler.start()
 
     def close(self) -> None:
@@ -127,6 +130,7 @@ class Services:
         self.notifier.stop()
         self.scheduler.stop()
         self.audit.stop()
+        self.sinks.stop()  # what is left is delivered from the cursors at the next start
         self.hsm.close()
         for engine in {self.engine, *self.engines}:
             engine.dispose()
@@ -153,7 +157,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                          checkpoints=CheckpointPolicy(records=settings.audit_checkpoint_records,
                                                       seconds=settings.audit_checkpoint_seconds,
                                                       key_id=settings.audit_checkpoint_key_id))
-    policy = Policy(audit)
+    sinks = AuditSinks(session_factory, build_sinks(settings), fail_closed=settings.audit_fail_closed)
+    policy = Policy(audit, refusal=sinks.refusal)
     keks = KekService(session_factory, backend, audit, policy, notifier, batch=settings.kek_rewrap_batch)
     keys = KeyService(session_factory, backend, audit, policy, keks, notifier)
     ca = CertificateAuthority(session_factory, backend, keks)
@@ -192,4 +197,20 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                           cert_days=settings.kmip_client_cert_days,
                           heartbeat_seconds=settings.agent_heartbeat_seconds),
         engines=(autocommit,),
+        sinks=sinks,
     )
+
+
+def build_sinks(settings: Settings) -> list[Sink]:
+    out: list[Sink] = []
+    for c in settings.audit_sinks:
+        if c.type == "file":
+            assert c.path is not None
+            out.append(FileSink(c.name, c.path, max_bytes=c.max_bytes, keep=c.keep))
+        elif c.type == "syslog":
+            assert c.host is not None
+            out.append(SyslogSink(c.name, c.host, c.port, ca_file=c.ca_file, server_name=c.server_name))
+        else:
+            assert c.url is not None
+            out.append(WebhookSink(c.name, c.url, ca_file=c.ca_file))
+    return out

@@ -13,12 +13,40 @@ import secrets
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hsm.config import HsmConfig
 
 SOFTHSM_MODULE = "/usr/lib/softhsm/libsofthsm2.so"
+
+
+class AuditSinkSettings(BaseModel):
+    """One audit sink (docs/audit.md): `file` (path, max_bytes, keep), `syslog` (host,
+    port, ca_file: RFC 5424 over TLS) or `webhook` (url, ca_file: HTTPS)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    type: Literal["file", "syslog", "webhook"]
+    path: Path | None = None
+    max_bytes: int = Field(default=100 * 1024 * 1024, ge=4096)
+    keep: int = Field(default=10, ge=1, le=1000)
+    host: str | None = None
+    port: int = Field(default=6514, ge=1, le=65535)
+    server_name: str | None = None
+    url: str | None = None
+    ca_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> AuditSinkSettings:
+        needed = {"file": ("path", self.path), "syslog": ("host", self.host), "webhook": ("url", self.url)}
+        field_name, value = needed[self.type]
+        if value is None:
+            raise ValueError(f"audit sink {self.name!r} ({self.type}) needs {field_name!r}")
+        if self.type == "webhook" and not str(self.url).startswith("https://"):
+            raise ValueError(f"audit sink {self.name!r}: a webhook URL must be https://")
+        return self
 
 
 class Settings(BaseSettings):
@@ -64,6 +92,11 @@ class Settings(BaseSettings):
     audit_checkpoint_records: int = Field(default=1000, ge=1)
     audit_checkpoint_seconds: float = Field(default=300.0, gt=0)
     audit_checkpoint_key_id: str = "audit-checkpoint-v1"
+    # Where the chain is copied off the server, as JSON: STRONGROOM_AUDIT_SINKS='[{"name":
+    # "local", "type": "file", "path": "/var/log/strongroom/audit.jsonl"}]' (docs/audit.md).
+    audit_sinks: list[AuditSinkSettings] = Field(default_factory=list)
+    # Refuse key operations while no sink accepts records (Vault's "block" behaviour).
+    audit_fail_closed: bool = False
     scheduler_interval_seconds: float = Field(default=30.0, gt=0)
     kek_rewrap_batch: int = Field(default=200, ge=1)
 

@@ -15,7 +15,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from sqlalchemy import text
 
 from hsm import HsmError
@@ -60,6 +60,11 @@ class Metrics:
         self.latency = Histogram("strongroom_http_request_seconds", "HTTP request latency",
                                  ["method", "route"], registry=self.registry,
                                  buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
+        # Set at each scrape from the sinks' cursors (shared by the replicas).
+        self.sink_backlog = Gauge("strongroom_audit_sink_backlog_records",
+                                  "audit records not yet accepted by the sink", ["sink"], registry=self.registry)
+        self.sink_healthy = Gauge("strongroom_audit_sink_healthy", "1 while the sink accepts records",
+                                  ["sink"], registry=self.registry)
 
 
 class RequestMiddleware:
@@ -186,6 +191,16 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
         except HsmError as exc:
             checks["hsm"] = str(exc)
         ok = all(v == "ok" for v in checks.values())
+        if services.sinks.configured:
+            # A failing sink is reported; it makes the server unready only when key
+            # operations wait for it (fail-closed and no sink accepts).
+            refusal = services.sinks.refusal()
+            try:
+                failing = [f"{d['name']}: {d['last_error']}" for d in services.sinks.describe() if not d["healthy"]]
+                checks["audit_sinks"] = refusal or ("ok" if not failing else "failing: " + "; ".join(failing))
+            except Exception as exc:
+                checks["audit_sinks"] = f"unknown: {type(exc).__name__}"
+            ok = ok and refusal is None
         return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks},
                             status_code=200 if ok else 503)
 
@@ -193,6 +208,10 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
     def metrics(ctx: Ctx, services: ServicesDep) -> Response:
         """Prometheus metrics; needs a token with `system:read`."""
         services.policy.require(ctx, Permission.SYSTEM_READ, action="system.metrics")
+        if services.sinks.configured:
+            for d in services.sinks.describe():
+                app_metrics.sink_backlog.labels(d["name"]).set(d["backlog"])
+                app_metrics.sink_healthy.labels(d["name"]).set(1 if d["healthy"] else 0)
         return Response(generate_latest(app_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     if (WEBUI_DIST / "index.html").exists():

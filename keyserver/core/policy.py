@@ -7,10 +7,11 @@ the scheduler cannot drift apart.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from keyserver.core.errors import Forbidden
+from keyserver.core.errors import Forbidden, ServiceUnavailable
 
 if TYPE_CHECKING:
     from keyserver.core.audit import AuditService
@@ -87,9 +88,19 @@ def permissions_for(role: str, scopes: list[str] | None = None) -> frozenset[Per
     return granted & frozenset(Permission(s) for s in scopes)
 
 
+# What waits while the audit trail cannot leave the server (fail-closed audit sinks):
+# every use or change of key material. Reads, sign-in and the audit itself stay open.
+KEY_OPERATIONS = frozenset({
+    P.KEYS_CREATE, P.KEYS_UPDATE, P.KEYS_ROTATE, P.KEYS_ACTIVATE, P.KEYS_REVOKE, P.KEYS_DESTROY, P.KEYS_EXPORT,
+    P.KEYS_EXPORT_WRAPPED, P.KEYS_ENCRYPT, P.KEYS_DECRYPT, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT, P.SYSTEM_KEK,
+})
+
+
 class Policy:
-    def __init__(self, audit: AuditService) -> None:
+    def __init__(self, audit: AuditService, *, refusal: Callable[[], str | None] | None = None) -> None:
         self._audit = audit
+        # Why key operations must wait right now (None: they need not): the audit sinks'.
+        self._refusal = refusal
 
     def require(
         self,
@@ -101,6 +112,7 @@ class Policy:
         object_id: str | None = None,
     ) -> None:
         if permission in ctx.principal.permissions:
+            self.gate(ctx, permission, action=action, object_type=object_type, object_id=object_id)
             return
         self._audit.record_now(
             ctx,
@@ -114,3 +126,16 @@ class Policy:
             f"'{ctx.principal.name}' lacks the permission '{permission.value}' for {action}; "
             "ask an administrator for a role, token scope or KMIP client setting that grants it"
         )
+
+    def gate(self, ctx: RequestContext, permission: Permission, *, action: str, object_type: str | None = None,
+             object_id: str | None = None) -> None:
+        """Refuse a permitted key operation while the audit trail cannot leave the
+        server (fail-closed sinks): 503, audited as an error."""
+        if self._refusal is None or permission not in KEY_OPERATIONS:
+            return
+        reason = self._refusal()
+        if reason is None:
+            return
+        self._audit.record_now(ctx, action=action, outcome="error", object_type=object_type, object_id=object_id,
+                               details={"refused": "audit sinks unavailable (fail-closed)"})
+        raise ServiceUnavailable(reason, code="audit_unavailable")

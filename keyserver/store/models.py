@@ -211,6 +211,20 @@ class AuditVerified(Base):
     verified_at: Mapped[datetime]
 
 
+class AuditSinkCursor(Base):
+    """How far a sink has accepted the chain: the delivery spool is the chain itself
+    (core/audit_sinks.py). One row per configured sink, shared by the replicas."""
+
+    __tablename__ = "audit_sink_cursors"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    checkpoint: Mapped[int] = mapped_column(BigInteger)
+    delivered_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    failing_since: Mapped[datetime | None]
+
+
 class ChangeCounter(Base):
     """One row, bumped by every change that must drop cached credentials or key states
     in other processes: on SQLite they poll it, as PostgreSQL's LISTEN/NOTIFY tells
