@@ -182,6 +182,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
             max_failures=settings.login_max_failures,
             lockout_seconds=settings.login_lockout_seconds,
             notifier=notifier,
+            token_max_days=settings.token_max_days,
         ),
         scheduler=Scheduler(keys, keks, interval_seconds=settings.scheduler_interval_seconds),
         notifier=notifier,

@@ -84,6 +84,8 @@ class Settings(BaseSettings):
     session_ttl_minutes: int = Field(default=8 * 60, ge=1)
     session_idle_minutes: int = Field(default=30, ge=1)
     login_max_failures: int = Field(default=5, ge=1)
+    # The longest an API token may live (days); 0 allows tokens that never expire.
+    token_max_days: int = Field(default=365, ge=0, le=3650)
     login_lockout_seconds: int = Field(default=60, ge=1)
     cookie_secure: bool | None = None
 

@@ -62,8 +62,9 @@ def test_the_readme_stories_on_the_default_start(server: Server, tmp_path: Path)
     assert "secure" in r.headers["set-cookie"].lower(), "session cookies are Secure over HTTPS"
     web.headers["X-CSRF-Token"] = r.json()["csrf_token"]
     mine = f"my own passphrase {uuid.uuid4().hex}"
-    assert web.post("/api/v1/auth/password", json={"current_password": password,
-                                                    "new_password": mine}).status_code == 204
+    changed = web.post("/api/v1/auth/password", json={"current_password": password, "new_password": mine})
+    assert changed.status_code == 200, changed.text
+    web.headers["X-CSRF-Token"] = changed.json()["csrf_token"]  # a new session replaces the old one
     wrong = web.post("/api/v1/auth/password", json={"current_password": "not it at all",
                                                      "new_password": "another passphrase 123"})
     assert wrong.status_code == 403 and wrong.json()["code"] == "wrong_password"

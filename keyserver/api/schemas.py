@@ -270,6 +270,11 @@ class PasswordReset(BaseModel):
     one_time_password: str
 
 
+class PasswordResetRequest(Strict):
+    keep_tokens: bool = Field(default=False, description="keep the user's API tokens (they are revoked "
+                                                         "by default: a reset usually means a secret leaked)")
+
+
 class TokenCreate(Strict):
     name: str = Field(min_length=1, max_length=100)
     scopes: list[str] | None = Field(default=None, description="omit for all of the owner's permissions")

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
@@ -61,33 +62,71 @@ class IssuedToken:
     secret: str  # shown once
 
 
-class _IpThrottle:
-    """Failed logins per source address in a sliding window (per process)."""
+class _Window:
+    """Failures per key in a sliding window (per process)."""
 
-    def __init__(self, limit: int = 30, window: float = 300.0) -> None:
+    def __init__(self, limit: int, window: float) -> None:
         self._limit, self._window = limit, window
         self._fails: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
 
-    def check(self, ip: str | None) -> None:
-        if ip is None:
-            return
+    def retry_after(self, key: str) -> int | None:
+        """Seconds until `key` may try again, or None when it may now."""
         with self._lock:
-            q = self._fails.get(ip)
+            q = self._fails.get(key)
             now = time.monotonic()
             while q and q[0] < now - self._window:
                 q.popleft()
             if q and len(q) >= self._limit:
-                raise RateLimited("too many failed sign-ins from this address; try again later",
-                                  retry_after=int(q[0] + self._window - now) + 1)
+                return int(q[0] + self._window - now) + 1
+            return None
 
-    def fail(self, ip: str | None) -> None:
-        if ip is None:
-            return
+    def fail(self, key: str) -> None:
         with self._lock:
-            self._fails.setdefault(ip, deque()).append(time.monotonic())
+            self._fails.setdefault(key, deque()).append(time.monotonic())
             if len(self._fails) > 100_000:
                 self._fails.clear()
+
+
+class _LoginThrottle:
+    """Throttles password guessing without locking out everyone behind one address (a
+    NAT, a proxy) and without telling which accounts exist.
+
+    * per address *and* username: 30 failures in 5 minutes — one user's mistakes, or
+      someone guessing one account, do not lock out the colleagues behind the same NAT;
+    * per address: 300 failures in 5 minutes — bounds spraying many usernames;
+    * unknown usernames are locked like real accounts (after `max_failures`, for the
+      same time), so a lockout answer does not reveal that an account exists. Real
+      accounts keep their lock in the database (shared by replicas); unknown ones here.
+    """
+
+    def __init__(self, max_failures: int, lockout_seconds: int) -> None:
+        self._pair = _Window(30, 300.0)
+        self._address = _Window(300, 300.0)
+        self._unknown = _Window(max_failures, float(lockout_seconds))
+
+    def check(self, ip: str | None, username: str) -> None:
+        for window, key in ((self._address, ip), (self._pair, f"{ip}|{username}")):
+            if ip is not None and (retry := window.retry_after(str(key))) is not None:
+                raise RateLimited("too many failed sign-ins from this address; try again later", retry_after=retry)
+
+    def unknown_locked(self, username: str) -> int | None:
+        return self._unknown.retry_after(username)
+
+    def fail(self, ip: str | None, username: str, *, known: bool) -> None:
+        if ip is not None:
+            self._address.fail(ip)
+            self._pair.fail(f"{ip}|{username}")
+        if not known:
+            self._unknown.fail(username)
+
+
+ACCOUNT_LOCKED = "too many failed sign-ins for this account; try again later"
+
+
+def _count(result: Any) -> int:
+    """Rows an UPDATE changed."""
+    return int(result.rowcount)
 
 
 class IdentityService:
@@ -103,6 +142,7 @@ class IdentityService:
         lockout_seconds: int,
         notifier: Notifier,
         token_cache_seconds: float = 30.0,
+        token_max_days: int = 365,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
         self._db = session_factory
@@ -113,7 +153,8 @@ class IdentityService:
         self._max_failures = max_failures
         self._lockout = lockout_seconds
         self._now = now
-        self._ip_throttle = _IpThrottle()
+        self._throttle = _LoginThrottle(max_failures, lockout_seconds)
+        self._token_max_days = token_max_days
         # Validated API tokens by SHA-256 of the whole token. Any revocation anywhere
         # clears every replica's cache at commit (LISTEN/NOTIFY), so the cache saves a
         # database round trip per call without delaying a revocation; the TTL only
@@ -177,8 +218,11 @@ class IdentityService:
         with self._db.begin() as s:
             if s.execute(select(User.id).where(User.username == username)).first():
                 raise Conflict(f"user '{username}' exists already", code="user_exists")
+            # A password someone else chose is known to them: the user changes it at first
+            # sign-in. Only the system (the CLI on the server, first-run set-up) sets final ones.
             user = User(id=uuid.uuid4(), username=username, full_name=full_name, role=role,
-                        password_hash=_hasher.hash(password), must_change_password=temporary,
+                        password_hash=_hasher.hash(password),
+                        must_change_password=temporary or ctx.principal.actor_type != "system",
                         created_at=now, password_changed_at=now)
             s.add(user)
             self._audit.add(s, ctx, action="user.create", object_type="user", object_id=username,
@@ -224,7 +268,9 @@ class IdentityService:
         s.execute(update(ApiToken).where(ApiToken.user_id == user_id, ApiToken.revoked_at.is_(None))
                   .values(revoked_at=self._now()))
 
-    def reset_password(self, ctx: RequestContext, user_id: uuid.UUID) -> str:
+    def reset_password(self, ctx: RequestContext, user_id: uuid.UUID, *, keep_tokens: bool = False) -> str:
+        """A one-time password; every session of the user ends, and so do their API
+        tokens unless `keep_tokens` (a reset usually means the old secret leaked)."""
         self._policy.require(ctx, Permission.USERS_MANAGE, action="user.reset_password",
                              object_type="user", object_id=str(user_id))
         password = generate_password()
@@ -235,10 +281,18 @@ class IdentityService:
             user.failed_logins, user.locked_until = 0, None
             self._notifier.publish(s, Topic.PRINCIPALS)
             s.execute(update(BrowserSession).where(BrowserSession.user_id == user.id).values(revoked=True))
-            self._audit.add(s, ctx, action="user.reset_password", object_type="user", object_id=user.username)
+            revoked = 0
+            if not keep_tokens:
+                revoked = _count(s.execute(update(ApiToken).where(ApiToken.user_id == user.id,
+                                                                  ApiToken.revoked_at.is_(None))
+                                           .values(revoked_at=self._now())))
+            self._audit.add(s, ctx, action="user.reset_password", object_type="user", object_id=user.username,
+                            details={"tokens_revoked": revoked, "tokens_kept": keep_tokens})
         return password
 
-    def change_password(self, ctx: RequestContext, *, current: str, new: str) -> None:
+    def change_password(self, ctx: RequestContext, *, current: str, new: str) -> LoginResult:
+        """Change one's own password. Every session of the user ends (others may have
+        been opened with the old password) and the caller gets a new one, with a new id."""
         if ctx.principal.user_id is None or ctx.principal.actor_type != "user":
             raise Forbidden("only a signed-in user can change their own password")
         with self._audit.transaction() as s:
@@ -251,8 +305,20 @@ class IdentityService:
             if self._verify(user.password_hash, new):
                 raise InvalidInput("the new password must differ from the current one")
             user.password_hash = _hasher.hash(new)
-            user.must_change_password, user.password_changed_at = False, self._now()
-            self._audit.add(s, ctx, action="user.change_password", object_type="user", object_id=user.username)
+            now = self._now()
+            user.must_change_password, user.password_changed_at = False, now
+            ended = _count(s.execute(update(BrowserSession).where(BrowserSession.user_id == user.id,
+                                                                  BrowserSession.revoked.is_(False))
+                                     .values(revoked=True)))
+            session_token, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+            expires = now + self._ttl
+            s.add(BrowserSession(id_hash=sha256_hex(session_token), user_id=user.id, csrf_hash=sha256_hex(csrf),
+                                 created_at=now, expires_at=expires, last_seen_at=now, source_ip=ctx.source_ip))
+            self._notifier.publish(s, Topic.PRINCIPALS)
+            self._audit.add(s, ctx, action="user.change_password", object_type="user", object_id=user.username,
+                            details={"sessions_ended": ended})
+            principal = self._user_principal(user)
+        return LoginResult(session_token, csrf, expires, principal)
 
     @staticmethod
     def _check_role(role: str) -> None:
@@ -276,27 +342,30 @@ class IdentityService:
     # --- sign-in and sessions --------------------------------------------------
     def login(self, username: str, password: str, *, source_ip: str | None,
               request_id: str | None) -> LoginResult:
-        self._ip_throttle.check(source_ip)
         username = username.strip().lower()
+        self._throttle.check(source_ip, username)
         now = self._now()
         anon = RequestContext(principal=Principal(name=username or "anonymous", actor_type="user",
                                                   role=None, permissions=frozenset()),
                               source_ip=source_ip, request_id=request_id)
         with self._db.begin() as s:
             user = s.execute(select(User).where(User.username == username).with_for_update()).scalar_one_or_none()
+            unknown_retry = self._throttle.unknown_locked(username) if user is None else None
             if user is not None and user.locked_until is not None and user.locked_until > now:
+                retry: int | None = int((user.locked_until - now).total_seconds()) + 1
+            else:
+                retry = unknown_retry
+            if retry is not None:
                 self._audit.add(s, anon, action="auth.login", outcome="denied", object_type="user",
                                 object_id=username, details={"reason": "locked"})
-                retry = int((user.locked_until - now).total_seconds()) + 1
-                locked = RateLimited("too many failed sign-ins for this account; try again later",
-                                     retry_after=retry)
+                locked = RateLimited(ACCOUNT_LOCKED, retry_after=retry)
             else:
                 locked = None
         if locked is not None:
             raise locked
         ok = self._verify(user.password_hash if user else _DUMMY_HASH, password)
         if user is None or not ok or user.disabled:
-            self._ip_throttle.fail(source_ip)
+            self._throttle.fail(source_ip, username, known=user is not None)
             with self._db.begin() as s:
                 details: dict[str, object] = {"reason": "disabled" if user and ok else "bad_credentials"}
                 if user is not None and not ok:
@@ -375,6 +444,10 @@ class IdentityService:
             raise InvalidInput("a token name is 1-100 characters")
         if expires_in_days is not None and not 1 <= expires_in_days <= 3650:
             raise InvalidInput("expires_in_days must be between 1 and 3650")
+        if self._token_max_days and (expires_in_days is None or expires_in_days > self._token_max_days):
+            raise InvalidInput(f"API tokens on this server expire within {self._token_max_days} days: give "
+                               f"expires_in_days from 1 to {self._token_max_days} (STRONGROOM_TOKEN_MAX_DAYS; 0 "
+                               "lets tokens live without end)", code="token_lifetime")
         now = self._now()
         with self._db.begin() as s:
             owner = self._user(s, owner_id)

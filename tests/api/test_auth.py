@@ -9,6 +9,7 @@ from sqlalchemy import update
 
 from keyserver.core.principal import system_context
 from keyserver.services import Services
+from keyserver.settings import Settings
 from keyserver.store.models import BrowserSession
 from tests import https
 from tests.conftest import Actor, unique
@@ -34,7 +35,8 @@ def test_first_run_admin_must_change_password(base_url: str, admin_password: str
     assert weak.status_code == 400
     r = c.post("/api/v1/auth/password", json={"current_password": admin_password,
                                               "new_password": "a much better passphrase"})
-    assert r.status_code == 204
+    assert r.status_code == 200 and r.json()["user"]["must_change_password"] is False
+    c.headers["X-CSRF-Token"] = r.json()["csrf_token"]
     assert c.get("/api/v1/keys").status_code == 200
     c.close()
 
@@ -212,3 +214,84 @@ def test_revocation_in_another_replica_is_honoured(base_url: str, actors: dict[s
             time.sleep(0.01)
         r = c.get("/api/v1/keys")
         assert r.status_code == 401 and r.json()["code"] == "token_revoked"
+
+
+def test_a_password_reset_ends_sessions_and_tokens_unless_kept(admin: httpx.Client, base_url: str,
+                                                               services: Services) -> None:
+    user = admin.post("/api/v1/users", json={"username": unique("reset"), "role": "operator"}).json()
+    c, r = login(base_url, user["user"]["username"], user["one_time_password"])
+    r = c.post("/api/v1/auth/password", json={"current_password": user["one_time_password"],
+                                              "new_password": "a fine new passphrase 1"})
+    assert r.status_code == 200
+    c.headers["X-CSRF-Token"] = r.json()["csrf_token"]
+    secrets_ = [c.post("/api/v1/tokens", json={"name": f"t{i}", "expires_in_days": 30}).json()["secret"]
+                for i in range(2)]
+
+    def works(secret: str) -> bool:
+        with https.client(base_url=base_url, headers={"Authorization": f"Bearer {secret}"}) as t:
+            return t.get("/api/v1/keys").status_code == 200
+
+    assert all(works(x) for x in secrets_)
+    uid = user["user"]["id"]
+    kept = admin.post(f"/api/v1/users/{uid}/reset-password", json={"keep_tokens": True})
+    assert kept.status_code == 200 and all(works(x) for x in secrets_)
+    assert c.get("/api/v1/auth/me").status_code == 401  # sessions end either way
+    assert admin.post(f"/api/v1/users/{uid}/reset-password").status_code == 200
+    assert not any(works(x) for x in secrets_)
+    services.audit.flush()
+    resets = admin.get("/api/v1/audit/events", params={"action": "user.reset_password",
+                                                       "object_id": user["user"]["username"]}).json()["items"]
+    assert [(e["details"]["tokens_kept"], e["details"]["tokens_revoked"]) for e in resets] == [(False, 2), (True, 0)]
+    c.close()
+
+
+def test_changing_ones_password_ends_every_other_session_and_rotates_ones_own(admin: httpx.Client,
+                                                                              base_url: str) -> None:
+    made = admin.post("/api/v1/users", json={"username": unique("rotate"), "role": "auditor",
+                                             "password": "chosen by the admin 123"}).json()
+    username = made["user"]["username"]
+    assert made["user"]["must_change_password"] is True  # a password someone else chose
+    first, r = login(base_url, username, "chosen by the admin 123")
+    assert r.json()["user"]["must_change_password"] is True
+    assert first.get("/api/v1/keys").json()["code"] == "password_change_required"
+    other, _ = login(base_url, username, "chosen by the admin 123")
+    old_cookie = first.cookies.get("strongroom_session")
+    r = first.post("/api/v1/auth/password", json={"current_password": "chosen by the admin 123",
+                                                  "new_password": "my very own passphrase 9"})
+    assert r.status_code == 200
+    assert first.cookies.get("strongroom_session") not in (None, old_cookie)  # a new session id
+    first.headers["X-CSRF-Token"] = r.json()["csrf_token"]
+    assert first.get("/api/v1/keys").status_code == 200
+    assert other.get("/api/v1/auth/me").status_code == 401  # the other session ended
+    with https.client(base_url=base_url, cookies={"strongroom_session": old_cookie or ""}) as stale:
+        assert stale.get("/api/v1/auth/me").status_code == 401  # and so did the old id
+    first.close()
+    other.close()
+
+
+def test_token_lifetime_is_bounded_by_the_server(actors: dict[str, Actor]) -> None:
+    s = actors["key-officer"].session
+    r = s.post("/api/v1/tokens", json={"name": "forever", "expires_in_days": None})
+    assert r.status_code == 400 and r.json()["code"] == "token_lifetime" and "365" in r.json()["detail"]
+    r = s.post("/api/v1/tokens", json={"name": "too long", "expires_in_days": 400})
+    assert r.status_code == 400 and r.json()["code"] == "token_lifetime"
+    assert s.post("/api/v1/tokens", json={"name": "a year", "expires_in_days": 365}).status_code == 201
+
+
+def test_lockout_does_not_reveal_accounts_nor_lock_out_an_address(actors: dict[str, Actor], admin: httpx.Client,
+                                                                  base_url: str, settings: Settings) -> None:
+    real = admin.post("/api/v1/users", json={"username": unique("locked"), "role": "auditor"}).json()["user"]
+    real, ghost = real["username"], unique("nobody")
+    for name in (real, ghost):
+        answers = []
+        for _ in range(settings.login_max_failures + 1):
+            _, r = login(base_url, name, "wrong password entirely")
+            answers.append((r.status_code, r.json()["code"], r.json()["detail"]))
+        # the same answers, in the same order, whether the account exists or not
+        assert answers[:settings.login_max_failures] == [(401, "bad_credentials", "wrong username or password")] * \
+            settings.login_max_failures
+        assert answers[-1][0] == 429 and "this account" in answers[-1][2]
+    # a colleague behind the same address signs in regardless
+    other = actors["operator"]
+    _, r = login(base_url, other.username, other.password)
+    assert r.status_code == 200

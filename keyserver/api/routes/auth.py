@@ -4,8 +4,10 @@ from fastapi import APIRouter, Request, Response
 
 from keyserver.api.deps import CSRF_COOKIE, SESSION_COOKIE, Ctx, ServicesDep, client_ip
 from keyserver.api.schemas import LoginRequest, LoginResponse, Me, PasswordChange
+from keyserver.core.identity import LoginResult
 from keyserver.core.principal import Principal
 from keyserver.logs import request_id_var
+from keyserver.services import Services
 
 router = APIRouter(prefix="/auth", tags=["auth"])
 
@@ -20,6 +22,10 @@ def me_of(p: Principal) -> Me:
 def login(body: LoginRequest, request: Request, response: Response, services: ServicesDep) -> LoginResponse:
     result = services.identity.login(body.username, body.password, source_ip=client_ip(request),
                                      request_id=request_id_var.get())
+    return _session(result, response, services)
+
+
+def _session(result: LoginResult, response: Response, services: Services) -> LoginResponse:
     secure = services.settings.secure_cookies
     max_age = services.settings.session_ttl_minutes * 60
     response.set_cookie(SESSION_COOKIE, result.session_token, max_age=max_age, httponly=True,
@@ -47,7 +53,9 @@ def me(ctx: Ctx) -> Me:
     return me_of(ctx.principal)
 
 
-@router.post("/password", operation_id="changePassword", status_code=204)
-def change_password(body: PasswordChange, ctx: Ctx, services: ServicesDep) -> Response:
-    services.identity.change_password(ctx, current=body.current_password, new=body.new_password)
-    return Response(status_code=204)
+@router.post("/password", operation_id="changePassword", response_model=LoginResponse)
+def change_password(body: PasswordChange, ctx: Ctx, response: Response, services: ServicesDep) -> LoginResponse:
+    """Every session of the user ends; the caller continues in a new one (new session
+    and CSRF cookies, the new CSRF token in the body)."""
+    result = services.identity.change_password(ctx, current=body.current_password, new=body.new_password)
+    return _session(result, response, services)

@@ -5,7 +5,14 @@ import uuid
 from fastapi import APIRouter
 
 from keyserver.api.deps import Ctx, ServicesDep
-from keyserver.api.schemas import PasswordReset, UserCreate, UserCreated, UserPublic, UserUpdate
+from keyserver.api.schemas import (
+    PasswordReset,
+    PasswordResetRequest,
+    UserCreate,
+    UserCreated,
+    UserPublic,
+    UserUpdate,
+)
 
 router = APIRouter(prefix="/users", tags=["users"])
 
@@ -34,5 +41,9 @@ def update_user(user_id: uuid.UUID, body: UserUpdate, ctx: Ctx, services: Servic
 
 
 @router.post("/{user_id}/reset-password", operation_id="resetPassword", response_model=PasswordReset)
-def reset_password(user_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> PasswordReset:
-    return PasswordReset(one_time_password=services.identity.reset_password(ctx, user_id))
+def reset_password(user_id: uuid.UUID, ctx: Ctx, services: ServicesDep,
+                   body: PasswordResetRequest | None = None) -> PasswordReset:
+    """A one-time password; the user's sessions end, and their API tokens too unless
+    `keep_tokens`."""
+    keep = body.keep_tokens if body is not None else False
+    return PasswordReset(one_time_password=services.identity.reset_password(ctx, user_id, keep_tokens=keep))

@@ -275,7 +275,11 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Change Password */
+        /**
+         * Change Password
+         * @description Every session of the user ends; the caller continues in a new one (new session
+         *     and CSRF cookies, the new CSRF token in the body).
+         */
         post: operations["changePassword"];
         delete?: never;
         options?: never;
@@ -944,7 +948,11 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Reset Password */
+        /**
+         * Reset Password
+         * @description A one-time password; the user's sessions end, and their API tokens too unless
+         *     `keep_tokens`.
+         */
         post: operations["resetPassword"];
         delete?: never;
         options?: never;
@@ -2121,6 +2129,15 @@ export interface components {
         PasswordReset: {
             /** One Time Password */
             one_time_password: string;
+        };
+        /** PasswordResetRequest */
+        PasswordResetRequest: {
+            /**
+             * Keep Tokens
+             * @description keep the user's API tokens (they are revoked by default: a reset usually means a secret leaked)
+             * @default false
+             */
+            keep_tokens?: boolean;
         };
         /** Problem */
         Problem: {
@@ -3774,11 +3791,13 @@ export interface operations {
         };
         responses: {
             /** @description Successful Response */
-            204: {
+            200: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": components["schemas"]["LoginResponse"];
+                };
             };
             /** @description Bad request */
             400: {
@@ -8337,7 +8356,11 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PasswordResetRequest"] | null;
+            };
+        };
         responses: {
             /** @description Successful Response */
             200: {
