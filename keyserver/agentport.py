@@ -22,6 +22,7 @@ from collections.abc import Generator
 from typing import Any
 
 import uvicorn
+from starlette.types import Receive, Scope, Send
 
 from keyserver.core.ca import CertificateAuthority
 from keyserver.server import bind_socket
@@ -67,6 +68,28 @@ def agent_tls_context(ca: CertificateAuthority, names: list[str]) -> ssl.SSLCont
     return server_context(ca, names, client_cert=ssl.CERT_OPTIONAL, common_name="Strongroom agent port")
 
 
+# What the agent port serves: a host's routes (its certificate), enrollment, and what a
+# host needs before it is enrolled. The console and the administrative API are on the
+# main port only, so exposing the agent port to the hosts' network exposes nothing else.
+AGENT_PORT_PATHS = ("/api/v1/agent/", "/downloads/")
+AGENT_PORT_EXACT = frozenset({"/api/v1/enroll", "/ca.pem", "/install.sh", "/healthz", "/readyz"})
+
+
+def agent_port_only(app: ASGIApp) -> ASGIApp:
+    """`app` restricted to the agent port's routes; anything else is a 404 problem."""
+    from keyserver.api import problems
+
+    async def restricted(scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if scope["type"] != "http" or path in AGENT_PORT_EXACT or path.startswith(AGENT_PORT_PATHS):
+            await app(scope, receive, send)
+            return
+        await problems.problem(404, "not_on_agent_port", f"{path} is not served on the agent port; the console "
+                               "and the administrative API are on the key server's main port")(scope, receive, send)
+
+    return restricted
+
+
 def agent_sidecar(services: Services, app: ASGIApp, uvicorn_kwargs: dict[str, Any]
                   ) -> tuple[SidecarServer, socket.socket] | None:
     """The agent port's server and its bound socket (None when disabled); sets
@@ -83,7 +106,7 @@ def agent_sidecar(services: Services, app: ASGIApp, uvicorn_kwargs: dict[str, An
     names = [url_host.strip("[]"), *([] if wildcard else [s.agent_host]), *s.agent_server_names]
     context = agent_tls_context(services.ca, names)
     kwargs = {k: v for k, v in uvicorn_kwargs.items() if not k.startswith("ssl_")}
-    config = uvicorn.Config(app, http=TlsScopeProtocol, lifespan="off",
+    config = uvicorn.Config(agent_port_only(app), http=TlsScopeProtocol, lifespan="off",
                             ssl_context_factory=lambda _config, _default: context, **kwargs)
     return SidecarServer(config), sock
 

@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from sqlalchemy import text
+from starlette.routing import Match, Mount
 
 from hsm import HsmError
 from keyserver.api import problems
@@ -67,6 +68,23 @@ class Metrics:
                                   ["sink"], registry=self.registry)
 
 
+# The console is self-contained (Vite bundle, no CDN, no inline script): scripts and
+# connections to this origin only. Mantine sets style attributes, hence inline styles.
+CONSOLE_CSP = (b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+               b"font-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+               b"form-action 'self'; frame-ancestors 'none'")
+
+
+class ConsoleMount(Mount):
+    """The console's files at "/", but never for /api/ paths: an API route called with
+    the wrong method must answer its own 405 (with its Allow), not the file server's."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope.get("type") == "http" and str(scope.get("path", "")).startswith("/api/"):
+            return Match.NONE, {}
+        return super().matches(scope)
+
+
 class RequestMiddleware:
     """Request id, access log, metrics, body limit and security headers, as plain ASGI
     (BaseHTTPMiddleware costs a task per request on the hot path)."""
@@ -98,8 +116,11 @@ class RequestMiddleware:
         path: str = scope["path"]
         is_api = path.startswith("/api/")
 
+        started = [False]
+
         async def send_wrapped(message: Message) -> None:
             if message["type"] == "http.response.start":
+                started[0] = True
                 status_holder[0] = message["status"]
                 h = list(message.get("headers") or [])
                 h.append((b"x-request-id", rid.encode()))
@@ -109,6 +130,7 @@ class RequestMiddleware:
                     h.append((b"cache-control", b"no-store"))
                 else:
                     h.append((b"x-frame-options", b"DENY"))
+                    h.append((b"content-security-policy", CONSOLE_CSP))
                 message["headers"] = h
             await send(message)
 
@@ -118,7 +140,17 @@ class RequestMiddleware:
                 resp = problems.problem(413, "payload_too_large", f"request bodies are limited to {MAX_BODY} bytes")
                 await resp(scope, receive, send_wrapped)
                 return
-            await self.app(scope, receive, send_wrapped)
+            try:
+                await self.app(scope, receive, send_wrapped)
+            except Exception:
+                # Answered here, inside the request's context, so the problem carries the
+                # request id the log line has (Starlette's outermost handler runs after it).
+                if started[0]:
+                    raise
+                log.exception("unhandled error")
+                await problems.problem(500, "internal_error", "an unexpected error occurred; give the "
+                                       "request id to the server's operator (it is in the log)")(
+                    scope, receive, send_wrapped)
         finally:
             elapsed = time.perf_counter() - start
             route = self._route(scope)
@@ -215,7 +247,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
         return Response(generate_latest(app_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     if (WEBUI_DIST / "index.html").exists():
-        app.mount("/", StaticFiles(directory=WEBUI_DIST, html=True), name="webui")
+        app.router.routes.append(ConsoleMount("/", StaticFiles(directory=WEBUI_DIST, html=True), name="webui"))
     else:
         @app.get("/", include_in_schema=False)
         def landing() -> HTMLResponse:

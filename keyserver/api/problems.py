@@ -61,6 +61,12 @@ def problem(status: int, code: str, detail: str, *, headers: dict[str, str] | No
     return JSONResponse(body, status_code=status, media_type="application/problem+json", headers=headers)
 
 
+# Routes a caller reaches without a token or session (each authenticates otherwise:
+# credentials in the body, a one-time enrollment token, or nothing secret at all).
+UNAUTHENTICATED_OPERATIONS = frozenset({"login", "enrollHost", "getCaCertificate", "getAgentInstaller",
+                                        "downloadAgent", "getEnrollmentInfoPublic"})
+
+
 def install(app: FastAPI) -> None:
     from keyserver.api.schemas import Problem
 
@@ -70,8 +76,29 @@ def install(app: FastAPI) -> None:
         # The error responses above refer to this schema; no route returns it as a model.
         if app.openapi_schema is None:
             schema = generate()
-            schema.setdefault("components", {}).setdefault("schemas", {})["Problem"] = (
+            components = schema.setdefault("components", {})
+            components.setdefault("schemas", {})["Problem"] = (
                 Problem.model_json_schema(ref_template="#/components/schemas/{model}"))
+            # How callers authenticate (docs/api.md): an API token, or the console's
+            # session cookie with its CSRF header on unsafe methods. Every /api/v1 route
+            # takes either, but the few that need none (sign-in, enrollment, downloads).
+            components["securitySchemes"] = {
+                "apiToken": {"type": "http", "scheme": "bearer", "bearerFormat": "srk_…",
+                             "description": "an API token from POST /api/v1/tokens"},
+                "session": {"type": "apiKey", "in": "cookie", "name": "strongroom_session",
+                            "description": "the console's session (POST /api/v1/auth/login); unsafe methods "
+                                           "also send X-CSRF-Token"},
+                "hostCertificate": {"type": "mutualTLS",
+                                    "description": "an enrolled host's client certificate, on the agent port"},
+            }
+            for path, item in schema.get("paths", {}).items():
+                for op in item.values():
+                    if not isinstance(op, dict) or op.get("operationId") in UNAUTHENTICATED_OPERATIONS:
+                        continue
+                    if path.startswith("/api/v1/agent/"):
+                        op["security"] = [{"hostCertificate": []}]
+                    elif path.startswith("/api/v1/") or path == "/metrics":
+                        op["security"] = [{"apiToken": []}, {"session": []}]
         return app.openapi_schema  # type: ignore[return-value]
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -117,7 +144,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return problem(exc.status_code, code, str(exc.detail))
+        # The router's headers go out too: a 405 names the methods that are allowed (Allow).
+        return problem(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

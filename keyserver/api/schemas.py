@@ -29,6 +29,11 @@ Base64Bytes = Annotated[bytes, BeforeValidator(_b64)]
 Context = Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=32)]
 
 
+# The largest integer a request may carry: every stored integer is a BIGINT, and one
+# past it must be a 422, not a database error (a 500).
+MAX_INT = 2**62
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

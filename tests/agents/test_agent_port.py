@@ -263,3 +263,19 @@ def test_re_enrollment_replaces_the_old_identity(tmp_path: Path, base_url: str, 
         old_client.heartbeat(os_name="x")
     fresh = ServerClient.for_host(agent_url, host.identity)
     assert fresh.heartbeat(os_name="x")["host_id"] == new_id
+
+
+def test_the_agent_port_serves_hosts_only(tmp_path: Path, base_url: str, agent_url: str,
+                                          admin: httpx.Client) -> None:
+    """The console and the administrative API are on the main port only: a valid admin
+    token gets nothing from the agent port but the routes a host needs."""
+    trust = ssl.create_default_context(cafile=str(_ca_file(tmp_path, base_url)))
+    token = admin.headers["authorization"]
+    for path in ("/api/v1/keys", "/api/v1/users", "/api/v1/audit/events", "/", "/api/docs",
+                 "/api/v1/openapi.json", "/metrics", "/api/v1/enrollX"):
+        r = httpx.get(f"{agent_url}{path}", headers={"Authorization": token}, verify=trust)
+        assert r.status_code == 404 and r.json()["code"] == "not_on_agent_port", path
+    assert httpx.get(f"{base_url}/api/v1/keys", headers={"Authorization": token}, verify=trust).status_code == 200
+    for path in ("/healthz", "/ca.pem", "/install.sh"):
+        assert httpx.get(f"{agent_url}{path}", verify=trust).status_code == 200, path
+    assert httpx.post(f"{agent_url}/api/v1/enroll", json={}, verify=trust).status_code == 422

@@ -142,3 +142,65 @@ def test_openapi_documents_errors_and_operation_ids(base_url: str) -> None:
             if path.startswith("/api/v1/") and op["operationId"] != "login":
                 ref = op["responses"]["401"]["content"]["application/problem+json"]["schema"]["$ref"]
                 assert ref == "#/components/schemas/Problem"
+
+
+def test_out_of_range_integers_are_422_with_a_request_id(admin: httpx.Client) -> None:
+    huge = "9" * 30
+    for path, params in ((f"/api/v1/audit/events/{huge}", None), ("/api/v1/audit/events", {"before_seq": huge}),
+                         ("/api/v1/keys", {"offset": huge}), ("/api/v1/audit/checkpoints", {"after": huge})):
+        r = admin.get(path, params=params)
+        assert r.status_code == 422 and r.json()["request_id"] == r.headers["x-request-id"], (path, r.text)
+
+
+def test_405_names_the_allowed_methods(admin: httpx.Client) -> None:
+    r = admin.put("/api/v1/audit/verify")
+    assert r.status_code == 405 and r.json()["code"] == "method_not_allowed"
+    assert r.headers["allow"] == "POST"
+
+
+def test_the_console_is_served_under_a_content_security_policy(base_url: str) -> None:
+    r = https.get(f"{base_url}/")
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-eval" not in csp
+    assert "'unsafe-inline'" not in csp.split("script-src")[1].split(";")[0]
+
+
+def test_openapi_declares_how_each_route_authenticates(base_url: str) -> None:
+    spec = https.get(f"{base_url}/api/v1/openapi.json").json()
+    assert set(spec["components"]["securitySchemes"]) == {"apiToken", "session", "hostCertificate"}
+    ops = {op["operationId"]: op.get("security") for item in spec["paths"].values() for op in item.values()}
+    assert ops["listKeys"] == [{"apiToken": []}, {"session": []}]
+    assert ops["getAgentKey"] == [{"hostCertificate": []}]
+    assert ops["login"] is None and ops["enrollHost"] is None
+
+
+def test_an_unexpected_error_is_a_500_problem_with_the_request_id(services: Services, settings: Settings,
+                                                                  hsm_backend: object) -> None:
+    """Answered inside the request's context: the body's request id is the log's."""
+    broken = build_services(settings, hsm=hsm_backend, migrate=False)  # type: ignore[arg-type]
+
+    def boom(*_: object, **__: object) -> None:
+        raise RuntimeError("a bug")
+
+    broken.keys.list = boom  # type: ignore[method-assign]
+    token = None
+    try:
+        with serve(broken) as url:
+            from keyserver.core.principal import system_context
+
+            token = services.identity.create_token(system_context("tests"), name="boom", scopes=None,
+                                                   expires_in_days=1, user_id=_admin_id(services)).secret
+            r = httpx.get(f"{url}/api/v1/keys", headers={"Authorization": f"Bearer {token}"})
+            assert r.status_code == 500 and r.json()["code"] == "internal_error"
+            assert r.json()["request_id"] == r.headers["x-request-id"] and r.json()["request_id"]
+    finally:
+        broken.engine.dispose()
+
+
+def _admin_id(services: Services) -> object:
+    from sqlalchemy import select
+
+    from keyserver.store.models import User
+
+    with services.db() as s:
+        return s.execute(select(User.id).where(User.role == "admin")).scalars().first()

@@ -131,6 +131,10 @@ test("dashboard shows keys by state, rotations due, denied accesses and the audi
   await page.goto("/");
   await page.getByRole("heading", { name: "Keys by state" }).waitFor();
   await page.getByRole("heading", { name: "Recent denied accesses" }).waitFor();
+  // The audit panel reads the chain's status (last checkpoint, last verification) and
+  // verifies only when asked.
+  await page.getByTestId("chain-status").getByText(/Last checkpoint/).waitFor();
+  await page.getByRole("button", { name: "Verify now" }).click();
   await page.getByTestId("verify-result").waitFor();
   assert.equal(await page.getByTestId("verify-result").getAttribute("data-ok"), "true");
   await page.getByRole("heading", { name: "Hosts", exact: true }).waitFor();
@@ -310,7 +314,7 @@ test("create a key, see it in the list, rotate it", async () => {
   await shot(page, "key-detail");
 
   await page.goto("/");
-  await page.getByTestId("verify-result").waitFor();
+  await page.getByTestId("chain-status").waitFor();
   await until(async () => (await page.getByTestId("keys-total").textContent()) !== "0 keys", () => "keys total");
   await page.getByRole("heading", { name: /Rotations due/ }).waitFor();
   await page.getByTestId("hosts-online").waitFor();

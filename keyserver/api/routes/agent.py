@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, StringConstraints
 
 from keyserver.api.deps import HostDep, ServicesDep
 from keyserver.api.routes.guardpoints import GuardPointPublic, guard_point_public
-from keyserver.api.schemas import Strict
+from keyserver.api.schemas import MAX_INT, Strict
 from keyserver.core.audit import utcnow
 from keyserver.core.guardpoints import revision_tag
 from keyserver.core.hosts import EVENT_NAME_RE, AgentEvent
@@ -25,15 +25,15 @@ EventValue = Short | int | float | bool | None
 
 
 class RekeyProgress(Strict):
-    generation: int = Field(ge=0)
-    done: int = Field(ge=0)
-    total: int = Field(ge=0)
+    generation: int = Field(ge=0, le=MAX_INT)
+    done: int = Field(ge=0, le=MAX_INT)
+    total: int = Field(ge=0, le=MAX_INT)
     finished: bool
 
 
 class GuardPointReport(Strict):
     id: uuid.UUID | None = Field(default=None, description="the server's guard point this is")
-    revision: int | None = Field(default=None, ge=1, description="the policy revision applied")
+    revision: int | None = Field(default=None, ge=1, le=MAX_INT, description="the policy revision applied")
     path: str = Field(min_length=1, max_length=4096)
     key: str = Field(min_length=1, max_length=200, description="the managed key's name or id")
     state: Literal["mounted", "off", "unmounted", "error", "protecting", "unprotecting"]

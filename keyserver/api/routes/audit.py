@@ -3,11 +3,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import StreamingResponse
 
 from keyserver.api.deps import Ctx, ServicesDep
 from keyserver.api.schemas import (
+    MAX_INT,
     AuditCheckpointPublic,
     AuditEventPublic,
     AuditPage,
@@ -42,7 +43,7 @@ def list_events(
     object_type: ObjType = None, object_id: ObjId = None, outcome: OutcomeQ = None,
     since: When = None, until: When = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    before_seq: Annotated[int | None, Query(ge=1, description="cursor: records older than this")] = None,
+    before_seq: Annotated[int | None, Query(ge=1, le=MAX_INT, description="cursor: records older than this")] = None,
 ) -> AuditPage:
     services.policy.require(ctx, Permission.AUDIT_READ, action="audit.read")
     rows, total = services.audit.query(_filter(actor, action, object_type, object_id, outcome, since, until),
@@ -52,7 +53,7 @@ def list_events(
 
 
 @router.get("/events/{seq}", operation_id="getAuditEvent", response_model=AuditEventPublic)
-def get_event(seq: int, ctx: Ctx, services: ServicesDep) -> AuditEventPublic:
+def get_event(seq: Annotated[int, Path(ge=1, le=MAX_INT)], ctx: Ctx, services: ServicesDep) -> AuditEventPublic:
     services.policy.require(ctx, Permission.AUDIT_READ, action="audit.read")
     row = services.audit.get(seq)
     if row is None:

@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse
 
 from keyserver.api.deps import Ctx, ServicesDep
 from keyserver.api.schemas import (
+    MAX_INT,
     DataKeyPublic,
     DestroyRequest,
     GenerateDataKeyRequest,
@@ -48,7 +49,7 @@ def list_keys(
     state: Annotated[str | None, Query(description="state of the current version")] = None,
     tag: Annotated[str | None, Query(max_length=200, description="tag name or name=value")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
 ) -> Page[KeyPublic]:
     rows, total = services.keys.list(ctx, q=q, state=state, tag=tag, limit=limit, offset=offset)
     return Page(items=[key_public(k) for k in rows], total=total, limit=limit, offset=offset)

@@ -247,7 +247,7 @@ export function ChainStatus() {
               : "none yet"}</Text>
             <Text size="sm" c="dimmed">Last verified</Text>
             <Text size="sm">{st.verified ? fmtRelative(st.verified.at) : "never"}</Text>
-            <Text size="sm" c="dimmed">Not yet verified</Text><Text size="sm">{behind} records</Text>
+            <Text size="sm" c="dimmed">After that checkpoint</Text><Text size="sm">{behind} records</Text>
           </SimpleGrid>
           <Text size="xs" c="dimmed" title={st.key_fingerprint}>
             Checkpoints are signed in the HSM (ECDSA P-256, key {st.key_fingerprint.slice(0, 16)}…); keep the

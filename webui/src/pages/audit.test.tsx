@@ -20,7 +20,7 @@ describe("the dashboard's audit chain panel", () => {
     renderWith(<ChainStatus />, { me: meAs("auditor") });
     expect(await screen.findByText("Verified to checkpoint #4")).toBeInTheDocument();
     expect(screen.getByText(/#5 at record 5000/)).toBeInTheDocument();
-    expect(screen.getByText("1120 records")).toBeInTheDocument(); // head 5120 − verified 4000
+    expect(screen.getByText("1120 records")).toBeInTheDocument(); // head 5120 − verified checkpoint at 4000
     expect(server.calls("POST /api/v1/audit/verify")).toHaveLength(0);
   });
 
