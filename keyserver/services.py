@@ -22,6 +22,7 @@ from keyserver.core.audit_sinks import AuditSinks, FileSink, Sink, SyslogSink, W
 from keyserver.core.ca import CertificateAuthority
 from keyserver.core.crypto import CryptoService
 from keyserver.core.datakeys import DataKeyService
+from keyserver.core.gcm import GcmBudget
 from keyserver.core.guardpoints import GuardPointService
 from keyserver.core.hosts import HostService
 from keyserver.core.identity import IdentityService
@@ -162,6 +163,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
     keks = KekService(session_factory, backend, audit, policy, notifier, batch=settings.kek_rewrap_batch)
     keys = KeyService(session_factory, backend, audit, policy, keks, notifier)
     ca = CertificateAuthority(session_factory, backend, keks)
+    gcm = GcmBudget(autocommit)  # shared by every AES-GCM encryption under managed key versions
     objects = KmipObjectService(session_factory, backend, audit, policy, autocommit_engine=autocommit,
                                 notifier=notifier, current_kek=keks.current)
     return Services(
@@ -174,7 +176,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         keks=keks,
         keys=keys,
         datakeys=DataKeyService(session_factory, backend, audit, policy, notifier,
-                                autocommit_engine=autocommit),
+                                autocommit_engine=autocommit, gcm=gcm),
         identity=IdentityService(
             session_factory, audit, policy,
             session_ttl=timedelta(minutes=settings.session_ttl_minutes),
@@ -192,7 +194,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                                        read_session_factory=db.make_session_factory(autocommit),
                                        notifier=notifier),
         kmip_objects=objects,
-        crypto=CryptoService(objects, backend),
+        crypto=CryptoService(objects, backend, gcm),
         guard_points=GuardPointService(session_factory, audit, policy),
         hosts=HostService(session_factory, backend, audit, policy, ca, notifier,
                           cert_days=settings.kmip_client_cert_days,

@@ -39,6 +39,7 @@ from hsm import (
 )
 from keyserver.core.audit import PendingRecord
 from keyserver.core.errors import Conflict, IntegrityFailure, InvalidInput, hsm_failure
+from keyserver.core.gcm import GcmBudget
 from keyserver.core.keys import HMAC_ALGORITHMS, version_wrapped
 from keyserver.core.kmip_objects import (
     CERTIFICATE,
@@ -83,9 +84,10 @@ class Ciphered:
 
 
 class CryptoService:
-    def __init__(self, objects: KmipObjectService, hsm: HsmBackend) -> None:
+    def __init__(self, objects: KmipObjectService, hsm: HsmBackend, gcm: GcmBudget) -> None:
         self._objects = objects
         self._hsm = hsm
+        self._gcm = gcm
 
     # --- the checks every use passes ---------------------------------------------------
     def _subject(self, ctx: RequestContext, uid: str, use: Use) -> VersionObject | StandaloneObject:
@@ -135,6 +137,9 @@ class CryptoService:
             return out
         version = self._aes(obj)
         mode = mode or AES_GCM
+        if mode == AES_GCM:
+            assert isinstance(obj, VersionObject)
+            self._gcm.spend(obj.key.id, obj.version.version, name=obj.key.name)
         try:
             result = self._hsm.symmetric_cipher(version, data, encrypt=True, mode=mode, iv=iv, aad=aad,
                                                 tag_bytes=tag_bytes)

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from hsm import HsmBackend, HsmError, HsmIntegrityError, WrappedKey
 from keyserver.core.audit import AuditService
 from keyserver.core.errors import Conflict, CoreError, IntegrityFailure, InvalidInput, NotFound, hsm_failure
+from keyserver.core.gcm import GcmBudget
 from keyserver.core.keys import key_filter, version_wrapped
 from keyserver.core.policy import Permission, Policy
 from keyserver.core.principal import RequestContext
@@ -82,9 +83,10 @@ class _Active:
 class DataKeyService:
     def __init__(
         self, session_factory: sessionmaker[Session], hsm: HsmBackend, audit: AuditService, policy: Policy,
-        notifier: Notifier, *, autocommit_engine: Engine, cache_seconds: float = 30.0,
+        notifier: Notifier, *, autocommit_engine: Engine, gcm: GcmBudget, cache_seconds: float = 30.0,
     ) -> None:
         self._db = session_factory
+        self._gcm = gcm
         # Data-key records are single statements: autocommit saves BEGIN and COMMIT.
         self._autocommit = autocommit_engine
         self._hsm = hsm
@@ -138,6 +140,7 @@ class DataKeyService:
         with self._autocommit.begin() as conn:
             try:
                 active = self._active_version(conn, ref)
+                self._gcm.spend(active.key_id, active.version, name=active.name, conn=conn)
             except (NotFound, Conflict) as exc:
                 refusal: CoreError | None = exc
             else:
@@ -206,6 +209,7 @@ class DataKeyService:
                 raise Conflict(f"key '{key_name}' has no active version to re-encrypt under",
                                code="illegal_state")
             new_header = HEADER.pack(MAGIC, FORMAT_V1, key_id.bytes, new.version, MECH_AES_256_GCM_HSM)
+            self._gcm.spend(key_id, new.version, name=key_name, conn=s.connection())
             try:
                 resealed = self._hsm.encrypt_with(version_wrapped(new), plaintext, aad=new_header + digest)
             except HsmError as exc:

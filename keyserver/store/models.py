@@ -82,6 +82,8 @@ class KeyVersion(Base):
     revocation_reason: Mapped[str | None] = mapped_column(String(64))
     revocation_message: Mapped[str | None] = mapped_column(Text)
 
+    # AES-GCM encryptions reserved under this version (core/gcm.py: NIST SP 800-38D's 2^32).
+    gcm_invocations: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     key: Mapped[ManagedKey] = relationship(back_populates="versions")
 
 
