@@ -299,7 +299,9 @@ app.add_typer(kmip_app, name="kmip-client")
 @kmip_app.command("create")
 def kmip_client_create(
     name: Annotated[str, typer.Argument(help="client name (a DNS name; also the certificate's SAN)")],
-    role: Annotated[str, typer.Option(help="admin, key-officer, operator or auditor")] = Role.OPERATOR.value,
+    role: Annotated[str, typer.Option(help="kmip-client (a program's identity: uses and exports keys), "
+                                           "admin, key-officer, operator, auditor or storage-admin")
+                    ] = Role.KMIP_CLIENT.value,
     csr: Annotated[Path | None, typer.Option(help="PEM CSR; without it a key pair is generated here")] = None,
     out: Annotated[Path, typer.Option(help="directory for cert.pem, key.pem and ca.pem")] = Path("."),
     key_export: Annotated[str, typer.Option(help="key material Get may deliver: plaintext (KMIP's default), "
@@ -360,7 +362,8 @@ def kmip_client_revoke(client_id: Annotated[str, typer.Argument(help="the client
 @app.command("create-admin")
 def create_admin(
     username: Annotated[str, typer.Argument(help="user name of the new administrator")],
-    role: Annotated[str, typer.Option(help="admin, key-officer, operator or auditor")] = Role.ADMIN.value,
+    role: Annotated[str, typer.Option(help="admin, key-officer, operator, auditor, storage-admin or "
+                                           "kmip-client")] = Role.ADMIN.value,
 ) -> None:
     """Create a user (an administrator by default) with a one-time password."""
     services = _services()

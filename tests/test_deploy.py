@@ -139,10 +139,16 @@ def test_several_workers_on_postgresql(tmp_path: Path) -> None:
             assert codes == {200}
             children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
             assert len(children) >= 2, children
-            # KMIP: every worker listens on the port, the supervisor does not.
-            listening = subprocess.run(["ss", "-Hltnp", f"sport = :{kmip_port}"], capture_output=True,
-                                       text=True).stdout
-            pids = {int(p) for p in re.findall(r"pid=(\d+)", listening)}
+            # KMIP: every worker listens on the port (each as soon as it has started), the
+            # supervisor does not.
+            deadline = time.monotonic() + 60
+            while True:
+                listening = subprocess.run(["ss", "-Hltnp", f"sport = :{kmip_port}"], capture_output=True,
+                                           text=True).stdout
+                pids = {int(p) for p in re.findall(r"pid=(\d+)", listening)}
+                if len(pids) >= 2 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
             assert len(pids) == 2 and pids <= {int(c) for c in children}, listening
             out = tmp_path / "client"
             r = subprocess.run([KEYSERVER, "kmip-client", "create", "deploy-test", "--role", "key-officer",

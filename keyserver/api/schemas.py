@@ -84,6 +84,8 @@ class KeyCreate(Strict):
     activation_date: datetime | None = None
     deactivation_date: datetime | None = None
     rotation_period_days: int | None = Field(default=None, ge=1, le=3650)
+    exportable: bool = Field(default=True, description="false: the material never leaves in plaintext (KMIP "
+                                                        "Get), only wrapped under another key")
 
 
 class KeyUpdate(Strict):
@@ -93,6 +95,7 @@ class KeyUpdate(Strict):
     rotation_period_days: int | None = Field(default=None, ge=1, le=3650,
                                              description="null together with clear_rotation to stop")
     clear_rotation: bool = False
+    exportable: bool | None = None
 
 
 class KeyVersionPublic(BaseModel):
@@ -126,6 +129,7 @@ class KeyPublic(BaseModel):
     updated_at: datetime
     rotation_period_days: int | None
     next_rotation_at: datetime | None
+    exportable: bool
     versions: list[KeyVersionPublic]
 
 
@@ -236,7 +240,7 @@ class AuditStatusPublic(BaseModel):
 
 
 # --- users and tokens -------------------------------------------------------
-RoleName = Literal["admin", "key-officer", "operator", "auditor"]
+RoleName = Literal["admin", "key-officer", "operator", "auditor", "storage-admin", "kmip-client"]
 
 
 class UserCreate(Strict):

@@ -55,6 +55,8 @@ class KeySpec:
     kmip_attributes: dict[str, Any] | None = None
     # "AES", or an HMAC key (KMIP Create/Register): "HMAC-SHA256", "HMAC-SHA384", "HMAC-SHA512".
     algorithm: str = "AES"
+    # False: never exported in plaintext (KMIP Get), only wrapped under another key.
+    exportable: bool = True
 
 
 AES_LENGTHS = frozenset({128, 192, 256})
@@ -228,7 +230,7 @@ class KeyService:
                 id=uuid.uuid4(), name=spec.name, description=spec.description,
                 owner=spec.owner or ctx.principal.name, tags=validate_tags(spec.tags or {}),
                 created_at=now, updated_at=now, rotation_period_days=spec.rotation_period_days,
-                algorithm=spec.algorithm, length_bits=spec.length_bits,
+                algorithm=spec.algorithm, length_bits=spec.length_bits, exportable=spec.exportable,
                 kmip_attributes=dict(spec.kmip_attributes or {}),
                 next_rotation_at=(now + timedelta(days=spec.rotation_period_days)
                                   if spec.rotation_period_days and active_now else None),
@@ -271,7 +273,7 @@ class KeyService:
     def update(
         self, ctx: RequestContext, ref: str, *, description: str | None = None,
         tags: dict[str, str] | None = None, owner: str | None = None,
-        rotation_period_days: int | None = None, clear_rotation: bool = False,
+        rotation_period_days: int | None = None, clear_rotation: bool = False, exportable: bool | None = None,
     ) -> ManagedKey:
         self._policy.require(ctx, Permission.KEYS_UPDATE, action="key.update", object_type="key", object_id=ref)
         if rotation_period_days is not None and not 1 <= rotation_period_days <= 3650:
@@ -286,6 +288,9 @@ class KeyService:
                 key.tags, changed["tags"] = validate_tags(tags), True
             if owner is not None:
                 key.owner, changed["owner"] = owner, owner
+            if exportable is not None and exportable != key.exportable:
+                key.exportable, changed["exportable"] = exportable, exportable
+                self._notifier.publish(s, Topic.KEYS)  # Get's caches hold the policy: replicas drop them
             if clear_rotation:
                 key.rotation_period_days = key.next_rotation_at = None
                 changed["rotation_period_days"] = None

@@ -441,6 +441,12 @@ class KmipObjectService:
         (inside the HSM) under a registered RSA public key. Always audited."""
         self._require(ctx, Permission.KEYS_EXPORT if wrap_under is None else Permission.KEYS_EXPORT_WRAPPED,
                       "key.export", obj, obj.uid)
+        if wrap_under is None and not obj.key.exportable:
+            self._policy.deny(ctx, action="key.export", object_type="key", object_id=str(obj.key.id),
+                              details={"reason": "not_exportable", "version": obj.version.version},
+                              message=f"key '{obj.key.name}' is not exportable in plaintext (its policy); Get it "
+                                      "wrapped under another key (a Key Wrapping Specification), or have a key "
+                                      "officer change the policy")
         state = KeyState(obj.version.state)
         if state not in RETRIEVABLE:
             raise Conflict(f"version {obj.version.version} of '{obj.key.name}' is {state.value}: "

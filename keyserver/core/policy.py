@@ -56,6 +56,11 @@ class Role(StrEnum):
     KEY_OFFICER = "key-officer"
     OPERATOR = "operator"
     AUDITOR = "auditor"
+    # Hosts, their enrollment and their guard points, without touching or taking keys.
+    STORAGE_ADMIN = "storage-admin"
+    # A program's identity (a KMIP client, a service account's token): uses and takes
+    # keys, including plaintext export, but administers nothing.
+    KMIP_CLIENT = "kmip-client"
 
 
 P = Permission
@@ -67,10 +72,21 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
         P.KEYS_ENCRYPT, P.KEYS_DECRYPT, P.KEYS_VERIFY, P.AUDIT_READ, P.AUDIT_VERIFY, P.TOKENS_OWN,
         P.SYSTEM_READ, P.HOSTS_READ, P.GUARDPOINTS_MANAGE,
     }),
+    # Keys leave to an operator only wrapped under another key: plaintext export is for
+    # key officers and programs (kmip-client).
     Role.OPERATOR: frozenset({
-        P.KEYS_READ, P.KEYS_ROTATE, P.KEYS_EXPORT, P.KEYS_EXPORT_WRAPPED, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
+        P.KEYS_READ, P.KEYS_ROTATE, P.KEYS_EXPORT_WRAPPED, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
         P.KEYS_ENCRYPT, P.KEYS_DECRYPT, P.KEYS_VERIFY, P.TOKENS_OWN, P.SYSTEM_READ, P.HOSTS_READ,
         P.HOSTS_ENROLL, P.HOSTS_REVOKE,
+    }),
+    Role.STORAGE_ADMIN: frozenset({
+        P.KEYS_READ, P.HOSTS_READ, P.HOSTS_ENROLL, P.HOSTS_REVOKE, P.GUARDPOINTS_MANAGE, P.AUDIT_READ,
+        P.TOKENS_OWN, P.SYSTEM_READ,
+    }),
+    Role.KMIP_CLIENT: frozenset({
+        P.KEYS_READ, P.KEYS_CREATE, P.KEYS_ACTIVATE, P.KEYS_ROTATE, P.KEYS_REVOKE, P.KEYS_DESTROY, P.KEYS_EXPORT,
+        P.KEYS_EXPORT_WRAPPED, P.KEYS_ENCRYPT, P.KEYS_DECRYPT, P.KEYS_VERIFY, P.DATAKEYS_GENERATE,
+        P.DATAKEYS_DECRYPT, P.TOKENS_OWN,
     }),
     # Sees everything, changes nothing (its own API tokens aside, for exports).
     Role.AUDITOR: frozenset({
@@ -126,6 +142,14 @@ class Policy:
             f"'{ctx.principal.name}' lacks the permission '{permission.value}' for {action}; "
             "ask an administrator for a role, token scope or KMIP client setting that grants it"
         )
+
+    def deny(self, ctx: RequestContext, *, action: str, object_type: str | None, object_id: str | None,
+             details: dict[str, object], message: str) -> None:
+        """Refuse what a per-object policy forbids (the permission alone would allow it):
+        audited as denied, answered 403."""
+        self._audit.record_now(ctx, action=action, outcome="denied", object_type=object_type, object_id=object_id,
+                               details=details)
+        raise Forbidden(message)
 
     def gate(self, ctx: RequestContext, permission: Permission, *, action: str, object_type: str | None = None,
              object_id: str | None = None) -> None:

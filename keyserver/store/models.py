@@ -24,6 +24,7 @@ from sqlalchemy import (
     UniqueConstraint,
     Uuid,
 )
+from sqlalchemy import true as sa_true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from keyserver.store.types import UTCDateTime
@@ -56,6 +57,9 @@ class ManagedKey(Base):
     # Standard KMIP attributes clients may set (0009): Contact Information, Object Group,
     # Application Specific Information; name → value or list of values.
     kmip_attributes: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # False: the key's material never leaves in plaintext (KMIP Get), whoever asks; it may
+    # still leave wrapped under another key, inside the HSM.
+    exportable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=sa_true())
 
     versions: Mapped[list[KeyVersion]] = relationship(
         back_populates="key", order_by="KeyVersion.version", lazy="selectin"

@@ -314,3 +314,25 @@ def test_blob_route_with_decoded_body(actors: dict[str, Actor]) -> None:
     r = actors["operator"].client.post("/api/v1/datakeys/decrypt",
                                        json={"ciphertext_blob": base64.b64encode(b"x").decode() + "!"})
     assert r.status_code == 422
+
+
+def test_the_permission_table_in_docs_is_the_policy() -> None:
+    """docs/api.md's table, cell by cell, against ROLE_PERMISSIONS."""
+    import re
+
+    from keyserver.core.policy import ROLE_PERMISSIONS, Role
+    from tests.conftest import REPO
+
+    doc = (REPO / "docs" / "api.md").read_text()
+    table = doc[doc.index("| permission |"):]
+    header, _, *rows = table.split("\n\n")[0].splitlines()
+    roles = [Role(c.strip()) for c in header.strip("|").split("|")[1:]]
+    assert set(roles) == set(Role), "every role has a column"
+    seen = set()
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        for p in re.findall(r"[a-z]+:[a-z-]+", re.sub(r"\([^)]*\)", "", cells[0])):
+            seen.add(P(p))
+            for role, cell in zip(roles, cells[1:], strict=True):
+                assert (P(p) in ROLE_PERMISSIONS[role]) == (cell == "✓"), f"{p} for {role}: docs say {cell!r}"
+    assert seen == set(P), f"permissions missing from the table: {set(P) - seen}"

@@ -16,6 +16,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kmip.core import enums
 from kmip.pie.exceptions import KmipOperationFailure
 
+from keyserver.core.principal import system_context
 from keyserver.kmip.listener import KmipListener
 from tests.conftest import Actor, unique
 from tests.kmip.conftest import ClientFiles, make_client
@@ -39,12 +40,14 @@ def test_auditor_may_read_but_not_create_or_destroy(kmip_files: Callable[[str], 
     assert e.value.reason == enums.ResultReason.PERMISSION_DENIED
 
 
-def test_operator_may_export_and_rekey_but_not_destroy(kmip_files: Callable[[str], ClientFiles],
-                                                       kmip_listener: KmipListener, kmip: Any) -> None:
+def test_operator_may_rekey_but_not_export_in_plaintext_nor_destroy(kmip_files: Callable[[str], ClientFiles],
+                                                                    kmip_listener: KmipListener, kmip: Any) -> None:
     uid = kmip.create(enums.CryptographicAlgorithm.AES, 256, name=unique("foroperator"))
     kmip.activate(uid)
     with make_client(kmip_files("operator"), kmip_listener.port) as operator:
-        assert len(operator.get(uid).value) == 32
+        with pytest.raises(KmipOperationFailure) as e:
+            operator.get(uid)  # plaintext is for key officers and programs (kmip-client)
+        assert e.value.reason == enums.ResultReason.PERMISSION_DENIED
         new = operator.rekey(uid=uid)
         with pytest.raises(KmipOperationFailure) as e:
             operator.revoke(enums.RevocationReasonCode.SUPERSEDED, new)
@@ -229,3 +232,51 @@ def test_the_key_export_setting_is_validated_and_needs_kmip_clients(actors: dict
     assert r.status_code == 403
     r = admin.patch("/api/v1/kmip/clients/00000000-0000-4000-8000-000000000000", json={"key_export": "none"})
     assert r.status_code == 404 and r.json()["code"] == "kmip_client_not_found"
+
+
+def test_roles_for_programs_and_storage_and_a_key_kept_from_plaintext_export(
+        kmip_files: Callable[[str], ClientFiles], kmip_listener: KmipListener, kmip: Any,
+        actors: dict[str, Actor], services: Any) -> None:
+    """kmip-client (a program) takes keys in plaintext; an operator only wrapped; a
+    storage-admin not at all; and a key marked not exportable leaves in plaintext to
+    nobody, on the very next request after the change, with the refusal audited."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from kmip.pie import objects as pie
+
+    wrapper = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    wrap_uid = kmip.register(pie.PublicKey(enums.CryptographicAlgorithm.RSA, 2048, wrapper.public_key().public_bytes(
+        ser.Encoding.DER, ser.PublicFormat.SubjectPublicKeyInfo), enums.KeyFormatType.X_509))
+    kmip.activate(wrap_uid)
+    uid = kmip.create(enums.CryptographicAlgorithm.AES, 256, name=unique("roles"))
+    kmip.activate(uid)
+    spec = {"wrapping_method": enums.WrappingMethod.ENCRYPT,
+            "encryption_key_information": {"unique_identifier": wrap_uid, "cryptographic_parameters": {
+                "padding_method": enums.PaddingMethod.OAEP, "hashing_algorithm": enums.HashingAlgorithm.SHA_1}},
+            "encoding_option": enums.EncodingOption.NO_ENCODING}
+
+    def reason(client: Any, **kw: Any) -> Any:
+        with pytest.raises(KmipOperationFailure) as e:
+            client.get(uid, **kw)
+        return e.value.reason
+
+    with make_client(kmip_files("kmip-client"), kmip_listener.port) as program, \
+            make_client(kmip_files("operator"), kmip_listener.port) as operator, \
+            make_client(kmip_files("storage-admin"), kmip_listener.port) as storage:
+        assert len(program.get(uid).value) == 32
+        assert reason(operator) == enums.ResultReason.PERMISSION_DENIED
+        assert operator.get(uid, key_wrapping_specification=spec).value  # wrapped: yes
+        assert reason(storage) == enums.ResultReason.PERMISSION_DENIED
+        assert reason(storage, key_wrapping_specification=spec) == enums.ResultReason.PERMISSION_DENIED
+
+        admin: httpx.Client = actors["admin"].client
+        rest = services.kmip_objects.resolve(system_context("tests"), uid).key
+        r = admin.patch(f"/api/v1/keys/{rest.id}", json={"exportable": False})
+        assert r.status_code == 200 and r.json()["exportable"] is False
+        with pytest.raises(KmipOperationFailure) as e:
+            program.get(uid)
+        assert e.value.reason == enums.ResultReason.PERMISSION_DENIED and "not exportable" in e.value.message
+        assert program.get(uid, key_wrapping_specification=spec).value  # wrapped still leaves
+    services.audit.flush()
+    denied = admin.get("/api/v1/audit/events", params={"object_id": str(rest.id), "outcome": "denied"}).json()
+    assert any(d["details"].get("reason") == "not_exportable" for d in denied["items"])

@@ -38,7 +38,7 @@ def key_public(k: ManagedKey) -> KeyPublic:
         algorithm=k.algorithm, length_bits=k.length_bits, state=key_state(k).value,
         current_version=k.versions[-1].version, created_at=k.created_at, updated_at=k.updated_at,
         rotation_period_days=k.rotation_period_days, next_rotation_at=k.next_rotation_at,
-        versions=versions,
+        exportable=k.exportable, versions=versions,
     )
 
 
@@ -69,7 +69,8 @@ def get_key(key_ref: KeyRef, ctx: Ctx, services: ServicesDep) -> KeyPublic:
 def update_key(key_ref: KeyRef, body: KeyUpdate, ctx: Ctx, services: ServicesDep) -> KeyPublic:
     return key_public(services.keys.update(
         ctx, key_ref, description=body.description, tags=body.tags, owner=body.owner,
-        rotation_period_days=body.rotation_period_days, clear_rotation=body.clear_rotation))
+        rotation_period_days=body.rotation_period_days, clear_rotation=body.clear_rotation,
+        exportable=body.exportable))
 
 
 @router.post("/{key_ref}/rotate", operation_id="rotateKey", response_model=KeyPublic)

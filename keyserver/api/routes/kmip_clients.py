@@ -26,7 +26,7 @@ class KmipClientCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=64, description="a DNS name; also the certificate's SAN")
-    role: str = Field(description="admin, key-officer, operator or auditor")
+    role: str = Field(description="admin, key-officer, operator, auditor, storage-admin or kmip-client")
     csr: str | None = Field(default=None, max_length=16384,
                             description="PEM PKCS#10 request; without it the server generates the key pair")
     key_export: KeyExport = Field(default="plaintext", description=KEY_EXPORT_HELP)

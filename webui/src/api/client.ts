@@ -23,7 +23,7 @@ export type EnrollmentInfo = Schemas["EnrollmentInfo"];
 export const KEY_STATES: KeyState[] = [
   "pre-active", "active", "deactivated", "compromised", "destroyed", "destroyed-compromised",
 ];
-export const ROLES: Role[] = ["admin", "key-officer", "operator", "auditor"];
+export const ROLES: Role[] = ["admin", "key-officer", "operator", "auditor", "storage-admin", "kmip-client"];
 
 /** An RFC 9457 problem from the keyserver (or a network failure, code "network"). */
 export class ApiError extends Error {

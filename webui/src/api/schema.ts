@@ -1855,6 +1855,12 @@ export interface components {
              */
             description?: string;
             /**
+             * Exportable
+             * @description false: the material never leaves in plaintext (KMIP Get), only wrapped under another key
+             * @default true
+             */
+            exportable?: boolean;
+            /**
              * Name
              * @example payments-db
              */
@@ -1881,6 +1887,8 @@ export interface components {
             current_version: number;
             /** Description */
             description: string;
+            /** Exportable */
+            exportable: boolean;
             /**
              * Id
              * Format: uuid
@@ -1922,6 +1930,8 @@ export interface components {
             clear_rotation?: boolean;
             /** Description */
             description?: string | null;
+            /** Exportable */
+            exportable?: boolean | null;
             /** Owner */
             owner?: string | null;
             /**
@@ -1990,7 +2000,7 @@ export interface components {
             name: string;
             /**
              * Role
-             * @description admin, key-officer, operator or auditor
+             * @description admin, key-officer, operator, auditor, storage-admin or kmip-client
              */
             role: string;
         };
@@ -2326,7 +2336,7 @@ export interface components {
              * Role
              * @enum {string}
              */
-            role: "admin" | "key-officer" | "operator" | "auditor";
+            role: "admin" | "key-officer" | "operator" | "auditor" | "storage-admin" | "kmip-client";
             /** Username */
             username: string;
         };
@@ -2362,7 +2372,7 @@ export interface components {
              * Role
              * @enum {string}
              */
-            role: "admin" | "key-officer" | "operator" | "auditor";
+            role: "admin" | "key-officer" | "operator" | "auditor" | "storage-admin" | "kmip-client";
             /** Username */
             username: string;
         };
@@ -2373,7 +2383,7 @@ export interface components {
             /** Full Name */
             full_name?: string | null;
             /** Role */
-            role?: ("admin" | "key-officer" | "operator" | "auditor") | null;
+            role?: ("admin" | "key-officer" | "operator" | "auditor" | "storage-admin" | "kmip-client") | null;
         };
         /** VerifyRequest */
         VerifyRequest: {

@@ -16,8 +16,10 @@ import { qk } from "../queries";
 const ROLE_HELP: Record<Role, string> = {
   admin: "everything, including users and the KEK",
   "key-officer": "create, change, revoke and destroy keys; read and verify audit",
-  operator: "read and rotate keys; use data keys",
+  operator: "read and rotate keys; use data keys; take keys only wrapped",
   auditor: "read everything, change nothing",
+  "storage-admin": "hosts, enrollment and guard points; no key material",
+  "kmip-client": "a program's identity: use, export and retire keys; administer nothing",
 };
 
 export function UsersPage() {
