@@ -185,6 +185,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
             lockout_seconds=settings.login_lockout_seconds,
             notifier=notifier,
             token_max_days=settings.token_max_days,
+            hsm=backend,
+            current_kek=keks.current,
         ),
         scheduler=Scheduler(keys, keks, interval_seconds=settings.scheduler_interval_seconds),
         notifier=notifier,

@@ -49,6 +49,17 @@ class Page(BaseModel, Generic[T]):
 class LoginRequest(Strict):
     username: str = Field(min_length=1, max_length=64)
     password: str = Field(min_length=1, max_length=1024)
+    totp_code: str | None = Field(default=None, pattern=r"^[0-9]{6}$",
+                                  description="the authenticator's code, for users with a second factor")
+
+
+class TotpEnrollment(BaseModel):
+    secret: str = Field(description="base32, for authenticator apps that take it typed in; shown once")
+    otpauth_uri: str = Field(description="otpauth://totp/… (a QR code of it is what apps scan)")
+
+
+class TotpCode(Strict):
+    code: str = Field(pattern=r"^[0-9]{6}$")
 
 
 class Me(BaseModel):

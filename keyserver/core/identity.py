@@ -22,11 +22,24 @@ from typing import Any
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from cryptography.hazmat.primitives.hashes import SHA1
+from cryptography.hazmat.primitives.twofactor import InvalidToken
+from cryptography.hazmat.primitives.twofactor.totp import TOTP
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from hsm import HsmBackend, WrappedKey
 from keyserver.core.audit import AuditService, utcnow
-from keyserver.core.errors import Conflict, Forbidden, InvalidInput, NotFound, RateLimited, Unauthenticated
+from keyserver.core.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    RateLimited,
+    ServiceUnavailable,
+    Unauthenticated,
+)
+from keyserver.core.kmip_sealed import seal, unseal
 from keyserver.core.policy import Permission, Policy, Role, permissions_for
 from keyserver.core.principal import Principal, RequestContext, system_context
 from keyserver.store.models import ApiToken, BrowserSession, User
@@ -122,6 +135,20 @@ class _LoginThrottle:
 
 
 ACCOUNT_LOCKED = "too many failed sign-ins for this account; try again later"
+# RFC 6238 as authenticator apps implement it: HMAC-SHA-1, 6 digits, 30-second steps.
+TOTP_STEP = 30
+TOTP_SECRET_BYTES = 20
+TOTP_CODE_RE = re.compile(r"^[0-9]{6}$")
+
+
+def _totp(key: bytes) -> TOTP:
+    # HMAC-SHA-1 is RFC 6238's default and the one every authenticator app implements;
+    # HMAC's security does not rest on SHA-1's collision resistance.
+    return TOTP(key, 6, SHA1(), TOTP_STEP, enforce_key_length=False)  # noqa: S303
+
+
+def _totp_on(user: User) -> bool:
+    return bool(user.totp and user.totp.get("confirmed"))
 
 
 def _count(result: Any) -> int:
@@ -143,8 +170,12 @@ class IdentityService:
         notifier: Notifier,
         token_cache_seconds: float = 30.0,
         token_max_days: int = 365,
+        hsm: HsmBackend | None = None,
+        current_kek: Callable[[], str] | None = None,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
+        # TOTP secrets are sealed under the KEK like KMIP secret data (core/kmip_sealed.py).
+        self._hsm, self._current_kek = hsm, current_kek
         self._db = session_factory
         self._audit = audit
         self._policy = policy
@@ -341,7 +372,7 @@ class IdentityService:
 
     # --- sign-in and sessions --------------------------------------------------
     def login(self, username: str, password: str, *, source_ip: str | None,
-              request_id: str | None) -> LoginResult:
+              request_id: str | None, totp_code: str | None = None) -> LoginResult:
         username = username.strip().lower()
         self._throttle.check(source_ip, username)
         now = self._now()
@@ -364,6 +395,14 @@ class IdentityService:
         if locked is not None:
             raise locked
         ok = self._verify(user.password_hash if user else _DUMMY_HASH, password)
+        second = None
+        if user is not None and ok and not user.disabled and _totp_on(user):
+            if totp_code is None:
+                # The password was right: say what else is needed (it counts as no failure).
+                raise Unauthenticated("this account has a second factor: send the authenticator's 6-digit code "
+                                      "as totp_code", code="totp_required")
+            second = self._totp_step(user, totp_code)
+            ok = second is not None
         if user is None or not ok or user.disabled:
             self._throttle.fail(source_ip, username, known=user is not None)
             with self._db.begin() as s:
@@ -382,8 +421,14 @@ class IdentityService:
         session_token, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         expires = now + self._ttl
         with self._db.begin() as s:
-            u = s.get(User, user.id)
+            u = s.get(User, user.id, with_for_update=True)
             assert u is not None
+            if second is not None:
+                # Each code opens one session: checked again under the row lock, so two
+                # sign-ins racing with one code cannot both pass.
+                if second <= int((u.totp or {}).get("last_step", -1)):
+                    raise Unauthenticated("wrong username or password", code="bad_credentials")
+                u.totp = {**(u.totp or {}), "last_step": second}
             u.failed_logins, u.locked_until, u.last_login_at = 0, None, now
             s.add(BrowserSession(id_hash=sha256_hex(session_token), user_id=u.id, csrf_hash=sha256_hex(csrf),
                                  created_at=now, expires_at=expires, last_seen_at=now, source_ip=source_ip))
@@ -427,6 +472,88 @@ class IdentityService:
             s.execute(update(BrowserSession).where(BrowserSession.id_hash == sha256_hex(session_token))
                       .values(revoked=True))
             self._audit.add(s, ctx, action="auth.logout", object_type="user", object_id=ctx.principal.name)
+
+    # --- second factor (RFC 6238 TOTP) --------------------------------------------
+    def _totp_key(self, user: User) -> bytes:
+        t = user.totp or {}
+        assert self._hsm is not None
+        dek = WrappedKey(t["dek_kek"], t["dek_mechanism"], base64.b64decode(t["dek"]))
+        return unseal(self._hsm, dek, base64.b64decode(t["secret"]), mechanism=t["mechanism"], der=False)
+
+    def _totp_step(self, user: User, code: str, *, confirmed_only: bool = True) -> int | None:
+        """The time step `code` belongs to (the current one or one either side, for
+        clocks that drift), if it is right and newer than the last one used; else None."""
+        if not TOTP_CODE_RE.match(code or ""):
+            return None
+        key = self._totp_key(user)
+        now = self._now().timestamp()
+        last = int((user.totp or {}).get("last_step", -1))
+        for drift in (0, -1, 1):
+            step = int(now // TOTP_STEP) + drift
+            try:
+                _totp(key).verify(code.encode(), step * TOTP_STEP)
+            except InvalidToken:
+                continue
+            return step if step > last else None
+        return None
+
+    def enroll_totp(self, ctx: RequestContext) -> tuple[str, str]:
+        """A new TOTP secret for the signed-in user, pending until confirmed with a code
+        (replacing a pending one; a confirmed one is removed by an administrator only)."""
+        if ctx.principal.user_id is None or ctx.principal.actor_type != "user":
+            raise Forbidden("only a signed-in user can set up their own second factor")
+        if self._hsm is None or self._current_kek is None:
+            raise ServiceUnavailable("this server was built without the HSM's KEK; no second factor")
+        # Sealed before the transaction opens: the KEK lookup is a read of its own (one
+        # transaction per thread, decision 0010).
+        secret = self._hsm.random(TOTP_SECRET_BYTES)
+        sealed = seal(self._hsm, secret, kek_id=self._current_kek())
+        with self._db.begin() as s:
+            user = self._user(s, ctx.principal.user_id)
+            if _totp_on(user):
+                raise Conflict("a second factor is set up already; an administrator can reset it",
+                               code="totp_exists")
+            user.totp = {"dek_kek": sealed.dek.wrapping_key_id, "dek_mechanism": sealed.dek.mechanism,
+                         "dek": base64.b64encode(sealed.dek.ciphertext).decode(), "mechanism": sealed.mechanism,
+                         "secret": base64.b64encode(sealed.material).decode(), "confirmed": False}
+            self._audit.add(s, ctx, action="user.totp_enroll", object_type="user", object_id=user.username)
+            username = user.username
+        b32 = base64.b32encode(secret).decode().rstrip("=")
+        uri = _totp(secret).get_provisioning_uri(username, issuer="Strongroom")
+        return b32, uri
+
+    def confirm_totp(self, ctx: RequestContext, code: str) -> None:
+        """Turn the pending secret on, proving the authenticator has it."""
+        if ctx.principal.user_id is None or ctx.principal.actor_type != "user":
+            raise Forbidden("only a signed-in user can set up their own second factor")
+        with self._audit.transaction() as s:
+            user = self._user(s, ctx.principal.user_id)
+            if not user.totp or user.totp.get("confirmed"):
+                raise Conflict("no second factor is waiting for confirmation; start with POST /auth/totp",
+                               code="totp_not_pending")
+            step = self._totp_step(user, code)
+            if step is None:
+                self._audit.record_after(s, ctx, action="user.totp_confirm", outcome="denied", object_type="user",
+                                         object_id=user.username)
+                raise Forbidden("that code is not the authenticator's current one; check the device's clock "
+                                "and try the next code", code="totp_wrong")
+            user.totp = {**user.totp, "confirmed": True, "last_step": step}
+            self._notifier.publish(s, Topic.PRINCIPALS)
+            self._audit.add(s, ctx, action="user.totp_confirm", object_type="user", object_id=user.username)
+
+    def reset_totp(self, ctx: RequestContext, user_id: uuid.UUID) -> None:
+        """An administrator removes a user's second factor (a lost device); the user's
+        sessions end, so the next sign-in is with the password alone, then re-enrolment."""
+        self._policy.require(ctx, Permission.USERS_MANAGE, action="user.totp_reset", object_type="user",
+                             object_id=str(user_id))
+        with self._db.begin() as s:
+            user = self._user(s, user_id)
+            had = user.totp is not None
+            user.totp = None
+            s.execute(update(BrowserSession).where(BrowserSession.user_id == user.id).values(revoked=True))
+            self._notifier.publish(s, Topic.PRINCIPALS)
+            self._audit.add(s, ctx, action="user.totp_reset", object_type="user", object_id=user.username,
+                            details={"had_second_factor": had})
 
     # --- API tokens ------------------------------------------------------------
     def create_token(

@@ -106,6 +106,10 @@ class User(Base):
     last_login_at: Mapped[datetime | None]
     failed_logins: Mapped[int] = mapped_column(Integer, default=0)
     locked_until: Mapped[datetime | None]
+    # A second factor (RFC 6238 TOTP): its secret sealed under a DEK wrapped under the
+    # KEK (core/kmip_sealed.py), whether it is confirmed, and the last time step used
+    # (a code is accepted once). None: no second factor.
+    totp: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
 class BrowserSession(Base):

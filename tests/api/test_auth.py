@@ -295,3 +295,69 @@ def test_lockout_does_not_reveal_accounts_nor_lock_out_an_address(actors: dict[s
     other = actors["operator"]
     _, r = login(base_url, other.username, other.password)
     assert r.status_code == 200
+
+
+def _code(secret_b32: str, at: float, *, step_offset: int = 0) -> str:
+    """What an authenticator app shows (RFC 6238: HMAC-SHA-1, 6 digits, 30 s)."""
+    import base64
+
+    from cryptography.hazmat.primitives.hashes import SHA1
+    from cryptography.hazmat.primitives.twofactor.totp import TOTP
+
+    key = base64.b32decode(secret_b32 + "=" * (-len(secret_b32) % 8))
+    return TOTP(key, 6, SHA1(), 30, enforce_key_length=False).generate(at + 30 * step_offset).decode()  # noqa: S303
+
+
+def test_a_second_factor_is_set_up_confirmed_required_and_reset(admin: httpx.Client, base_url: str,
+                                                                services: Services) -> None:
+    import time as _time
+    from urllib.parse import parse_qs, urlparse
+
+    made = admin.post("/api/v1/users", json={"username": unique("mfa"), "role": "auditor"}).json()
+    username, otp = made["user"]["username"], made["one_time_password"]
+    c, _ = login(base_url, username, otp)
+    password = "my passphrase with a factor 7"
+    r = c.post("/api/v1/auth/password", json={"current_password": otp, "new_password": password})
+    c.headers["X-CSRF-Token"] = r.json()["csrf_token"]
+
+    enrolled = c.post("/api/v1/auth/totp")
+    assert enrolled.status_code == 201, enrolled.text
+    secret, uri = enrolled.json()["secret"], enrolled.json()["otpauth_uri"]
+    assert uri.startswith("otpauth://totp/") and parse_qs(urlparse(uri).query)["secret"] == [secret]
+    _, r = login(base_url, username, password)
+    assert r.status_code == 200  # not confirmed yet: the password alone still signs in
+    wrong = c.post("/api/v1/auth/totp/confirm", json={"code": _code(secret, _time.time(), step_offset=5)})
+    assert wrong.status_code == 403 and wrong.json()["code"] == "totp_wrong"
+    now = _time.time()
+    assert c.post("/api/v1/auth/totp/confirm", json={"code": _code(secret, now)}).status_code == 204
+    assert c.post("/api/v1/auth/totp").json()["code"] == "totp_exists"
+
+    # From now on sign-in needs the code; a code is good for one sign-in.
+    _, r = login(base_url, username, password)
+    assert r.status_code == 401 and r.json()["code"] == "totp_required"
+    _, r = login(base_url, username, "not the password")
+    assert r.status_code == 401 and r.json()["code"] == "bad_credentials"  # nothing revealed without the password
+    with https.client(base_url=base_url) as h:
+        later = _code(secret, now, step_offset=1)  # the next step (drift allowed), unused so far
+        r = h.post("/api/v1/auth/login", json={"username": username, "password": password, "totp_code": later})
+        assert r.status_code == 200, r.text
+        again = h.post("/api/v1/auth/login", json={"username": username, "password": password, "totp_code": later})
+        assert again.status_code == 401 and again.json()["code"] == "bad_credentials"  # replayed
+        r = h.post("/api/v1/auth/login", json={"username": username, "password": password, "totp_code": "12345"})
+        assert r.status_code == 422
+    with services.db() as s:
+        from sqlalchemy import select
+
+        from keyserver.store.models import User
+        stored = s.execute(select(User.totp).where(User.username == username)).scalar_one()
+        assert secret not in str(stored)  # sealed, never stored as it is
+
+    assert admin.delete(f"/api/v1/users/{made['user']['id']}/totp").status_code == 204
+    assert c.get("/api/v1/auth/me").status_code == 401  # the reset ended the user's sessions
+    _, r = login(base_url, username, password)
+    assert r.status_code == 200  # back to the password alone, until set up again
+    services.audit.flush()
+    actions = {e["action"] for e in admin.get("/api/v1/audit/events", params={
+        "object_id": username, "limit": 50}).json()["items"]}
+    assert {"user.totp_enroll", "user.totp_confirm", "user.totp_reset"} <= actions
+    c.close()

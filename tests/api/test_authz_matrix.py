@@ -198,6 +198,7 @@ CASES: dict[str, Case] = {
                        setup=some_user),
     "resetPassword": Case("POST", "/api/v1/users/{user}/reset-password", (P.USERS_MANAGE,),
                           setup=some_user),
+    "resetTotp": Case("DELETE", "/api/v1/users/{user}/totp", (P.USERS_MANAGE,), setup=some_user, ok=(204,)),
     "listTokens": Case("GET", "/api/v1/tokens", (P.TOKENS_OWN,)),
     "createToken": Case("POST", "/api/v1/tokens", (P.TOKENS_OWN,), body={"name": "x"}, ok=(201,)),
     "revokeToken": Case("DELETE", "/api/v1/tokens/{token}", (P.TOKENS_OWN,), setup=own_token),
@@ -235,7 +236,7 @@ CASES: dict[str, Case] = {
                              ok=(204,)),
 }
 # Reachable without a session (or acting only on the caller's own session).
-PUBLIC = {"login", "logout", "changePassword", "healthz", "readyz",
+PUBLIC = {"login", "logout", "changePassword", "enrollTotp", "confirmTotp", "healthz", "readyz",
           "enrollHost",  # authenticated by its one-time enrollment token
           "getCaCertificate", "getAgentInstaller", "downloadAgent"}  # what a host needs before enrollment
 # Enrolled hosts only, by their client certificate on the agent port (tests/agents/test_agent_port.py).

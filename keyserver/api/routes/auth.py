@@ -3,7 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from keyserver.api.deps import CSRF_COOKIE, SESSION_COOKIE, Ctx, ServicesDep, client_ip
-from keyserver.api.schemas import LoginRequest, LoginResponse, Me, PasswordChange
+from keyserver.api.schemas import LoginRequest, LoginResponse, Me, PasswordChange, TotpCode, TotpEnrollment
 from keyserver.core.identity import LoginResult
 from keyserver.core.principal import Principal
 from keyserver.logs import request_id_var
@@ -21,7 +21,7 @@ def me_of(p: Principal) -> Me:
 @router.post("/login", operation_id="login", response_model=LoginResponse)
 def login(body: LoginRequest, request: Request, response: Response, services: ServicesDep) -> LoginResponse:
     result = services.identity.login(body.username, body.password, source_ip=client_ip(request),
-                                     request_id=request_id_var.get())
+                                     request_id=request_id_var.get(), totp_code=body.totp_code)
     return _session(result, response, services)
 
 
@@ -59,3 +59,17 @@ def change_password(body: PasswordChange, ctx: Ctx, response: Response, services
     and CSRF cookies, the new CSRF token in the body)."""
     result = services.identity.change_password(ctx, current=body.current_password, new=body.new_password)
     return _session(result, response, services)
+
+
+@router.post("/totp", operation_id="enrollTotp", response_model=TotpEnrollment, status_code=201)
+def enroll_totp(ctx: Ctx, services: ServicesDep) -> TotpEnrollment:
+    """Set up a second factor (RFC 6238): scan the URI, then confirm with a code."""
+    secret, uri = services.identity.enroll_totp(ctx)
+    return TotpEnrollment(secret=secret, otpauth_uri=uri)
+
+
+@router.post("/totp/confirm", operation_id="confirmTotp", status_code=204)
+def confirm_totp(body: TotpCode, ctx: Ctx, services: ServicesDep) -> Response:
+    """From now on, sign-in needs the authenticator's code (`totp_code`)."""
+    services.identity.confirm_totp(ctx, body.code)
+    return Response(status_code=204)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from keyserver.api.deps import Ctx, ServicesDep
 from keyserver.api.schemas import (
@@ -47,3 +47,10 @@ def reset_password(user_id: uuid.UUID, ctx: Ctx, services: ServicesDep,
     `keep_tokens`."""
     keep = body.keep_tokens if body is not None else False
     return PasswordReset(one_time_password=services.identity.reset_password(ctx, user_id, keep_tokens=keep))
+
+
+@router.delete("/{user_id}/totp", operation_id="resetTotp", status_code=204)
+def reset_totp(user_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> Response:
+    """Remove a user's second factor (a lost device); their sessions end."""
+    services.identity.reset_totp(ctx, user_id)
+    return Response(status_code=204)

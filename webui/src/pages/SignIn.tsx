@@ -12,6 +12,9 @@ export function SignInPage() {
   const location = useLocation();
   const [username, setUsername] = useState("");
   const [password, setPassword] = useState("");
+  // Asked for once the server says the account has a second factor (totp_required).
+  const [needCode, setNeedCode] = useState(false);
+  const [code, setCode] = useState("");
   const [error, setError] = useState<unknown>(null);
   const [busy, setBusy] = useState(false);
   if (me) return <Navigate to={me.must_change_password ? "/change-password" : "/"} replace />;
@@ -21,13 +24,19 @@ export function SignInPage() {
     setBusy(true);
     setError(null);
     try {
-      const res = await call(api.POST("/api/v1/auth/login", { body: { username, password } }));
+      const body = needCode ? { username, password, totp_code: code } : { username, password };
+      const res = await call(api.POST("/api/v1/auth/login", { body }));
       signedIn(res.user);
       const from = (location.state as { from?: string } | null)?.from;
       navigate(res.user.must_change_password ? "/change-password" : from && from !== "/sign-in" ? from : "/",
                { replace: true });
     } catch (err) {
-      setError(err);
+      if ((err as { code?: string })?.code === "totp_required") {
+        setNeedCode(true);
+        setError(null);
+      } else {
+        setError(err);
+      }
     } finally {
       setBusy(false);
     }
@@ -44,6 +53,11 @@ export function SignInPage() {
                      value={username} onChange={(e) => setUsername(e.currentTarget.value)} />
           <PasswordInput label="Password" name="password" autoComplete="current-password" required
                          value={password} onChange={(e) => setPassword(e.currentTarget.value)} />
+          {needCode && (
+            <TextInput label="Authenticator code" name="totp" autoComplete="one-time-code" inputMode="numeric"
+                       required autoFocus maxLength={6} description="The 6-digit code your authenticator app shows"
+                       value={code} onChange={(e) => setCode(e.currentTarget.value.replace(/\D/g, ""))} />
+          )}
           <ErrorAlert error={error} title="Sign-in failed" />
           <Button type="submit" loading={busy} fullWidth color="dark">Sign in</Button>
         </Stack>
