@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmUnavailable
 from hsm.config import HsmConfig
+from keyserver.core.approvals import ApprovalService
 from keyserver.core.audit import AuditService, CheckpointPolicy
 from keyserver.core.audit_sinks import AuditSinks, FileSink, Sink, SyslogSink, WebhookSink
 from keyserver.core.ca import CertificateAuthority
@@ -31,6 +33,7 @@ from keyserver.core.keys import KeyService
 from keyserver.core.kmip_clients import KmipClientService
 from keyserver.core.kmip_objects import KmipObjectService
 from keyserver.core.policy import Policy
+from keyserver.core.principal import RequestContext
 from keyserver.core.scheduler import Scheduler
 from keyserver.settings import Settings
 from keyserver.store import db, notify
@@ -101,6 +104,7 @@ class Services:
     hosts: HostService
     guard_points: GuardPointService
     sinks: AuditSinks
+    approvals: ApprovalService
     crypto: CryptoService
     engines: tuple[Engine, ...] = ()
     # Stopped first on close(), e.g. the KMIP listener, so no request outlives the services.
@@ -160,13 +164,16 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                                                       key_id=settings.audit_checkpoint_key_id))
     sinks = AuditSinks(session_factory, build_sinks(settings), fail_closed=settings.audit_fail_closed)
     policy = Policy(audit, refusal=sinks.refusal)
-    keks = KekService(session_factory, backend, audit, policy, notifier, batch=settings.kek_rewrap_batch)
-    keys = KeyService(session_factory, backend, audit, policy, keks, notifier)
+    approvals = ApprovalService(session_factory, audit, policy, required=settings.approvals,
+                                ttl=timedelta(hours=settings.approval_ttl_hours))
+    keks = KekService(session_factory, backend, audit, policy, notifier, batch=settings.kek_rewrap_batch,
+                      approvals=approvals)
+    keys = KeyService(session_factory, backend, audit, policy, keks, notifier, approvals=approvals)
     ca = CertificateAuthority(session_factory, backend, keks)
     gcm = GcmBudget(autocommit)  # shared by every AES-GCM encryption under managed key versions
     objects = KmipObjectService(session_factory, backend, audit, policy, autocommit_engine=autocommit,
                                 notifier=notifier, current_kek=keks.current)
-    return Services(
+    services = Services(
         settings=settings,
         engine=engine,
         db=session_factory,
@@ -187,6 +194,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
             token_max_days=settings.token_max_days,
             hsm=backend,
             current_kek=keks.current,
+            approvals=approvals,
         ),
         scheduler=Scheduler(keys, keks, interval_seconds=settings.scheduler_interval_seconds),
         notifier=notifier,
@@ -203,7 +211,19 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                           heartbeat_seconds=settings.agent_heartbeat_seconds),
         engines=(autocommit,),
         sinks=sinks,
+        approvals=approvals,
     )
+    # What an approved request runs, as its requester (core/approvals.py).
+    approvals.register("key.destroy", lambda ctx, p: services.keys.destroy(ctx, p["key"], version=p.get("version")))
+    def rotate_kek(ctx: RequestContext, _params: dict[str, Any]) -> object:
+        rotation = services.keks.start_rotation(ctx)
+        services.scheduler.kick()
+        return rotation
+
+    approvals.register("kek.rotate", rotate_kek)
+    approvals.register("user.role", lambda ctx, p: services.identity.update_user(ctx, uuid.UUID(p["user_id"]),
+                                                                                 role=p["role"]))
+    return services
 
 
 def build_sinks(settings: Settings) -> list[Sink]:

@@ -99,6 +99,10 @@ class Settings(BaseSettings):
     audit_sinks: list[AuditSinkSettings] = Field(default_factory=list)
     # Refuse key operations while no sink accepts records (Vault's "block" behaviour).
     audit_fail_closed: bool = False
+    # The two-person rule (docs/api.md "Approvals"): actions held until this many other
+    # people approve, as JSON: STRONGROOM_APPROVALS='{"key.destroy": 2, "kek.rotate": 2}'.
+    approvals: dict[str, int] = Field(default_factory=dict)
+    approval_ttl_hours: float = Field(default=24.0, gt=0, le=24 * 30)
     scheduler_interval_seconds: float = Field(default=30.0, gt=0)
     kek_rewrap_batch: int = Field(default=200, ge=1)
 

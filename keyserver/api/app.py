@@ -24,6 +24,7 @@ from keyserver.api import problems
 from keyserver.api.deps import Ctx, ServicesDep
 from keyserver.api.routes import (
     agent,
+    approvals,
     audit,
     auth,
     crypto,
@@ -200,6 +201,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
     app.include_router(hosts.router, prefix="/api/v1")
     app.include_router(guardpoints.router, prefix="/api/v1")
     app.include_router(agent.router, prefix="/api/v1")
+    app.include_router(approvals.router, prefix="/api/v1")
     app.include_router(install.router)
 
     @app.get("/healthz", operation_id="healthz", tags=["health"])

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hsm import HsmError
 from keyserver.core import errors as e
+from keyserver.core.approvals import ApprovalPending
 from keyserver.logs import request_id_var
 from keyserver.store.db import is_busy
 
@@ -102,6 +103,15 @@ def install(app: FastAPI) -> None:
         return app.openapi_schema  # type: ignore[return-value]
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.exception_handler(ApprovalPending)
+    async def _pending(_: Request, exc: ApprovalPending) -> JSONResponse:
+        # Not an error: the action was recorded and waits for other people (core/approvals.py).
+        from keyserver.api.routes.approvals import approval_public
+
+        return JSONResponse({"status": "pending", "code": exc.code, "detail": exc.message,
+                             "request_id": request_id_var.get(),
+                             "approval": approval_public(exc.request).model_dump(mode="json")}, status_code=202)
 
     @app.exception_handler(e.CoreError)
     async def _core(_: Request, exc: e.CoreError) -> JSONResponse:

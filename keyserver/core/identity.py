@@ -29,6 +29,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, WrappedKey
+from keyserver.core.approvals import ApprovalService
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import (
     Conflict,
@@ -172,8 +173,10 @@ class IdentityService:
         token_max_days: int = 365,
         hsm: HsmBackend | None = None,
         current_kek: Callable[[], str] | None = None,
+        approvals: ApprovalService | None = None,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
+        self._approvals = approvals
         # TOTP secrets are sealed under the KEK like KMIP secret data (core/kmip_sealed.py).
         self._hsm, self._current_kek = hsm, current_kek
         self._db = session_factory
@@ -268,6 +271,12 @@ class IdentityService:
                              object_id=str(user_id))
         if role is not None:
             self._check_role(role)
+            if self._approvals is not None:
+                with self._db() as s:
+                    current = self._user(s, user_id)
+                if current.role != role:
+                    self._approvals.hold(ctx, action="user.role", target=current.username,
+                                         params={"user_id": str(user_id), "role": role})
         with self._db.begin() as s:
             user = self._user(s, user_id)
             losing_admin = user.role == Role.ADMIN and not user.disabled and (

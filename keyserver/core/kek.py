@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmError, WrappedKey
+from keyserver.core.approvals import ApprovalService
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, NotFound, ServiceUnavailable, hsm_failure
 from keyserver.core.policy import Permission, Policy
@@ -39,8 +40,10 @@ class KekService:
         notifier: Notifier,
         *,
         batch: int = 200,
+        approvals: ApprovalService | None = None,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
+        self._approvals = approvals
         self._db = session_factory
         self._hsm = hsm
         self._audit = audit
@@ -101,6 +104,8 @@ class KekService:
 
     def start_rotation(self, ctx: RequestContext) -> KekRotation:
         self._policy.require(ctx, Permission.SYSTEM_KEK, action="kek.rotate", object_type="kek")
+        if self._approvals is not None:
+            self._approvals.hold(ctx, action="kek.rotate", target="kek", params={})
         with self._db() as s:
             if s.execute(select(KekRotation.id).where(KekRotation.state == "running")).first():
                 raise Conflict("a KEK rotation is already running; wait for it to finish",

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, aliased, lazyload, sessionmaker
 from sqlalchemy.orm.attributes import set_committed_value
 
 from hsm import HsmBackend, HsmError, WrappedKey
+from keyserver.core.approvals import ApprovalService
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, InvalidInput, NotFound, hsm_failure
 from keyserver.core.kek import KekService
@@ -125,8 +126,10 @@ class KeyService:
         keks: KekService,
         notifier: Notifier,
         *,
+        approvals: ApprovalService | None = None,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
+        self._approvals = approvals
         self._db = session_factory
         self._hsm = hsm
         self._audit = audit
@@ -398,6 +401,8 @@ class KeyService:
     def destroy(self, ctx: RequestContext, ref: str, *, version: int | None = None) -> ManagedKey:
         """Erase material (metadata stays). An Active version must be revoked first (KMIP)."""
         self._policy.require(ctx, Permission.KEYS_DESTROY, action="key.destroy", object_type="key", object_id=ref)
+        if self._approvals is not None:
+            self._approvals.hold(ctx, action="key.destroy", target=ref, params={"key": ref, "version": version})
         now = self._now()
         forgotten: list[WrappedKey] = []
         with self._db.begin() as s:

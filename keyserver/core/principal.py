@@ -27,6 +27,8 @@ class RequestContext:
     principal: Principal
     source_ip: str | None = None
     request_id: str | None = None
+    # Set only by the approvals service when it runs an approved action (core/approvals.py).
+    approval: str | None = None
 
 
 SYSTEM = Principal(

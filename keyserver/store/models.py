@@ -235,6 +235,28 @@ class AuditSinkCursor(Base):
     failing_since: Mapped[datetime | None]
 
 
+class ApprovalRequest(Base):
+    """An action held for approval by other people (core/approvals.py)."""
+
+    __tablename__ = "approval_requests"
+    __table_args__ = (Index("ix_approval_requests_created_at", "created_at"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    action: Mapped[str] = mapped_column(String(32))
+    target: Mapped[str] = mapped_column(String(200))
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    requested_by: Mapped[str] = mapped_column(String(200))
+    requester_user_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    required: Mapped[int] = mapped_column(Integer)
+    approvals: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    # pending → approved → executed | failed; pending → rejected | expired
+    state: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    decided_at: Mapped[datetime | None]
+    result: Mapped[str | None] = mapped_column(Text)
+
+
 class ChangeCounter(Base):
     """One row, bumped by every change that must drop cached credentials or key states
     in other processes: on SQLite they poll it, as PostgreSQL's LISTEN/NOTIFY tells

@@ -33,6 +33,12 @@ class Case:
     setup: Callable[[Services, httpx.Client, Actor], dict[str, str]] | None = None
 
 
+def no_approval(*_: Any) -> dict[str, str]:
+    """The session's server holds nothing (no STRONGROOM_APPROVALS): who may look gets a
+    404, who may not a 403 (tests/api/test_approvals.py runs the rule itself)."""
+    return {"approval": "00000000-0000-4000-8000-000000000000"}
+
+
 def fresh_key(_: Services, admin: httpx.Client, __: Actor, **extra: Any) -> dict[str, str]:
     r = admin.post("/api/v1/keys", json={"name": unique("authz"), **extra})
     assert r.status_code == 201, r.text
@@ -198,6 +204,12 @@ CASES: dict[str, Case] = {
                        setup=some_user),
     "resetPassword": Case("POST", "/api/v1/users/{user}/reset-password", (P.USERS_MANAGE,),
                           setup=some_user),
+    "listApprovals": Case("GET", "/api/v1/approvals", (P.AUDIT_READ,)),
+    "getApproval": Case("GET", "/api/v1/approvals/{approval}", (P.AUDIT_READ,), setup=no_approval, ok=(404,)),
+    "approveRequest": Case("POST", "/api/v1/approvals/{approval}/approve", (P.KEYS_DESTROY,), setup=no_approval,
+                           ok=(404,)),
+    "rejectRequest": Case("POST", "/api/v1/approvals/{approval}/reject", (P.KEYS_DESTROY,), setup=no_approval,
+                          ok=(404,)),
     "resetTotp": Case("DELETE", "/api/v1/users/{user}/totp", (P.USERS_MANAGE,), setup=some_user, ok=(204,)),
     "listTokens": Case("GET", "/api/v1/tokens", (P.TOKENS_OWN,)),
     "createToken": Case("POST", "/api/v1/tokens", (P.TOKENS_OWN,), body={"name": "x"}, ok=(201,)),
