@@ -361,3 +361,19 @@ def test_a_second_factor_is_set_up_confirmed_required_and_reset(admin: httpx.Cli
         "object_id": username, "limit": 50}).json()["items"]}
     assert {"user.totp_enroll", "user.totp_confirm", "user.totp_reset"} <= actions
     c.close()
+
+
+def test_a_credential_can_ask_what_it_may_do(actors: dict[str, Actor], admin: httpx.Client) -> None:
+    officer = actors["key-officer"]
+    r = actors["operator"].client.get("/api/v1/auth/can", params={"permission": "keys:export"}).json()
+    assert r["allowed"] is False and "role" in r["reason"]
+    assert officer.client.get("/api/v1/auth/can", params={"permission": "keys:export"}).json()["allowed"] is True
+    name = admin.post("/api/v1/keys", json={"name": unique("can"), "exportable": False}).json()["name"]
+    r = officer.client.get("/api/v1/auth/can", params={"permission": "keys:export", "key": name}).json()
+    assert r["allowed"] is False and "not exportable" in r["reason"]
+    narrow = officer.session.post("/api/v1/tokens", json={"name": "narrow", "scopes": ["keys:read"],
+                                                          "expires_in_days": 1}).json()["secret"]
+    with https.client(base_url=str(officer.client.base_url), headers={"Authorization": f"Bearer {narrow}"}) as t:
+        r = t.get("/api/v1/auth/can", params={"permission": "keys:export"}).json()
+        assert r["allowed"] is False and "token scopes" in r["reason"]
+        assert t.get("/api/v1/auth/can", params={"permission": "no:such"}).status_code == 422

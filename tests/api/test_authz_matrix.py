@@ -161,6 +161,7 @@ def enrolled_host(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
 
 CASES: dict[str, Case] = {
     "getMe": Case("GET", "/api/v1/auth/me", ()),
+    "checkPermission": Case("GET", "/api/v1/auth/can?permission=keys:read", ()),
     "listKeys": Case("GET", "/api/v1/keys", (P.KEYS_READ,)),
     "createKey": Case("POST", "/api/v1/keys", (P.KEYS_CREATE,), body={"name": "{new}"}, ok=(201,)),
     "getKey": Case("GET", "/api/v1/keys/{key}", (P.KEYS_READ,), setup=fresh_key),

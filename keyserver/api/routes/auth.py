@@ -1,10 +1,15 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel, Field
 
 from keyserver.api.deps import CSRF_COOKIE, SESSION_COOKIE, Ctx, ServicesDep, client_ip
 from keyserver.api.schemas import LoginRequest, LoginResponse, Me, PasswordChange, TotpCode, TotpEnrollment
+from keyserver.core.approvals import ACTIONS
 from keyserver.core.identity import LoginResult
+from keyserver.core.policy import KEY_OPERATIONS, Permission, permissions_for
 from keyserver.core.principal import Principal
 from keyserver.logs import request_id_var
 from keyserver.services import Services
@@ -73,3 +78,37 @@ def confirm_totp(body: TotpCode, ctx: Ctx, services: ServicesDep) -> Response:
     """From now on, sign-in needs the authenticator's code (`totp_code`)."""
     services.identity.confirm_totp(ctx, body.code)
     return Response(status_code=204)
+
+
+class CanAnswer(BaseModel):
+    permission: str
+    allowed: bool = Field(description="whether a request needing it would be let through now")
+    reason: str = Field(description="why, in words: the role or token scope, a KMIP setting, fail-closed "
+                                    "audit, a held action or the key's export policy")
+
+
+@router.get("/can", operation_id="checkPermission", response_model=CanAnswer)
+def can(ctx: Ctx, services: ServicesDep, permission: Annotated[Permission, Query()],
+        key: Annotated[str | None, Query(max_length=200, description="a key (name or id): its own policy "
+                                                                     "counts too (export)")] = None) -> CanAnswer:
+    """What can this credential do? Asked by the caller about itself (nothing is done,
+    nothing is recorded): useful before giving a token to a program."""
+    p = ctx.principal
+    if permission not in p.permissions:
+        role_has = p.role is not None and permission in permissions_for(p.role)
+        via = "token scopes" if p.actor_type == "token" and role_has else "role"
+        return CanAnswer(permission=permission.value, allowed=False,
+                         reason=f"'{p.name}' ({p.role}) does not have it: its {via} do not grant it")
+    if permission in KEY_OPERATIONS and (refusal := services.sinks.refusal()) is not None:
+        return CanAnswer(permission=permission.value, allowed=False, reason=refusal)
+    held = [a for a, needed in ACTIONS.items() if needed == permission and a in services.approvals.required]
+    if held:
+        return CanAnswer(permission=permission.value, allowed=True,
+                         reason=f"granted, but {', '.join(held)} wait for approval by other people "
+                                f"({', '.join(str(services.approvals.required[a]) for a in held)} needed)")
+    if key is not None and permission is Permission.KEYS_EXPORT:
+        k = services.keys.get(ctx, key)
+        if not k.exportable:
+            return CanAnswer(permission=permission.value, allowed=False,
+                             reason=f"key '{k.name}' is not exportable in plaintext (its policy); wrapped it is")
+    return CanAnswer(permission=permission.value, allowed=True, reason=f"granted to '{p.name}' ({p.role})")

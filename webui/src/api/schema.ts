@@ -286,6 +286,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/auth/can": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Can
+         * @description What can this credential do? Asked by the caller about itself (nothing is done,
+         *     nothing is recorded): useful before giving a token to a program.
+         */
+        get: operations["checkPermission"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/auth/login": {
         parameters: {
             query?: never;
@@ -1405,6 +1426,21 @@ export interface components {
                 [key: string]: string;
             };
         };
+        /** CanAnswer */
+        CanAnswer: {
+            /**
+             * Allowed
+             * @description whether a request needing it would be let through now
+             */
+            allowed: boolean;
+            /** Permission */
+            permission: string;
+            /**
+             * Reason
+             * @description why, in words: the role or token scope, a KMIP setting, fail-closed audit, a held action or the key's export policy
+             */
+            reason: string;
+        };
         /** DataKeyPublic */
         DataKeyPublic: {
             /**
@@ -2349,6 +2385,11 @@ export interface components {
              */
             keep_tokens?: boolean;
         };
+        /**
+         * Permission
+         * @enum {string}
+         */
+        Permission: "keys:read" | "keys:create" | "keys:update" | "keys:rotate" | "keys:activate" | "keys:revoke" | "keys:destroy" | "keys:export" | "keys:export-wrapped" | "keys:encrypt" | "keys:decrypt" | "keys:verify" | "datakeys:generate" | "datakeys:decrypt" | "audit:read" | "audit:verify" | "users:read" | "users:manage" | "tokens:own" | "tokens:all" | "system:read" | "system:kek" | "kmip:clients" | "hosts:read" | "hosts:enroll" | "hosts:revoke" | "guardpoints:manage";
         /** Problem */
         Problem: {
             /** Code */
@@ -4027,6 +4068,102 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["VerifyResultPublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    checkPermission: {
+        parameters: {
+            query: {
+                /** @description a key (name or id): its own policy counts too (export) */
+                key?: string | null;
+                permission: components["schemas"]["Permission"];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CanAnswer"];
                 };
             };
             /** @description Bad request */
