@@ -35,6 +35,7 @@ from keyserver.core.kmip_objects import KmipObjectService
 from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.scheduler import Scheduler
+from keyserver.oidc import OidcClient, OidcConfig
 from keyserver.settings import Settings
 from keyserver.store import db, notify
 from keyserver.store.notify import Notifier
@@ -106,6 +107,7 @@ class Services:
     sinks: AuditSinks
     approvals: ApprovalService
     crypto: CryptoService
+    oidc: OidcClient | None = None
     engines: tuple[Engine, ...] = ()
     # Stopped first on close(), e.g. the KMIP listener, so no request outlives the services.
     on_close: list[Callable[[], None]] = field(default_factory=list)
@@ -212,6 +214,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         engines=(autocommit,),
         sinks=sinks,
         approvals=approvals,
+        oidc=build_oidc(settings),
     )
     # What an approved request runs, as its requester (core/approvals.py).
     approvals.register("key.destroy", lambda ctx, p: services.keys.destroy(ctx, p["key"], version=p.get("version")))
@@ -224,6 +227,19 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
     approvals.register("user.role", lambda ctx, p: services.identity.update_user(ctx, uuid.UUID(p["user_id"]),
                                                                                  role=p["role"]))
     return services
+
+
+def build_oidc(settings: Settings) -> OidcClient | None:
+    """The identity provider's client when OIDC sign-in is configured (all three of issuer,
+    client id and secret), else None."""
+    if not (settings.oidc_issuer and settings.oidc_client_id and settings.oidc_client_secret):
+        return None
+    base = (settings.public_url or f"https://{settings.host}:{settings.port}").rstrip("/")
+    return OidcClient(OidcConfig(
+        issuer=settings.oidc_issuer, client_id=settings.oidc_client_id, client_secret=settings.oidc_client_secret,
+        redirect_uri=settings.oidc_redirect_url or f"{base}/api/v1/auth/oidc/callback",
+        role_claim=settings.oidc_role_claim, role_map=dict(settings.oidc_role_map), scopes=settings.oidc_scopes,
+        ca_file=str(settings.oidc_ca_file) if settings.oidc_ca_file else None))
 
 
 def build_sinks(settings: Settings) -> list[Sink]:

@@ -99,6 +99,18 @@ class Settings(BaseSettings):
     audit_sinks: list[AuditSinkSettings] = Field(default_factory=list)
     # Refuse key operations while no sink accepts records (Vault's "block" behaviour).
     audit_fail_closed: bool = False
+    # OpenID Connect sign-in for the console (docs/api.md "Single sign-on"): the issuer,
+    # this client's id and secret, and which values of the role claim give which role, as
+    # JSON: STRONGROOM_OIDC_ROLE_MAP='{"kms-admins": "admin", "kms-auditors": "auditor"}'.
+    oidc_issuer: str | None = None
+    oidc_client_id: str | None = None
+    oidc_client_secret: str | None = None
+    oidc_role_claim: str = "groups"
+    oidc_role_map: dict[str, str] = Field(default_factory=dict)
+    oidc_scopes: str = "openid profile groups"
+    oidc_ca_file: Path | None = None
+    # The callback URL registered at the provider; default: public_url + /api/v1/auth/oidc/callback.
+    oidc_redirect_url: str | None = None
     # The two-person rule (docs/api.md "Approvals"): actions held until this many other
     # people approve, as JSON: STRONGROOM_APPROVALS='{"key.destroy": 2, "kek.rotate": 2}'.
     approvals: dict[str, int] = Field(default_factory=dict)

@@ -65,7 +65,8 @@ def problem(status: int, code: str, detail: str, *, headers: dict[str, str] | No
 # Routes a caller reaches without a token or session (each authenticates otherwise:
 # credentials in the body, a one-time enrollment token, or nothing secret at all).
 UNAUTHENTICATED_OPERATIONS = frozenset({"login", "enrollHost", "getCaCertificate", "getAgentInstaller",
-                                        "downloadAgent", "getEnrollmentInfoPublic"})
+                                        "downloadAgent", "getEnrollmentInfoPublic", "authMethods", "oidcLogin",
+                                        "oidcCallback"})
 
 
 def install(app: FastAPI) -> None:

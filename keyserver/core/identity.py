@@ -136,6 +136,8 @@ class _LoginThrottle:
 
 
 ACCOUNT_LOCKED = "too many failed sign-ins for this account; try again later"
+# The password hash of accounts the identity provider signs in: no password matches it.
+EXTERNAL_PASSWORD = "!external"  # noqa: S105 - not a password: a hash nothing verifies against
 # RFC 6238 as authenticator apps implement it: HMAC-SHA-1, 6 digits, 30-second steps.
 TOTP_STEP = 30
 TOTP_SECRET_BYTES = 20
@@ -444,6 +446,48 @@ class IdentityService:
             principal = self._user_principal(u)
             self._audit.add(s, RequestContext(principal, source_ip, request_id), action="auth.login",
                             object_type="user", object_id=u.username)
+        return LoginResult(session_token, csrf, expires, principal)
+
+    def external_login(self, *, username: str, full_name: str, role: str, issuer: str, subject: str,
+                       source_ip: str | None, request_id: str | None) -> LoginResult:
+        """A session for someone the organisation's identity provider signed in (OIDC).
+        Their account here is made on first sign-in, with no usable password; their role
+        follows the provider's claims at every sign-in (a change is audited)."""
+        self._check_role(role)
+        now = self._now()
+        anon = RequestContext(principal=Principal(name=username, actor_type="user", role=None,
+                                                  permissions=frozenset()), source_ip=source_ip, request_id=request_id)
+        with self._audit.transaction() as s:
+            user = s.execute(select(User).where(User.username == username).with_for_update()).scalar_one_or_none()
+            details: dict[str, object] = {"method": "oidc", "issuer": issuer, "subject": subject, "role": role}
+            if user is None:
+                user = User(id=uuid.uuid4(), username=username, full_name=full_name, role=role,
+                            password_hash=EXTERNAL_PASSWORD, must_change_password=False, created_at=now,
+                            password_changed_at=now)
+                s.add(user)
+                details["created"] = True
+            elif user.password_hash != EXTERNAL_PASSWORD:
+                self._audit.record_after(s, anon, action="auth.login", outcome="denied", object_type="user",
+                                         object_id=username, details={**details, "reason": "local_account"})
+                raise Forbidden(f"'{username}' is a local account here; sign in with its password",
+                                code="oidc_local_account")
+            elif user.disabled:
+                self._audit.record_after(s, anon, action="auth.login", outcome="denied", object_type="user",
+                                         object_id=username, details={**details, "reason": "disabled"})
+                raise Forbidden(f"'{username}' is disabled here; ask an administrator", code="account_disabled")
+            elif user.role != role:
+                details["role_was"] = user.role
+                user.role = role
+                self._notifier.publish(s, Topic.PRINCIPALS)
+            user.last_login_at, user.full_name = now, full_name or user.full_name
+            session_token, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+            expires = now + self._ttl
+            s.flush()
+            s.add(BrowserSession(id_hash=sha256_hex(session_token), user_id=user.id, csrf_hash=sha256_hex(csrf),
+                                 created_at=now, expires_at=expires, last_seen_at=now, source_ip=source_ip))
+            principal = self._user_principal(user)
+            self._audit.add(s, RequestContext(principal, source_ip, request_id), action="auth.login",
+                            object_type="user", object_id=username, details=details)
         return LoginResult(session_token, csrf, expires, principal)
 
     @staticmethod

@@ -250,6 +250,7 @@ CASES: dict[str, Case] = {
 }
 # Reachable without a session (or acting only on the caller's own session).
 PUBLIC = {"login", "logout", "changePassword", "enrollTotp", "confirmTotp", "healthz", "readyz",
+          "authMethods", "oidcLogin", "oidcCallback",  # single sign-on (tests/api/test_oidc.py)
           "enrollHost",  # authenticated by its one-time enrollment token
           "getCaCertificate", "getAgentInstaller", "downloadAgent"}  # what a host needs before enrollment
 # Enrolled hosts only, by their client certificate on the agent port (tests/agents/test_agent_port.py).

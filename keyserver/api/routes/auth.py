@@ -1,17 +1,21 @@
 from __future__ import annotations
 
 from typing import Annotated
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, Field
 
 from keyserver.api.deps import CSRF_COOKIE, SESSION_COOKIE, Ctx, ServicesDep, client_ip
 from keyserver.api.schemas import LoginRequest, LoginResponse, Me, PasswordChange, TotpCode, TotpEnrollment
 from keyserver.core.approvals import ACTIONS
+from keyserver.core.errors import CoreError, NotFound
 from keyserver.core.identity import LoginResult
 from keyserver.core.policy import KEY_OPERATIONS, Permission, permissions_for
 from keyserver.core.principal import Principal
 from keyserver.logs import request_id_var
+from keyserver.oidc import OidcClient
 from keyserver.services import Services
 
 router = APIRouter(prefix="/auth", tags=["auth"])
@@ -112,3 +116,60 @@ def can(ctx: Ctx, services: ServicesDep, permission: Annotated[Permission, Query
             return CanAnswer(permission=permission.value, allowed=False,
                              reason=f"key '{k.name}' is not exportable in plaintext (its policy); wrapped it is")
     return CanAnswer(permission=permission.value, allowed=True, reason=f"granted to '{p.name}' ({p.role})")
+
+
+OIDC_COOKIE = "strongroom_oidc"
+OIDC_PATH = "/api/v1/auth/oidc"
+
+
+class AuthMethods(BaseModel):
+    password: bool = True
+    oidc: bool = Field(description="single sign-on through the organisation's identity provider is configured")
+
+
+@router.get("/methods", operation_id="authMethods", response_model=AuthMethods)
+def methods(services: ServicesDep) -> AuthMethods:
+    """How one may sign in here (the console shows a single sign-on button when it can)."""
+    return AuthMethods(oidc=services.oidc is not None)
+
+
+def _oidc(services: Services) -> OidcClient:
+    if services.oidc is None:
+        raise NotFound("single sign-on is not configured here (STRONGROOM_OIDC_ISSUER, _CLIENT_ID, "
+                       "_CLIENT_SECRET); sign in with a password", code="oidc_not_configured")
+    return services.oidc
+
+
+@router.get("/oidc/login", operation_id="oidcLogin", status_code=302, response_class=RedirectResponse)
+def oidc_login(services: ServicesDep) -> RedirectResponse:
+    """Off to the identity provider; it sends the browser back to /oidc/callback."""
+    begun = _oidc(services).begin()
+    response = RedirectResponse(begun.url, status_code=302)
+    # SameSite=Lax: the provider's redirect back is a top-level GET from another site.
+    response.set_cookie(OIDC_COOKIE, begun.cookie, max_age=600, httponly=True, secure=services.settings.secure_cookies,
+                        samesite="lax", path=OIDC_PATH)
+    return response
+
+
+@router.get("/oidc/callback", operation_id="oidcCallback", status_code=302, response_class=RedirectResponse)
+def oidc_callback(request: Request, services: ServicesDep,
+                  code: Annotated[str, Query(max_length=2048)], state: Annotated[str, Query(max_length=256)]
+                  ) -> RedirectResponse:
+    """The provider's answer: a session here, then the console. A browser arrives here,
+    so a refusal goes back to the console's sign-in page, which shows it."""
+    client = _oidc(services)
+    try:
+        identity = client.finish(code=code, state=state, cookie=request.cookies.get(OIDC_COOKIE))
+        result = services.identity.external_login(
+            username=identity.username, full_name=identity.full_name, role=identity.role,
+            issuer=client.config.issuer, subject=identity.subject, source_ip=client_ip(request),
+            request_id=request_id_var.get())
+    except CoreError as exc:
+        failed = RedirectResponse("/#/sign-in?" + urlencode({"sso_error": exc.message, "code": exc.code}),
+                                  status_code=302)
+        failed.delete_cookie(OIDC_COOKIE, path=OIDC_PATH)
+        return failed
+    response = RedirectResponse("/", status_code=302)
+    _session(result, response, services)
+    response.delete_cookie(OIDC_COOKIE, path=OIDC_PATH)
+    return response

@@ -1,6 +1,7 @@
-import { Alert, Button, Center, Paper, PasswordInput, Stack, Text, TextInput, Title } from "@mantine/core";
+import { Alert, Button, Center, Divider, Paper, PasswordInput, Stack, Text, TextInput, Title } from "@mantine/core";
+import { useQuery } from "@tanstack/react-query";
 import { useState } from "react";
-import { Navigate, useLocation, useNavigate } from "react-router";
+import { Navigate, useLocation, useNavigate, useSearchParams } from "react-router";
 import { api, call } from "../api/client";
 import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
@@ -17,6 +18,11 @@ export function SignInPage() {
   const [code, setCode] = useState("");
   const [error, setError] = useState<unknown>(null);
   const [busy, setBusy] = useState(false);
+  // Single sign-on, when the server has an identity provider; its refusals come back here.
+  const methods = useQuery({ queryKey: ["auth", "methods"], queryFn: () => call(api.GET("/api/v1/auth/methods")),
+                             retry: false, staleTime: Infinity });
+  const [params] = useSearchParams();
+  const ssoError = params.get("sso_error");
   if (me) return <Navigate to={me.must_change_password ? "/change-password" : "/"} replace />;
 
   const submit = async (e: React.FormEvent) => {
@@ -47,6 +53,11 @@ export function SignInPage() {
       <Title order={2} size="h3" mb={4}>Sign in</Title>
       <Text size="sm" c="dimmed" mb="md">Key management console</Text>
       {notice && <Alert color="blue" variant="light" mb="md" data-testid="signin-notice">{notice}</Alert>}
+      {ssoError && (
+        <Alert color="red" variant="light" mb="md" title="Single sign-on failed" data-testid="sso-error">
+          {ssoError}
+        </Alert>
+      )}
       <form onSubmit={submit} aria-label="Sign in">
         <Stack gap="sm">
           <TextInput label="Username" name="username" autoComplete="username" required autoFocus
@@ -62,6 +73,15 @@ export function SignInPage() {
           <Button type="submit" loading={busy} fullWidth color="dark">Sign in</Button>
         </Stack>
       </form>
+      {methods.data?.oidc && (
+        <>
+          <Divider label="or" labelPosition="center" my="md" />
+          {/* A full-page navigation: the identity provider's pages are not ours. */}
+          <Button component="a" href="/api/v1/auth/oidc/login" variant="default" fullWidth>
+            Sign in with your organisation (single sign-on)
+          </Button>
+        </>
+      )}
     </AuthFrame>
   );
 }

@@ -24,4 +24,19 @@ describe("sign-in with a second factor", () => {
     await waitFor(() => expect(server.calls("POST /api/v1/auth/login")).toHaveLength(2));
     expect(server.calls("POST /api/v1/auth/login")[1].body).toMatchObject({ totp_code: "123456" });
   });
+
+  it("offers single sign-on when the server has an identity provider, and shows its refusal", async () => {
+    fakeApi({ "GET /api/v1/auth/methods": { password: true, oidc: true } });
+    renderWith(<SignInPage />, { me: null, at: "/sign-in?sso_error=none%20of%20their%20groups%20maps%20to%20a%20role",
+                                 path: "/sign-in" });
+    expect(await screen.findByRole("link", { name: /single sign-on/ })).toHaveAttribute("href", "/api/v1/auth/oidc/login");
+    expect(screen.getByTestId("sso-error")).toHaveTextContent("none of their groups maps to a role");
+  });
+
+  it("shows no single sign-on without an identity provider", async () => {
+    const server = fakeApi({ "GET /api/v1/auth/methods": { password: true, oidc: false } });
+    renderWith(<SignInPage />, { me: null, at: "/sign-in", path: "/sign-in" });
+    await waitFor(() => expect(server.calls("GET /api/v1/auth/methods")).toHaveLength(1));
+    expect(screen.queryByRole("link", { name: /single sign-on/ })).toBeNull();
+  });
 });
