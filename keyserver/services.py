@@ -174,7 +174,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
     ca = CertificateAuthority(session_factory, backend, keks)
     gcm = GcmBudget(autocommit)  # shared by every AES-GCM encryption under managed key versions
     objects = KmipObjectService(session_factory, backend, audit, policy, autocommit_engine=autocommit,
-                                notifier=notifier, current_kek=keks.current)
+                                notifier=notifier, current_kek=keks.current, approvals=approvals)
     services = Services(
         settings=settings,
         engine=engine,

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, CoreError, Forbidden, NotFound
 from keyserver.core.policy import Permission, Policy
-from keyserver.core.principal import RequestContext
+from keyserver.core.principal import SYSTEM, RequestContext
 from keyserver.store.models import ApprovalRequest
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,14 @@ ACTIONS: dict[str, Permission] = {
     "key.destroy": Permission.KEYS_DESTROY,
     "kek.rotate": Permission.SYSTEM_KEK,
     "user.role": Permission.USERS_MANAGE,
+    # Plaintext export (KMIP Get): approval grants the requester one export of that key,
+    # taken by their next Get within GRANT_TTL; a KMIP Get cannot wait, so it is refused
+    # with the request's id and asked again once approved.
+    "key.export": Permission.KEYS_EXPORT,
 }
+GRANTS = frozenset({"key.export"})
 DEFAULT_TTL = timedelta(hours=24)
+GRANT_TTL = timedelta(hours=1)
 
 
 class ApprovalPending(Forbidden):
@@ -91,6 +97,13 @@ class ApprovalService:
         if not required or ctx.approval is not None or ctx.principal.actor_type == "system":
             return
         now = self._now()
+        with self._db() as s:  # asking again while a request waits: that request, not a new one
+            waiting = s.execute(select(ApprovalRequest).where(
+                ApprovalRequest.action == action, ApprovalRequest.target == target,
+                ApprovalRequest.requested_by == ctx.principal.name, ApprovalRequest.state == "pending",
+                ApprovalRequest.expires_at > now)).scalars().first()
+        if waiting is not None:
+            raise ApprovalPending(waiting, required)
         req = ApprovalRequest(
             id=uuid.uuid4(), action=action, target=target, params=params, requested_by=ctx.principal.name,
             requester_user_id=ctx.principal.user_id, required=required, approvals=[], state="pending",
@@ -159,10 +172,40 @@ class ApprovalService:
             return Decision(req, executed=False)
         return self._execute(req)
 
+    def holds(self, action: str) -> bool:
+        return action in self._required
+
+    def take_grant(self, ctx: RequestContext, *, action: str, target: str) -> bool:
+        """Use up an approved grant of `action` on `target` for this caller (one use,
+        within GRANT_TTL of its approval); False when there is none."""
+        now = self._now()
+        with self._db.begin() as s:
+            grant = s.execute(select(ApprovalRequest).where(
+                ApprovalRequest.action == action, ApprovalRequest.target == target,
+                ApprovalRequest.requested_by == ctx.principal.name, ApprovalRequest.state == "executed",
+                ApprovalRequest.result.is_(None), ApprovalRequest.decided_at > now - GRANT_TTL)
+                .order_by(ApprovalRequest.decided_at).limit(1).with_for_update()).scalars().first()
+            if grant is None:
+                return False
+            grant.result = f"used {now.isoformat()}"
+            self._audit.add(s, ctx, action="approval.use", object_type="approval", object_id=str(grant.id),
+                            details={"action": action, "target": target})
+        return True
+
     def _execute(self, req: ApprovalRequest) -> Decision:
-        """Run the approved action as the requester (checked again now)."""
-        executor = self._executors[req.action]
+        """Run the approved action as the requester (checked again now); for a grant
+        (plaintext export), record it for the requester's next request."""
         approvers = [a["by"] for a in req.approvals]
+        if req.action in GRANTS:
+            with self._db.begin() as s:
+                row = self._load(s, req.id, lock=True)
+                row.state, row.decided_at = "executed", self._now()
+                self._audit.add(s, RequestContext(principal=SYSTEM, approval=str(req.id)), action="approval.execute",
+                                object_type="approval", object_id=str(req.id),
+                                details={"action": req.action, "target": req.target, "approvers": approvers,
+                                         "grant_for": req.requested_by})
+            return Decision(row, executed=True)
+        executor = self._executors[req.action]
         ctx = RequestContext(principal=self._requester(req), approval=str(req.id))
         try:
             result = executor(ctx, dict(req.params))

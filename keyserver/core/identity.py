@@ -288,8 +288,10 @@ class IdentityService:
                                code="last_admin")
             changes: dict[str, object] = {}
             self._notifier.publish(s, Topic.PRINCIPALS)
-            if role is not None:
+            if role is not None and role != user.role:
                 user.role, changes["role"] = role, role
+                # A privilege change ends the user's sessions: the next one has a new id.
+                s.execute(update(BrowserSession).where(BrowserSession.user_id == user.id).values(revoked=True))
             if full_name is not None:
                 user.full_name, changes["full_name"] = full_name, True
             if disabled is not None:

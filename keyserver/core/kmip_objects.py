@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, joinedload, sessionmaker
 
 from hsm import HsmBackend, HsmError, HsmIntegrityError, HsmInvalidInput, WrappedKey
 from hsm.backend import AES_KWP
+from keyserver.core.approvals import ApprovalService
 from keyserver.core.audit import AuditService, PendingRecord, utcnow
 from keyserver.core.errors import (
     Conflict,
@@ -201,10 +202,12 @@ class KmipObjectService:
         notifier: Notifier | None = None,
         cache_seconds: float = 30.0,
         current_kek: Callable[[], str] | None = None,
+        approvals: ApprovalService | None = None,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
         self._db = session_factory
         self._current_kek = current_kek
+        self._approvals = approvals
         # Reads in autocommit: no BEGIN/ROLLBACK round trips around each lookup.
         self._read = session_factory if autocommit_engine is None else sessionmaker(
             autocommit_engine, expire_on_commit=False)
@@ -447,6 +450,10 @@ class KmipObjectService:
                               message=f"key '{obj.key.name}' is not exportable in plaintext (its policy); Get it "
                                       "wrapped under another key (a Key Wrapping Specification), or have a key "
                                       "officer change the policy")
+        if wrap_under is None and self._approvals is not None and self._approvals.holds("key.export") and \
+                not self._approvals.take_grant(ctx, action="key.export", target=str(obj.key.id)):
+            self._approvals.hold(ctx, action="key.export", target=str(obj.key.id),
+                                 params={"key": str(obj.key.id), "name": obj.key.name, "version": obj.version.version})
         state = KeyState(obj.version.state)
         if state not in RETRIEVABLE:
             raise Conflict(f"version {obj.version.version} of '{obj.key.name}' is {state.value}: "

@@ -35,7 +35,7 @@ PASSWORD = "a long enough passphrase 1"
 def held(services: Services, hsm_backend: HsmBackend, tmp_path: Path) -> Iterator[Services]:
     with (contextlib.nullcontext(None) if STORE == "embedded" else scratch_database()) as url:
         s = Settings(database_url=url, data_dir=tmp_path, scheduler_interval_seconds=3600, agent_port=0,
-                     approvals={"key.destroy": 2, "user.role": 1, "kek.rotate": 1})
+                     approvals={"key.destroy": 2, "user.role": 1, "kek.rotate": 1, "key.export": 1})
         svc = build_services(s, hsm=_ClosingBackend(hsm_backend))  # type: ignore[arg-type]
         svc.initialize()
         try:
@@ -153,3 +153,39 @@ def test_rest_answers_202_with_the_request_and_approvers_use_the_api(held: Servi
             assert r.status_code == 200 and r.json()["executed"] is False
             assert a.post(f"/api/v1/approvals/{rid}/approve").json()["code"] == "own_request"
             assert b.get(f"/api/v1/approvals/{rid}").json()["approvals"][0]["by"] == bob.principal.name
+
+
+def test_a_plaintext_export_over_kmip_waits_for_approval_then_goes_once(held: Services, tmp_path: Path) -> None:
+    """KMIP Get cannot wait: it is refused (Permission Denied, the request's id in the
+    message) and asking again reuses the request; once another person approves, the
+    client's next Get of that key succeeds — once."""
+    from kmip.core import enums
+    from kmip.pie.exceptions import KmipOperationFailure
+
+    from keyserver.kmip.server import build_listener
+    from tests.kmip.conftest import issue_client, make_client
+
+    officer = _person(held, "key-officer")
+    listener = build_listener(held, port=0)
+    listener.start()
+    try:
+        files = issue_client(held, tmp_path, "kmip-client")
+        with make_client(files, listener.port) as program:
+            uid = program.create(enums.CryptographicAlgorithm.AES, 256, name=unique("held-export"))
+            program.activate(uid)
+            ids = []
+            for _ in range(2):
+                with pytest.raises(KmipOperationFailure) as e:
+                    program.get(uid)
+                assert e.value.reason == enums.ResultReason.PERMISSION_DENIED
+                ids.append(next(w for w in e.value.message.split() if w.count("-") == 4))
+            assert ids[0] == ids[1]  # asking again: the same request
+            assert held.approvals.approve(officer, uuid.UUID(ids[0])).executed
+            assert len(program.get(uid).value) == 32  # the grant, used
+            with pytest.raises(KmipOperationFailure):
+                program.get(uid)  # once only
+            wrapped_ok = program.get_attributes(uid)  # reading attributes is not export
+            assert wrapped_ok[0] == uid
+    finally:
+        listener.stop()
+    assert ("approval.use", f"kmip:{files.name}", "allowed") in _actions(held, uuid.UUID(ids[0]))

@@ -377,3 +377,18 @@ def test_a_credential_can_ask_what_it_may_do(actors: dict[str, Actor], admin: ht
         r = t.get("/api/v1/auth/can", params={"permission": "keys:export"}).json()
         assert r["allowed"] is False and "token scopes" in r["reason"]
         assert t.get("/api/v1/auth/can", params={"permission": "no:such"}).status_code == 422
+
+
+def test_a_role_change_ends_the_users_sessions(admin: httpx.Client, base_url: str) -> None:
+    made = admin.post("/api/v1/users", json={"username": unique("promoted"), "role": "auditor",
+                                             "password": "initial passphrase 123"}).json()
+    c, _ = login(base_url, made["user"]["username"], "initial passphrase 123")
+    r = c.post("/api/v1/auth/password", json={"current_password": "initial passphrase 123",
+                                              "new_password": "my own passphrase 456"})
+    c.headers["X-CSRF-Token"] = r.json()["csrf_token"]
+    assert c.get("/api/v1/auth/me").json()["role"] == "auditor"
+    assert admin.patch(f"/api/v1/users/{made['user']['id']}", json={"role": "key-officer"}).status_code == 200
+    assert c.get("/api/v1/auth/me").status_code == 401  # sign in again: a new session for the new role
+    _, r = login(base_url, made["user"]["username"], "my own passphrase 456")
+    assert r.json()["user"]["role"] == "key-officer"
+    c.close()
