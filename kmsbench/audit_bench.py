@@ -24,13 +24,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-import psycopg
 import typer
 from rich.console import Console
 from sqlalchemy import insert
-from sqlalchemy.engine import make_url
 
 from kmsbench.keyserver_load import machine
+from kmsbench.scratch import create_database, drop_database
 from kmsbench.sections import write_section
 
 console = Console(stderr=True)
@@ -46,24 +45,15 @@ def run(*, postgres: str, records: int, output: Path | None, json_out: Path | No
     from keyserver.settings import Settings
     from keyserver.store.models import AuditInbox
 
-    admin_url = make_url(postgres)
-    dbname = f"strongroom_auditbench_{uuid.uuid4().hex[:8]}"
-
-    def admin() -> psycopg.Connection[Any]:
-        return psycopg.connect(host=admin_url.host, port=admin_url.port or 5432, user=admin_url.username,
-                               password=admin_url.password, dbname=admin_url.database or "postgres",
-                               autocommit=True, connect_timeout=5)
-
-    with admin() as pg:
-        pg.execute(f'CREATE DATABASE "{dbname}"')
+    database_url = create_database(postgres, "auditbench")
     data = Path(tempfile.mkdtemp(prefix="strongroom-auditbench-"))
     out: dict[str, Any] = {"machine": machine(), "when": datetime.now(UTC).isoformat(timespec="seconds"),
                            "records": records, "load_before": os.getloadavg()[0]}
     env_keys = [k for k in os.environ if k.startswith("STRONGROOM_")]
     saved = {k: os.environ.pop(k) for k in env_keys}
     try:
-        settings = Settings(data_dir=data, database_url=admin_url.set(database=dbname).render_as_string(
-            hide_password=False), log_level="WARNING", audit_checkpoint_records=1000)
+        settings = Settings(data_dir=data, database_url=database_url, log_level="WARNING",
+                            audit_checkpoint_records=1000)
         svc = build_services(settings)
         svc.initialize()
         ctx = system_context("bench")
@@ -122,8 +112,7 @@ def run(*, postgres: str, records: int, output: Path | None, json_out: Path | No
         svc.close()
     finally:
         os.environ.update(saved)
-        with admin() as pg:
-            pg.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        drop_database(postgres, database_url)
         shutil.rmtree(data, ignore_errors=True)
     out["load_after"] = os.getloadavg()[0]
     text = render(out)

@@ -30,7 +30,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -44,6 +43,7 @@ from sqlalchemy.engine import make_url
 
 from kmsbench.errors import Exit
 from kmsbench.keyserver_load import machine
+from kmsbench.scratch import create_database, drop_database
 from kmsbench.sections import write_section
 
 console = Console(stderr=True)
@@ -333,21 +333,12 @@ def run(*, postgres: str, connections: list[int], duration: float, output: Path 
     from keyserver.services import build_services
     from keyserver.settings import Settings
 
-    admin_url = make_url(postgres)
-    dbname = f"strongroom_kmipbench_{uuid.uuid4().hex[:8]}"
-
-    def admin() -> psycopg.Connection[Any]:
-        return psycopg.connect(host=admin_url.host, port=admin_url.port or 5432, user=admin_url.username,
-                               password=admin_url.password, dbname=admin_url.database or "postgres",
-                               autocommit=True, connect_timeout=5)
-
-    with admin() as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
+    database_url = create_database(postgres, "kmipbench")
     data = Path(tempfile.mkdtemp(prefix="strongroom-kmipbench-"))
     kmip_port, pykmip_port = _free_port(), _free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("STRONGROOM_")},
            "STRONGROOM_DATA_DIR": str(data / "server"),
-           "STRONGROOM_DATABASE_URL": admin_url.set(database=dbname).render_as_string(hide_password=False),
+           "STRONGROOM_DATABASE_URL": database_url,
            "STRONGROOM_PORT": str(_free_port()), "STRONGROOM_KMIP_PORT": str(kmip_port),
            "STRONGROOM_KMIP_MAX_CONNECTIONS": "256", "STRONGROOM_LOG_LEVEL": "WARNING",
            "STRONGROOM_DATABASE_POOL_SIZE": str(max(16, 64 // workers)), "STRONGROOM_HSM_POOL_SIZE": "16",
@@ -430,8 +421,7 @@ def run(*, postgres: str, connections: list[int], duration: float, output: Path 
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        with admin() as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        drop_database(postgres, database_url)
         shutil.rmtree(data, ignore_errors=True)
     results["load_after"] = os.getloadavg()[0]
     report = render(results, connections)
