@@ -257,9 +257,19 @@ class ApprovalService:
                             details={"action": req.action, "target": req.target})
         return req
 
-    def list(self, ctx: RequestContext, *, state: str | None = None) -> list[ApprovalRequest]:
+    def _may_read(self, ctx: RequestContext) -> None:
         if not any(p in ctx.principal.permissions for p in ACTIONS.values()):
             self._policy.require(ctx, Permission.AUDIT_READ, action="approval.list")
+
+    def get(self, ctx: RequestContext, request_id: uuid.UUID) -> ApprovalRequest:
+        self._may_read(ctx)
+        with self._db.begin() as s:
+            req = self._load(s, request_id)
+            self._expire(s, req)
+        return req
+
+    def list(self, ctx: RequestContext, *, state: str | None = None) -> list[ApprovalRequest]:
+        self._may_read(ctx)
         with self._db.begin() as s:
             rows = list(s.execute(select(ApprovalRequest).order_by(ApprovalRequest.created_at.desc())
                                   .limit(200)).scalars())

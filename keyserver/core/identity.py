@@ -290,8 +290,7 @@ class IdentityService:
             self._notifier.publish(s, Topic.PRINCIPALS)
             if role is not None and role != user.role:
                 user.role, changes["role"] = role, role
-                # A privilege change ends the user's sessions: the next one has a new id.
-                s.execute(update(BrowserSession).where(BrowserSession.user_id == user.id).values(revoked=True))
+                self._end_sessions(s, user.id)  # a privilege change: the next session has a new id
             if full_name is not None:
                 user.full_name, changes["full_name"] = full_name, True
             if disabled is not None:
@@ -308,9 +307,27 @@ class IdentityService:
             User.role == Role.ADMIN.value, User.disabled.is_(False))).scalar_one())
 
     def _revoke_credentials(self, s: Session, user_id: uuid.UUID) -> None:
-        s.execute(update(BrowserSession).where(BrowserSession.user_id == user_id).values(revoked=True))
-        s.execute(update(ApiToken).where(ApiToken.user_id == user_id, ApiToken.revoked_at.is_(None))
-                  .values(revoked_at=self._now()))
+        self._end_sessions(s, user_id)
+        self._revoke_tokens(s, user_id)
+
+    @staticmethod
+    def _end_sessions(s: Session, user_id: uuid.UUID) -> int:
+        """End every open browser session of the user; how many there were."""
+        return _count(s.execute(update(BrowserSession).where(BrowserSession.user_id == user_id,
+                                                             BrowserSession.revoked.is_(False))
+                                .values(revoked=True)))
+
+    def _revoke_tokens(self, s: Session, user_id: uuid.UUID) -> int:
+        return _count(s.execute(update(ApiToken).where(ApiToken.user_id == user_id, ApiToken.revoked_at.is_(None))
+                                .values(revoked_at=self._now())))
+
+    def _open_session(self, s: Session, user: User, now: datetime, source_ip: str | None) -> LoginResult:
+        """A new browser session (fresh id and CSRF token) in the caller's transaction."""
+        session_token, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        expires = now + self._ttl
+        s.add(BrowserSession(id_hash=sha256_hex(session_token), user_id=user.id, csrf_hash=sha256_hex(csrf),
+                             created_at=now, expires_at=expires, last_seen_at=now, source_ip=source_ip))
+        return LoginResult(session_token, csrf, expires, self._user_principal(user))
 
     def reset_password(self, ctx: RequestContext, user_id: uuid.UUID, *, keep_tokens: bool = False) -> str:
         """A one-time password; every session of the user ends, and so do their API
@@ -324,12 +341,8 @@ class IdentityService:
             user.must_change_password, user.password_changed_at = True, self._now()
             user.failed_logins, user.locked_until = 0, None
             self._notifier.publish(s, Topic.PRINCIPALS)
-            s.execute(update(BrowserSession).where(BrowserSession.user_id == user.id).values(revoked=True))
-            revoked = 0
-            if not keep_tokens:
-                revoked = _count(s.execute(update(ApiToken).where(ApiToken.user_id == user.id,
-                                                                  ApiToken.revoked_at.is_(None))
-                                           .values(revoked_at=self._now())))
+            self._end_sessions(s, user.id)
+            revoked = 0 if keep_tokens else self._revoke_tokens(s, user.id)
             self._audit.add(s, ctx, action="user.reset_password", object_type="user", object_id=user.username,
                             details={"tokens_revoked": revoked, "tokens_kept": keep_tokens})
         return password
@@ -351,18 +364,12 @@ class IdentityService:
             user.password_hash = _hasher.hash(new)
             now = self._now()
             user.must_change_password, user.password_changed_at = False, now
-            ended = _count(s.execute(update(BrowserSession).where(BrowserSession.user_id == user.id,
-                                                                  BrowserSession.revoked.is_(False))
-                                     .values(revoked=True)))
-            session_token, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-            expires = now + self._ttl
-            s.add(BrowserSession(id_hash=sha256_hex(session_token), user_id=user.id, csrf_hash=sha256_hex(csrf),
-                                 created_at=now, expires_at=expires, last_seen_at=now, source_ip=ctx.source_ip))
+            ended = self._end_sessions(s, user.id)
+            result = self._open_session(s, user, now, ctx.source_ip)
             self._notifier.publish(s, Topic.PRINCIPALS)
             self._audit.add(s, ctx, action="user.change_password", object_type="user", object_id=user.username,
                             details={"sessions_ended": ended})
-            principal = self._user_principal(user)
-        return LoginResult(session_token, csrf, expires, principal)
+        return result
 
     @staticmethod
     def _check_role(role: str) -> None:
@@ -431,8 +438,6 @@ class IdentityService:
                 self._audit.add(s, anon, action="auth.login", outcome="denied", object_type="user",
                                 object_id=username, details=details)
             raise Unauthenticated("wrong username or password", code="bad_credentials")
-        session_token, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-        expires = now + self._ttl
         with self._db.begin() as s:
             u = s.get(User, user.id, with_for_update=True)
             assert u is not None
@@ -443,12 +448,10 @@ class IdentityService:
                     raise Unauthenticated("wrong username or password", code="bad_credentials")
                 u.totp = {**(u.totp or {}), "last_step": second}
             u.failed_logins, u.locked_until, u.last_login_at = 0, None, now
-            s.add(BrowserSession(id_hash=sha256_hex(session_token), user_id=u.id, csrf_hash=sha256_hex(csrf),
-                                 created_at=now, expires_at=expires, last_seen_at=now, source_ip=source_ip))
-            principal = self._user_principal(u)
-            self._audit.add(s, RequestContext(principal, source_ip, request_id), action="auth.login",
+            result = self._open_session(s, u, now, source_ip)
+            self._audit.add(s, RequestContext(result.principal, source_ip, request_id), action="auth.login",
                             object_type="user", object_id=u.username)
-        return LoginResult(session_token, csrf, expires, principal)
+        return result
 
     def external_login(self, *, username: str, full_name: str, role: str, issuer: str, subject: str,
                        source_ip: str | None, request_id: str | None) -> LoginResult:
@@ -482,15 +485,11 @@ class IdentityService:
                 user.role = role
                 self._notifier.publish(s, Topic.PRINCIPALS)
             user.last_login_at, user.full_name = now, full_name or user.full_name
-            session_token, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-            expires = now + self._ttl
-            s.flush()
-            s.add(BrowserSession(id_hash=sha256_hex(session_token), user_id=user.id, csrf_hash=sha256_hex(csrf),
-                                 created_at=now, expires_at=expires, last_seen_at=now, source_ip=source_ip))
-            principal = self._user_principal(user)
-            self._audit.add(s, RequestContext(principal, source_ip, request_id), action="auth.login",
+            s.flush()  # a new user's row before its session's
+            result = self._open_session(s, user, now, source_ip)
+            self._audit.add(s, RequestContext(result.principal, source_ip, request_id), action="auth.login",
                             object_type="user", object_id=username, details=details)
-        return LoginResult(session_token, csrf, expires, principal)
+        return result
 
     @staticmethod
     def _user_principal(user: User, *, token: ApiToken | None = None) -> Principal:
@@ -605,7 +604,7 @@ class IdentityService:
             user = self._user(s, user_id)
             had = user.totp is not None
             user.totp = None
-            s.execute(update(BrowserSession).where(BrowserSession.user_id == user.id).values(revoked=True))
+            self._end_sessions(s, user.id)
             self._notifier.publish(s, Topic.PRINCIPALS)
             self._audit.add(s, ctx, action="user.totp_reset", object_type="user", object_id=user.username,
                             details={"had_second_factor": had})

@@ -297,9 +297,6 @@ class KmipObjectService:
     def _require(self, ctx: RequestContext, permission: Permission, action: str,
                  found: VersionObject | StandaloneObject | None, uid: str) -> None:
         object_type, object_id = audit_identity(found) if found is not None else ("kmip_object", uid)
-        if permission in ctx.principal.permissions:
-            self._policy.gate(ctx, permission, action=action, object_type=object_type, object_id=object_id)
-            return
         self._policy.require(ctx, permission, action=action, object_type=object_type, object_id=object_id)
 
     def uid_of(self, ref: str, version: int | None = None) -> str:

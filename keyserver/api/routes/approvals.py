@@ -10,7 +10,6 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from keyserver.api.deps import Ctx, ServicesDep
-from keyserver.core.errors import NotFound
 from keyserver.store.models import ApprovalRequest
 
 router = APIRouter(prefix="/approvals", tags=["approvals"])
@@ -52,10 +51,7 @@ def list_approvals(ctx: Ctx, services: ServicesDep,
 
 @router.get("/{request_id}", operation_id="getApproval", response_model=ApprovalPublic)
 def get_approval(request_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> ApprovalPublic:
-    found = [r for r in services.approvals.list(ctx) if r.id == request_id]
-    if not found:
-        raise NotFound(f"no approval request {request_id}", code="approval_not_found")
-    return approval_public(found[0])
+    return approval_public(services.approvals.get(ctx, request_id))
 
 
 @router.post("/{request_id}/approve", operation_id="approveRequest", response_model=ApprovalDecision)
