@@ -100,6 +100,33 @@ def services(settings: Settings, hsm_backend: HsmBackend) -> Iterator[Services]:
     svc.close()
 
 
+@contextlib.contextmanager
+def own_store() -> Iterator[str | None]:
+    """A store of the session's kind of its own, for tests that change what the session's
+    server must not see (other settings, tampering): a scratch PostgreSQL database's URL,
+    or None (the embedded default, under the data directory given to `services_on`)."""
+    with (contextlib.nullcontext(None) if STORE == "embedded" else scratch_database()) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def services_on(url: str | None, data_dir: Path, hsm_backend: HsmBackend, **settings: Any) -> Iterator[Services]:
+    """Initialised services on `url` (from `own_store`) with the session's token."""
+    svc = build_services(Settings(database_url=url, data_dir=data_dir, scheduler_interval_seconds=3600,
+                                  agent_port=0, **settings), hsm=_ClosingBackend(hsm_backend))  # type: ignore[arg-type]
+    svc.initialize()
+    try:
+        yield svc
+    finally:
+        svc.close()
+
+
+@contextlib.contextmanager
+def own_services(data_dir: Path, hsm_backend: HsmBackend, **settings: Any) -> Iterator[Services]:
+    with own_store() as url, services_on(url, data_dir, hsm_backend, **settings) as svc:
+        yield svc
+
+
 @pytest.fixture(scope="session")
 def admin_password(services: Services) -> str:
     pw = services.admin_password  # type: ignore[attr-defined]

@@ -4,7 +4,6 @@ its own, configured with STRONGROOM_APPROVALS."""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -21,27 +20,19 @@ from keyserver.core.errors import Conflict, Forbidden
 from keyserver.core.keys import KeySpec
 from keyserver.core.principal import RequestContext, system_context
 from keyserver.kmip.errors import translate
-from keyserver.services import Services, build_services
-from keyserver.settings import Settings
+from keyserver.services import Services
 from keyserver.store.models import ApprovalRequest, AuditEvent
 from tests.api.test_health_and_faults import serve
-from tests.conftest import STORE, _ClosingBackend, unique
-from tests.pg import scratch_database
+from tests.conftest import own_services, unique
 
 PASSWORD = "a long enough passphrase 1"
 
 
 @pytest.fixture
 def held(services: Services, hsm_backend: HsmBackend, tmp_path: Path) -> Iterator[Services]:
-    with (contextlib.nullcontext(None) if STORE == "embedded" else scratch_database()) as url:
-        s = Settings(database_url=url, data_dir=tmp_path, scheduler_interval_seconds=3600, agent_port=0,
-                     approvals={"key.destroy": 2, "user.role": 1, "kek.rotate": 1, "key.export": 1})
-        svc = build_services(s, hsm=_ClosingBackend(hsm_backend))  # type: ignore[arg-type]
-        svc.initialize()
-        try:
-            yield svc
-        finally:
-            svc.close()
+    with own_services(tmp_path / "data", hsm_backend,
+                      approvals={"key.destroy": 2, "user.role": 1, "kek.rotate": 1, "key.export": 1}) as svc:
+        yield svc
 
 
 def _person(svc: Services, role: str) -> RequestContext:

@@ -8,7 +8,6 @@ fresh embedded one), with the session's SoftHSM2 token."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import time
 from collections.abc import Iterator
@@ -30,11 +29,9 @@ from keyserver.core.audit import (
     checkpoint_digest,
 )
 from keyserver.core.principal import system_context
-from keyserver.services import Services, build_services
-from keyserver.settings import Settings
+from keyserver.services import Services
 from keyserver.store.models import AuditCheckpoint, AuditEvent, AuditHead, AuditVerified
-from tests.conftest import STORE, _ClosingBackend
-from tests.pg import scratch_database
+from tests.conftest import own_services
 
 EVERY = 5  # records per checkpoint in the scratch store
 
@@ -43,15 +40,9 @@ EVERY = 5  # records per checkpoint in the scratch store
 def store(services: Services, hsm_backend: HsmBackend, tmp_path: Any) -> Iterator[Services]:
     """A store of its own, on the session's kind of store (`services` selects the test
     for both runs), checkpointing every five records."""
-    with (contextlib.nullcontext(None) if STORE == "embedded" else scratch_database()) as url:
-        settings = Settings(database_url=url, data_dir=tmp_path, audit_checkpoint_records=EVERY,
-                            audit_checkpoint_seconds=3600, scheduler_interval_seconds=3600, agent_port=0)
-        svc = build_services(settings, hsm=_ClosingBackend(hsm_backend))  # type: ignore[arg-type]
-        svc.initialize()
-        try:
-            yield svc
-        finally:
-            svc.close()
+    with own_services(tmp_path / "data", hsm_backend, audit_checkpoint_records=EVERY,
+                      audit_checkpoint_seconds=3600) as svc:
+        yield svc
 
 
 def _records(svc: Services, n: int, actor: str = "tests") -> None:

@@ -30,39 +30,24 @@ from keyserver.core.audit_sinks import SyslogSink, WebhookSink
 from keyserver.core.errors import ServiceUnavailable
 from keyserver.core.keys import KeySpec
 from keyserver.core.principal import system_context
-from keyserver.services import Services, build_services
+from keyserver.services import Services
 from keyserver.settings import Settings
 from tests.api.test_health_and_faults import serve
-from tests.conftest import STORE, _ClosingBackend, unique
-from tests.pg import scratch_database
+from tests.conftest import own_services, own_store, services_on, unique
+from tests.serve import free_port
 
 RSYSLOGD = "/usr/sbin/rsyslogd"
 
 
-@contextlib.contextmanager
-def _store_url() -> Iterator[str | None]:
-    """A store of the session's kind of its own: a scratch PostgreSQL database, or None
-    (the embedded default, under the test's data directory)."""
-    with (contextlib.nullcontext(None) if STORE == "embedded" else scratch_database()) as url:
-        yield url
+def _services(tmp_path: Path, hsm_backend: HsmBackend, url: str | None,
+              **settings: Any) -> contextlib.AbstractContextManager[Services]:
+    return services_on(url, tmp_path / "data", hsm_backend, audit_checkpoint_records=4,
+                       audit_checkpoint_seconds=3600, **settings)
 
 
-@contextlib.contextmanager
-def _services(tmp_path: Path, hsm_backend: HsmBackend, url: str | None, **settings: Any) -> Iterator[Services]:
-    s = Settings(database_url=url, data_dir=tmp_path / "data", audit_checkpoint_records=4,
-                 audit_checkpoint_seconds=3600, scheduler_interval_seconds=3600, agent_port=0, **settings)
-    svc = build_services(s, hsm=_ClosingBackend(hsm_backend))  # type: ignore[arg-type]
-    svc.initialize()
-    try:
-        yield svc
-    finally:
-        svc.close()
-
-
-@contextlib.contextmanager
-def _store(tmp_path: Path, hsm_backend: HsmBackend, **settings: Any) -> Iterator[Services]:
-    with _store_url() as url, _services(tmp_path, hsm_backend, url, **settings) as svc:
-        yield svc
+def _store(tmp_path: Path, hsm_backend: HsmBackend, **settings: Any) -> contextlib.AbstractContextManager[Services]:
+    return own_services(tmp_path / "data", hsm_backend, audit_checkpoint_records=4, audit_checkpoint_seconds=3600,
+                        **settings)
 
 
 def _records(svc: Services, n: int) -> None:
@@ -93,7 +78,7 @@ def test_file_sink_rotates_resumes_after_a_restart_and_is_an_outside_copy(
         services: Services, hsm_backend: HsmBackend, tmp_path: Path) -> None:
     out = tmp_path / "sink" / "audit.jsonl"
     sink = {"name": "local", "type": "file", "path": str(out), "max_bytes": 4096, "keep": 50}
-    with _store_url() as url:
+    with own_store() as url:
         with _services(tmp_path, hsm_backend, url, audit_sinks=[sink]) as svc:
             _records(svc, 30)
             svc.sinks.flush()
@@ -179,18 +164,12 @@ def _ca_and_server(d: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _rsyslog(d: Path) -> Iterator[tuple[int, Path, Path]]:
     if not Path(RSYSLOGD).exists():
         pytest.fail("scripts/test installs rsyslog and rsyslog-gnutls; rsyslogd is missing")
     ca, cert, key = _ca_and_server(d)
-    port, out, work = _free_port(), d / "received.log", d / "work"
+    port, out, work = free_port(), d / "received.log", d / "work"
     work.mkdir()
     conf = d / "rsyslog.conf"
     conf.write_text(f'''
@@ -238,7 +217,7 @@ def test_syslog_sink_delivers_rfc5424_over_tls_to_rsyslog(services: Services, hs
             _checked(items, head)
             assert svc.audit.verify(outside=[i for i in items if i["type"] == "checkpoint"]).ok
     # A receiver that is not the one named fails TLS verification: nothing is sent.
-    wrong = SyslogSink("wrong", "127.0.0.1", _free_port(), ca_file=ca, server_name="localhost")
+    wrong = SyslogSink("wrong", "127.0.0.1", free_port(), ca_file=ca, server_name="localhost")
     with pytest.raises(OSError):
         wrong.send([{"type": "record", "seq": 1}])
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,13 +19,13 @@ from keyserver.services import LazyHsm, Services, build_services
 from keyserver.settings import Settings
 from tests import https
 from tests.conftest import unique
+from tests.serve import free_port
 
 
 @contextmanager
-def serve(services: Services) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def serve(services: Services, port: int | None = None) -> Iterator[str]:
+    """`services`' app over plain HTTP on `port` (a free one by default)."""
+    port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(services, run_background=False), host="127.0.0.1",
                                            port=port, log_config=None, lifespan="on"))
     t = threading.Thread(target=server.run, daemon=True)

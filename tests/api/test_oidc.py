@@ -9,10 +9,8 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-import socket
 import ssl
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,29 +19,23 @@ from urllib.parse import parse_qs, urljoin, urlparse
 
 import httpx
 import pytest
-import uvicorn
 
 from hsm import HsmBackend
-from keyserver.api.app import create_app
 from keyserver.services import Services, build_services
 from keyserver.settings import Settings
 from tests.api.test_audit_sinks import _ca_and_server
+from tests.api.test_health_and_faults import serve
 from tests.conftest import REPO, _ClosingBackend
+from tests.serve import free_port
 
 SECRET = "a-client-secret-for-tests-only-0123456789"
 NODE = shutil.which("node") or "/usr/bin/node"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _provider(tmp_path: Path, redirect_uri: str) -> Iterator[tuple[str, Path]]:
     ca, cert, key = _ca_and_server(tmp_path)
-    port = _free_port()
+    port = free_port()
     script = REPO / "webui" / "e2e" / "oidc-provider.mjs"
     if not (REPO / "webui" / "node_modules" / "oidc-provider").exists():
         pytest.fail("scripts/test installs the console's node modules (oidc-provider among them); run it")
@@ -67,19 +59,12 @@ def _provider(tmp_path: Path, redirect_uri: str) -> Iterator[tuple[str, Path]]:
 
 @contextlib.contextmanager
 def _keyserver(settings: Settings, hsm_backend: HsmBackend, port: int, **oidc: Any) -> Iterator[Services]:
+    """A second server on the session's store, with OIDC settings, on `port` (the
+    provider was told its callback URL before it started)."""
     svc = build_services(settings.model_copy(update={"cookie_secure": False, **oidc}),
                          hsm=_ClosingBackend(hsm_backend), migrate=False)  # type: ignore[arg-type]
-    server = uvicorn.Server(uvicorn.Config(create_app(svc, run_background=False), host="127.0.0.1", port=port,
-                                           log_config=None, lifespan="on"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    while not server.started:
-        time.sleep(0.05)
-    try:
+    with serve(svc, port):
         yield svc
-    finally:
-        server.should_exit = True
-        t.join(10)
 
 
 def _form(html: str, base: str) -> tuple[str, dict[str, str]]:
@@ -117,7 +102,7 @@ def _sign_in(browser: httpx.Client, start: str, login: str) -> httpx.Response:
 
 def test_single_sign_on_with_roles_from_groups(settings: Settings, hsm_backend: HsmBackend, services: Services,
                                                tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     redirect = f"{base}/api/v1/auth/oidc/callback"
     with _provider(tmp_path, redirect) as (issuer, ca), _keyserver(

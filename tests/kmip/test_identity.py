@@ -174,22 +174,14 @@ def test_a_client_limited_to_wrapped_export_gets_keys_only_wrapped(
     client set to "wrapped" receives keys only wrapped under another key inside the HSM,
     one set to "none" no material at all; each refusal is Permission Denied, audited, and
     a change applies to the client's very next request (REST PATCH, every replica)."""
-    from cryptography.hazmat.primitives.asymmetric import padding, rsa
-    from kmip.pie import objects as pie
+    from cryptography.hazmat.primitives.asymmetric import padding
 
     admin: httpx.Client = actors["admin"].client
     files = _issued(admin, tmp_path, role="key-officer", key_export="wrapped")
     assert admin.get("/api/v1/kmip/clients").json()[-1]["key_export"] in ("plaintext", "wrapped", "none")
-    wrapper = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    wrap_uid = kmip.register(pie.PublicKey(enums.CryptographicAlgorithm.RSA, 2048, wrapper.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo), enums.KeyFormatType.X_509))
-    kmip.activate(wrap_uid)
+    wrapper, spec = _rsa_wrapping(kmip)
     uid = kmip.create(enums.CryptographicAlgorithm.AES, 256, name=unique("exportable"))
     kmip.activate(uid)
-    spec = {"wrapping_method": enums.WrappingMethod.ENCRYPT,
-            "encryption_key_information": {"unique_identifier": wrap_uid, "cryptographic_parameters": {
-                "padding_method": enums.PaddingMethod.OAEP, "hashing_algorithm": enums.HashingAlgorithm.SHA_1}},
-            "encoding_option": enums.EncodingOption.NO_ENCODING}
     oaep = padding.OAEP(mgf=padding.MGF1(hashes.SHA1()), algorithm=hashes.SHA1(), label=None)  # noqa: S303
     plaintext = kmip.get(uid).value
     with make_client(files, kmip_listener.port) as limited:
@@ -204,7 +196,8 @@ def test_a_client_limited_to_wrapped_export_gets_keys_only_wrapped(
         with pytest.raises(KmipOperationFailure) as e:  # the same open connection, next request
             limited.get(uid, key_wrapping_specification=spec)
         assert e.value.reason == enums.ResultReason.PERMISSION_DENIED and "keys:export-wrapped" in e.value.message
-        assert limited.get(wrap_uid).value  # public keys are not secret material
+        public_uid = spec["encryption_key_information"]["unique_identifier"]
+        assert limited.get(public_uid).value  # public keys are not secret material
 
         assert admin.patch(f"/api/v1/kmip/clients/{files.client_id}",
                            json={"key_export": "plaintext"}).status_code == 200
@@ -240,20 +233,10 @@ def test_roles_for_programs_and_storage_and_a_key_kept_from_plaintext_export(
     """kmip-client (a program) takes keys in plaintext; an operator only wrapped; a
     storage-admin not at all; and a key marked not exportable leaves in plaintext to
     nobody, on the very next request after the change, with the refusal audited."""
-    from cryptography.hazmat.primitives import serialization as ser
-    from cryptography.hazmat.primitives.asymmetric import rsa
-    from kmip.pie import objects as pie
 
-    wrapper = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    wrap_uid = kmip.register(pie.PublicKey(enums.CryptographicAlgorithm.RSA, 2048, wrapper.public_key().public_bytes(
-        ser.Encoding.DER, ser.PublicFormat.SubjectPublicKeyInfo), enums.KeyFormatType.X_509))
-    kmip.activate(wrap_uid)
+    _, spec = _rsa_wrapping(kmip)
     uid = kmip.create(enums.CryptographicAlgorithm.AES, 256, name=unique("roles"))
     kmip.activate(uid)
-    spec = {"wrapping_method": enums.WrappingMethod.ENCRYPT,
-            "encryption_key_information": {"unique_identifier": wrap_uid, "cryptographic_parameters": {
-                "padding_method": enums.PaddingMethod.OAEP, "hashing_algorithm": enums.HashingAlgorithm.SHA_1}},
-            "encoding_option": enums.EncodingOption.NO_ENCODING}
 
     def reason(client: Any, **kw: Any) -> Any:
         with pytest.raises(KmipOperationFailure) as e:
@@ -280,3 +263,20 @@ def test_roles_for_programs_and_storage_and_a_key_kept_from_plaintext_export(
     services.audit.flush()
     denied = admin.get("/api/v1/audit/events", params={"object_id": str(rest.id), "outcome": "denied"}).json()
     assert any(d["details"].get("reason") == "not_exportable" for d in denied["items"])
+
+
+def _rsa_wrapping(kmip: Any) -> tuple[Any, dict[str, Any]]:
+    """A registered, active RSA public key and the Key Wrapping Specification that has
+    Get wrap under it (RSA-OAEP with SHA-1, the token's); its private half decrypts."""
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from kmip.pie import objects as pie
+
+    wrapper = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    wrap_uid = kmip.register(pie.PublicKey(enums.CryptographicAlgorithm.RSA, 2048, wrapper.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo), enums.KeyFormatType.X_509))
+    kmip.activate(wrap_uid)
+    return wrapper, {"wrapping_method": enums.WrappingMethod.ENCRYPT,
+                     "encryption_key_information": {"unique_identifier": wrap_uid, "cryptographic_parameters": {
+                         "padding_method": enums.PaddingMethod.OAEP,
+                         "hashing_algorithm": enums.HashingAlgorithm.SHA_1}},
+                     "encoding_option": enums.EncodingOption.NO_ENCODING}
