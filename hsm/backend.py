@@ -140,6 +140,12 @@ class HsmBackend(Protocol):
     def describe_kek(self, kek_id: str) -> KekAttributes:
         """Added: read the KEK's attributes back from the token. Raises HsmKeyNotFound."""
 
+    def destroy_kek(self, kek_id: str) -> None:
+        """Added: remove both halves of the KEK from the token, for good (KEK retirement:
+        the caller has made sure nothing is wrapped under it any more). Drops this
+        process's cached handles of it and of keys unwrapped under it. Raises
+        HsmKeyNotFound when neither half is there."""
+
     # --- managed key versions ------------------------------------------------
     def generate_wrapped_key(self, *, kek_id: str) -> WrappedKey:
         """Generate an AES-256 key inside the token; return it wrapped under the KEK."""
@@ -151,7 +157,8 @@ class HsmBackend(Protocol):
         """Return the plaintext of a wrapped key. Only for the few paths the design allows."""
 
     def rewrap_under_kek(self, wrapped: WrappedKey, *, kek_id: str) -> WrappedKey:
-        """KEK rotation: unwrap inside the token, wrap again under another KEK."""
+        """KEK rotation: unwrap inside the token, wrap again under another KEK (whatever the blob
+        holds: an AES key version, an HMAC key, a sealed object's DEK)."""
 
     def rewrap_for_public_key(self, wrapped: WrappedKey, *, public_key_der: bytes) -> WrappedKey:
         """Deliver a key to a host: unwrap and wrap under an external RSA public key

@@ -193,8 +193,9 @@ def client_rsa_templates() -> tuple[dict[Attribute, Any], dict[Attribute, Any]]:
 
 
 # Client EC key pairs (KMIP CreateKeyPair with EC/ECDSA): our curve name → the curve's
-# name for python-pkcs11's CKA_EC_PARAMS encoder, its `cryptography` class, its length.
-CLIENT_EC_CURVES: Final = {"P-256": ("secp256r1", ec.SECP256R1, 256), "P-384": ("secp384r1", ec.SECP384R1, 384)}
+# name for python-pkcs11's CKA_EC_PARAMS encoder, its `cryptography` curve, its length.
+CLIENT_EC_CURVES: Final[dict[str, tuple[str, ec.EllipticCurve, int]]] = {
+    "P-256": ("secp256r1", ec.SECP256R1(), 256), "P-384": ("secp384r1", ec.SECP384R1(), 384)}
 
 
 def client_ec_templates() -> tuple[dict[Attribute, Any], dict[Attribute, Any]]:

@@ -253,6 +253,30 @@ def test_rewrap_under_kek_unhappy_paths(backend: HsmBackend, wrapped: WrappedKey
         backend.rewrap_under_kek(tampered, kek_id=wrapped.wrapping_key_id)
 
 
+def test_rewrap_under_kek_moves_hmac_keys_of_any_length(backend: HsmBackend, kek: str, other_kek: str) -> None:
+    for size in (16, 48, 128):
+        material = os.urandom(size)
+        moved = backend.rewrap_under_kek(backend.import_secret(material, kek_id=kek), kek_id=other_kek)
+        assert moved.wrapping_key_id == other_kek
+        assert backend.unwrap_secret(moved) == material
+
+
+def test_destroy_kek_removes_it_for_good(backend: HsmBackend, other_kek: str) -> None:
+    doomed = backend.create_kek(_new_id("conf-doomed")).kek_id
+    old = backend.generate_wrapped_key(kek_id=doomed)
+    backend.encrypt_with(old, b"cached", aad=b"")  # an unwrapped handle in the cache
+    moved = backend.rewrap_under_kek(old, kek_id=other_kek)
+    backend.destroy_kek(doomed)
+    assert doomed not in {info.kek_id for info in backend.list_keks()}
+    for use in (lambda: backend.get_kek(doomed), lambda: backend.unwrap_key(old),
+                lambda: backend.encrypt_with(old, b"x", aad=b""), lambda: backend.generate_wrapped_key(kek_id=doomed),
+                lambda: backend.destroy_kek(doomed)):
+        with pytest.raises(HsmKeyNotFound):
+            use()
+    sealed = backend.encrypt_with(moved, b"still here", aad=b"a")
+    assert backend.decrypt_with(moved, sealed, aad=b"a") == b"still here"
+
+
 def test_rewrap_for_public_key_reaches_the_recipient(
     backend: HsmBackend, wrapped: WrappedKey, recipient: rsa.RSAPrivateKey
 ) -> None:

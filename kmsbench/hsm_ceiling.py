@@ -2,10 +2,9 @@
 
 `measure_unwrap_ceiling` is what the benchmark command reports as the HSM ceiling:
 C_UnwrapKey of an AES-256 key under an RSA-2048 key plus C_DestroyObject of the
-result, on `threads` pooled sessions at once, nothing else. It uses a throw-away
-session key pair, so it neither needs nor touches a KEK.
+result (hsm/probes.py), on `threads` pooled sessions at once, nothing else.
 
-    python -m hsm.bench --token-dir /tmp/bench-tokens --seconds 3 --threads 1 2
+    python -m kmsbench.hsm_ceiling --token-dir /tmp/bench-tokens --seconds 3 --threads 1 2
 """
 
 from __future__ import annotations
@@ -15,32 +14,17 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-from pkcs11 import KeyType, Mechanism, ObjectClass
-
-from hsm import mechanisms
 from hsm.backend import HsmBackend
-from hsm.handles import RsaPrivateView
-from hsm.pkcs11 import session_rsa_pair
+from hsm.probes import unwrap_probe
 
 
 def measure_unwrap_ceiling(backend: HsmBackend, *, seconds: float, threads: int) -> float:
     """Raw RSA-2048 OAEP unwrap + destroy operations per second inside the token."""
     if threads < 1 or seconds <= 0:
         raise ValueError("threads must be >= 1 and seconds > 0")
-    # Goes through attribute lookup so that wrappers which forward attributes to a
-    # Pkcs11Backend (as the keyserver's lazy backend does) work too.
-    borrow: Callable[[], contextlib.AbstractContextManager[Any]] | None = getattr(
-        backend, "_borrow", None
-    )
-    if borrow is None:
-        raise TypeError("measure_unwrap_ceiling needs a hsm.pkcs11.Pkcs11Backend")
-    scheme = mechanisms.oaep_scheme(backend.capabilities.rsa_wrap_mechanism)
-
-    with _throwaway_key_pair(borrow, scheme) as (private_handle, blob):
+    with unwrap_probe(backend) as probe:
         counts = [0] * threads
         failures: list[BaseException] = []
         window = [0.0, 0.0]  # start, deadline
@@ -54,22 +38,12 @@ def measure_unwrap_ceiling(backend: HsmBackend, *, seconds: float, threads: int)
 
         def worker(index: int) -> None:
             try:
-                with borrow() as session:
-                    view = RsaPrivateView(session, private_handle)
+                with probe.session() as unwrap_once:
                     # More threads than pooled sessions would wait here for ever.
                     barrier.wait(timeout=60)
                     done = 0
                     while time.monotonic() < window[1]:
-                        key = view.unwrap_key(
-                            ObjectClass.SECRET_KEY,
-                            KeyType.AES,
-                            blob,
-                            mechanism=Mechanism.RSA_PKCS_OAEP,
-                            mechanism_param=scheme.pkcs11_param,
-                            capabilities=0,
-                            template=dict(mechanisms.WORKING_KEY_TEMPLATE),
-                        )
-                        key.destroy()
+                        unwrap_once()
                         done += 1
                     counts[index] = done
             except BaseException as exc:
@@ -87,36 +61,6 @@ def measure_unwrap_ceiling(backend: HsmBackend, *, seconds: float, threads: int)
     if failures:
         raise failures[0]
     return sum(counts) / elapsed
-
-
-@contextlib.contextmanager
-def _throwaway_key_pair(
-    borrow: Callable[[], contextlib.AbstractContextManager[Any]], scheme: mechanisms.OaepScheme
-) -> Iterator[tuple[int, bytes]]:
-    with borrow() as session:
-        public, private = session_rsa_pair(session)
-        key = session.generate_key(
-            KeyType.AES,
-            mechanisms.DATA_KEY_BITS,
-            capabilities=0,
-            template=dict(mechanisms.TRANSIT_KEY_TEMPLATE),
-        )
-        try:
-            blob = bytes(
-                public.wrap_key(
-                    key, mechanism=Mechanism.RSA_PKCS_OAEP, mechanism_param=scheme.pkcs11_param
-                )
-            )
-        finally:
-            key.destroy()
-    # The session goes back to the pool (the workers may need it); its objects live on
-    # until it is closed, and are destroyed explicitly below.
-    try:
-        yield private.handle, blob
-    finally:
-        for obj in (public, private):
-            with contextlib.suppress(Exception):
-                obj.destroy()
 
 
 def measure_encrypt_with(backend: HsmBackend, *, seconds: float, threads: int) -> float:
