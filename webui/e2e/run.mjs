@@ -412,6 +412,9 @@ test("guard points: define one with ordered rules in learn mode, then see it lis
   await page.getByRole("option", { name: KEY, exact: true }).click();
   await page.getByTestId("mode-help").getByText(/would deny/).waitFor();
   await form.getByRole("button", { name: "Add rule" }).click();
+  await form.getByText("Rule 1 — deny read and write to everyone").waitFor(); // a blank rule refuses
+  await form.getByRole("textbox", { name: "Effect" }).click();
+  await page.getByRole("option", { name: "permit", exact: true }).click();
   await form.getByRole("textbox", { name: "Users" }).fill("postgres");
   await form.getByRole("textbox", { name: "Users" }).press("Enter");
   await form.getByText("Rule 1 — permit read and write to postgres").waitFor();
@@ -459,6 +462,66 @@ test("an auditor sees keys and hosts read-only: no rotate, no enroll or revoke, 
   assert.equal((await e.json()).code, "forbidden");
   await done();
 });
+
+test("a shared link opened signed out lands, filters included, after signing in", async () => {
+  const { page, done } = await open(undefined);
+  await page.goto(`/#/audit?actor=${ADMIN_USER}`);
+  await page.waitForURL(/#\/sign-in/);
+  await page.getByLabel("Username").fill(ADMIN_USER); // on the page it was sent to (not a fresh visit)
+  await page.locator('input[name="password"]').fill(ADMIN_NEW_PASSWORD);
+  await page.getByRole("button", { name: "Sign in" }).click();
+  await page.waitForURL(new RegExp(`#/audit\\?actor=${ADMIN_USER}$`));
+  await page.getByRole("heading", { name: "Audit log" }).waitFor();
+  await done();
+});
+
+for (const [width, height] of [[375, 812], [768, 1024], [1440, 900]]) {
+  test(`at ${width} px nothing overflows and the navigation stays reachable`, async () => {
+    const { page, done } = await open(STATE);
+    await page.setViewportSize({ width, height });
+    for (const path of ["/", "/keys", "/hosts", "/audit"]) {
+      await page.goto(`/#${path}`);
+      await page.waitForLoadState("networkidle");
+      const [overflow, culprits] = await page.evaluate(() => {
+        const w = window.innerWidth;
+        // The outermost elements reaching past the right edge, outside any scroll box.
+        const out = [...document.querySelectorAll("body *")].filter((el) => {
+          if (el.getBoundingClientRect().right <= w + 0.5) return false;
+          for (let p = el.parentElement; p; p = p.parentElement) {
+            if (getComputedStyle(p).overflowX !== "visible") return false;
+            if (p.getBoundingClientRect().right > w + 0.5) return false;
+          }
+          return true;
+        }).map((el) => `${el.tagName}.${String(el.className).slice(0, 80)} "${(el.textContent ?? "").slice(0, 40)}"`);
+        return [document.documentElement.scrollWidth - w, out.slice(0, 5)];
+      });
+      assert.ok(overflow <= 0, `${path} at ${width} px is ${overflow} px wider than the window: ${culprits.join("; ")}`);
+      // The header is never under the navigation: its home link can be clicked.
+      await page.getByRole("link", { name: "Strongroom home" }).click({ trial: true });
+    }
+    const menu = page.getByRole("button", { name: "Open navigation" });
+    // Folded away = moved off the screen (and inert): its links are not where anyone can reach them.
+    const onScreen = async () => {
+      const box = await page.locator('nav[aria-label="Main"]').boundingBox();
+      return box !== null && box.x + box.width > 0 && box.x < width;
+    };
+    if (width < 768) {
+      assert.ok(await menu.isVisible(), "a menu button on a phone");
+      await until(async () => !(await onScreen()), () => "navigation folded away");
+      await menu.click();
+      await until(onScreen, () => "the menu button opens the navigation");
+      await page.locator('nav[aria-label="Main"]').getByRole("link", { name: "Keys", exact: true }).click();
+      await page.waitForURL(/#\/keys$/);
+      await until(async () => !(await onScreen()), () => "closed after choosing");
+    } else {
+      assert.ok(!(await menu.isVisible()), "no menu button when the navigation fits");
+      assert.ok(await onScreen(), "the navigation is shown beside the page");
+    }
+    await page.goto("/#/keys");
+    await shot(page, `keys-${width}`);
+    await done();
+  });
+}
 
 test("an ended session sends the person back to sign-in with a message", async () => {
   const { page, context, done } = await open(STATE, { allow: [/status of 401/] });

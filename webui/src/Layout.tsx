@@ -1,4 +1,6 @@
-import { AppShell, Badge, Box, Button, Group, NavLink, Stack, Text, UnstyledButton } from "@mantine/core";
+import { Anchor, AppShell, Badge, Box, Burger, Button, Group, NavLink, Stack, Text, UnstyledButton } from "@mantine/core";
+import { useDisclosure, useMediaQuery } from "@mantine/hooks";
+import { useEffect } from "react";
 import { IconLock, IconLogout } from "@tabler/icons-react";
 import { Link, Navigate, Outlet, useLocation, useNavigate } from "react-router";
 import { useAuth } from "./auth";
@@ -18,26 +20,45 @@ export function Layout() {
   const { me, loading, can, signOut } = useAuth();
   const location = useLocation();
   const navigate = useNavigate();
+  // Below the "sm" breakpoint (phones, narrow windows) the navigation folds behind a
+  // menu button and closes again once a destination is chosen.
+  const [navOpen, nav] = useDisclosure(false);
+  const narrow = useMediaQuery("(max-width: 47.99em)"); // below Mantine's "sm"
+  useEffect(() => nav.close(), [location.pathname, location.search]);
   if (loading) return <Loading label="Checking your session…" />;
-  if (!me) return <Navigate to="/sign-in" replace state={{ from: location.pathname }} />;
+  // The whole destination, filters included, survives signing in (a shared audit link).
+  if (!me) return <Navigate to="/sign-in" replace state={{ from: location.pathname + location.search }} />;
   if (me.must_change_password) return <Navigate to="/change-password" replace />;
   const items = NAV.filter((n) => !n.perm || can(n.perm));
   return (
-    <AppShell header={{ height: 52 }} navbar={{ width: 208, breakpoint: 0 }} padding="lg">
+    <AppShell header={{ height: 52 }} padding={{ base: "sm", sm: "lg" }}
+              navbar={{ width: 208, breakpoint: "sm", collapsed: { mobile: !navOpen } }}>
+      <Anchor href="#main-content" className="skip-link"
+              onClick={(e) => { e.preventDefault(); document.getElementById("main-content")?.focus(); }}>
+        Skip to content
+      </Anchor>
       <AppShell.Header bg="#141b26" style={{ borderBottom: "1px solid #263041" }}>
-        <Group h="100%" px="md" justify="space-between">
-          <UnstyledButton component={Link} to="/" aria-label="Strongroom home"><Brand light /></UnstyledButton>
-          <Group gap="sm">
-            <Text size="sm" c="#c5d0e0" data-testid="whoami">{me.username}</Text>
-            <Badge variant="outline" color="gray.4" radius="sm" data-testid="role-badge">{me.role ?? me.actor_type}</Badge>
-            <Button size="xs" variant="subtle" color="gray.3" leftSection={<IconLogout size={14} />}
-                    onClick={async () => { await signOut(); navigate("/sign-in"); }}>
-              Sign out
+        <Group h="100%" px="md" justify="space-between" wrap="nowrap">
+          <Group gap="xs" wrap="nowrap">
+            <Burger opened={navOpen} onClick={nav.toggle} hiddenFrom="sm" size="sm" color="#e6edf7"
+                    aria-label={navOpen ? "Close navigation" : "Open navigation"} aria-expanded={navOpen} />
+            <UnstyledButton component={Link} to="/" aria-label="Strongroom home"><Brand light /></UnstyledButton>
+          </Group>
+          <Group gap="sm" wrap="nowrap">
+            <Text size="sm" c="#c5d0e0" data-testid="whoami" visibleFrom="xs">{me.username}</Text>
+            <Badge variant="outline" color="gray.4" radius="sm" data-testid="role-badge" style={{ flexShrink: 0 }}>
+              {me.role ?? me.actor_type}
+            </Badge>
+            {/* On a phone the icon alone (its name stays for screen readers). */}
+            <Button size="xs" variant="subtle" color="gray.3" leftSection={<IconLogout size={14} />} aria-label="Sign out"
+                    px={6} onClick={async () => { await signOut(); navigate("/sign-in"); }}>
+              <Box component="span" visibleFrom="xs">Sign out</Box>
             </Button>
           </Group>
         </Group>
       </AppShell.Header>
-      <AppShell.Navbar p="xs" bg="#f6f7f9">
+      {/* Folded away on a phone, its links leave the tab order and the accessibility tree too. */}
+      <AppShell.Navbar p="xs" bg="#f6f7f9" inert={narrow && !navOpen ? true : undefined}>
         <Stack gap={2} component="nav" aria-label="Main">
           {items.map((n) => {
             const active = n.to === "/" ? location.pathname === "/" : location.pathname.startsWith(n.to);
@@ -52,7 +73,7 @@ export function Layout() {
           <Text size="xs" c="dimmed">Times in UTC</Text>
         </Box>
       </AppShell.Navbar>
-      <AppShell.Main bg="#fbfbfc">
+      <AppShell.Main bg="#fbfbfc" id="main-content" tabIndex={-1} style={{ outline: "none" }}>
         <Outlet />
       </AppShell.Main>
     </AppShell>

@@ -1,19 +1,31 @@
+import { lazy, Suspense, type ComponentType, type ReactNode } from "react";
 import { createHashRouter, Navigate } from "react-router";
 import { Layout } from "./Layout";
 import { useAuth, type Permission } from "./auth";
-import { EmptyState } from "./components/bits";
-import { AuditPage } from "./pages/Audit";
-import { DashboardPage } from "./pages/Dashboard";
-import { GuardPointsPage } from "./pages/GuardPoints";
-import { HostDetailPage } from "./pages/HostDetail";
-import { HostsPage } from "./pages/Hosts";
-import { KeyDetailPage } from "./pages/KeyDetail";
-import { KeysPage } from "./pages/Keys";
+import { EmptyState, Loading } from "./components/bits";
 import { ChangePasswordPage, SignInPage } from "./pages/SignIn";
-import { TokensPage } from "./pages/Tokens";
-import { UsersPage } from "./pages/Users";
 
-function Need({ perm, children }: { perm: Permission; children: React.ReactNode }) {
+// Every page but sign-in is its own chunk, fetched when first opened: the sign-in page
+// loads only what it needs (the charts library, for one, comes with the dashboard).
+// Made once per page (a lazy component made during render would be fetched and mounted
+// again on every render).
+function lazyPage<K extends string>(load: () => Promise<Record<K, ComponentType>>, name: K): ComponentType {
+  const Page = lazy(async () => ({ default: (await load())[name] as ComponentType<object> }));
+  return function LazyPage() {
+    return <Suspense fallback={<Loading label="Loading…" />}><Page /></Suspense>;
+  };
+}
+const DashboardPage = lazyPage(() => import("./pages/Dashboard"), "DashboardPage");
+const KeysPage = lazyPage(() => import("./pages/Keys"), "KeysPage");
+const KeyDetailPage = lazyPage(() => import("./pages/KeyDetail"), "KeyDetailPage");
+const HostsPage = lazyPage(() => import("./pages/Hosts"), "HostsPage");
+const HostDetailPage = lazyPage(() => import("./pages/HostDetail"), "HostDetailPage");
+const GuardPointsPage = lazyPage(() => import("./pages/GuardPoints"), "GuardPointsPage");
+const AuditPage = lazyPage(() => import("./pages/Audit"), "AuditPage");
+const UsersPage = lazyPage(() => import("./pages/Users"), "UsersPage");
+const TokensPage = lazyPage(() => import("./pages/Tokens"), "TokensPage");
+
+function Need({ perm, children }: { perm: Permission; children: ReactNode }) {
   const { can } = useAuth();
   return can(perm) ? <>{children}</> : (
     <EmptyState title="Not available for your role">This page needs the {perm} permission.</EmptyState>

@@ -5,7 +5,7 @@ import { ApiError } from "../api/client";
 import { renderWith } from "../test/render";
 import { TypedConfirmDialog } from "./TypedConfirmDialog";
 
-function setup(extra: { error?: unknown } = {}) {
+function setup(extra: { error?: unknown; blockedBy?: string } = {}) {
   const onConfirm = vi.fn();
   renderWith(
     <TypedConfirmDialog opened onClose={() => {}} title="Destroy payments-db" phrase="payments-db"
@@ -18,6 +18,14 @@ function setup(extra: { error?: unknown } = {}) {
 }
 
 describe("TypedConfirmDialog", () => {
+  it("cannot be submitted while the server would refuse, and says why", async () => {
+    const { input, submit, onConfirm } = setup({ blockedBy: "The key has an active version: deactivate or revoke it first" });
+    expect(screen.getByTestId("typed-confirm-blocked")).toHaveTextContent("deactivate or revoke it first");
+    await userEvent.type(input, "payments-db{Enter}");
+    expect(submit).toBeDisabled();
+    expect(onConfirm).not.toHaveBeenCalled();
+  });
+
   it("stays disabled until the exact name is typed", async () => {
     const { input, submit, onConfirm } = setup();
     expect(submit).toBeDisabled();

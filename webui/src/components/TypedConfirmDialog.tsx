@@ -1,4 +1,4 @@
-import { Button, Group, Modal, Stack, Text, TextInput } from "@mantine/core";
+import { Alert, Button, Group, Modal, Stack, Text, TextInput } from "@mantine/core";
 import { useState, type ReactNode } from "react";
 import { ErrorAlert } from "./ErrorAlert";
 
@@ -13,12 +13,15 @@ interface Props {
   onConfirm: () => void;
   busy?: boolean;
   error?: unknown;
+  /** Why the server would refuse right now (the action stays unavailable until it is fixed). */
+  blockedBy?: string | null;
 }
 
 /** An irreversible action that the person confirms by typing the object's name. */
-export function TypedConfirmDialog({ opened, onClose, title, phrase, actionLabel, children, onConfirm, busy, error }: Props) {
+export function TypedConfirmDialog({ opened, onClose, title, phrase, actionLabel, children, onConfirm, busy, error,
+                                    blockedBy }: Props) {
   const [typed, setTyped] = useState("");
-  const matches = typed === phrase;
+  const matches = typed === phrase && !blockedBy;
   const close = () => { setTyped(""); onClose(); };
   return (
     <Modal opened={opened} onClose={close} title={title} centered>
@@ -34,6 +37,7 @@ export function TypedConfirmDialog({ opened, onClose, title, phrase, actionLabel
             data-autofocus
             data-testid="typed-confirm-input"
           />
+          {blockedBy && <Alert color="orange" variant="light" data-testid="typed-confirm-blocked">{blockedBy}</Alert>}
           <ErrorAlert error={error} />
           <Group justify="flex-end">
             <Button variant="default" onClick={close}>Cancel</Button>

@@ -1,5 +1,5 @@
 import { BarChart } from "@mantine/charts";
-import { Anchor, Badge, Button, Grid, Group, Paper, SimpleGrid, Stack, Table, Text, Title } from "@mantine/core";
+import { Anchor, Badge, Box, Button, Grid, Group, Paper, SimpleGrid, Stack, Table, Text, Title } from "@mantine/core";
 import { IconShieldCheck, IconShieldX } from "@tabler/icons-react";
 import { useMutation, useQueries, useQuery, useQueryClient } from "@tanstack/react-query";
 import { Link } from "react-router";
@@ -58,10 +58,14 @@ function KeysByState() {
         <EmptyState title="No keys yet">Create the first managed key on the Keys page.</EmptyState>
       ) : (
         <>
-          <BarChart h={210} data={data} dataKey="state" orientation="vertical" withTooltip gridAxis="x"
-                    tickLine="none" series={[{ name: "keys", color: "blue.8", label: "Keys" }]}
-                    yAxisProps={{ width: 150 }} xAxisProps={{ allowDecimals: false }}
-                    barProps={{ radius: 2 }} aria-label="Keys by state" />
+          {/* Clipped: the chart's hidden tooltip is laid out past its right edge, which on a
+              phone made the whole page scroll sideways (the visible one stays inside). */}
+          <Box style={{ overflow: "hidden" }}>
+            <BarChart h={210} data={data} dataKey="state" orientation="vertical" withTooltip gridAxis="x"
+                      tickLine="none" series={[{ name: "keys", color: "blue.8", label: "Keys" }]}
+                      yAxisProps={{ width: 150 }} xAxisProps={{ allowDecimals: false }}
+                      barProps={{ radius: 2 }} aria-label="Keys by state" />
+          </Box>
           <Group gap="xs" mt="xs">
             {data.filter((d) => d.keys > 0).map((d) => (
               <Anchor key={d.state} component={Link} to={`/keys?state=${d.state}`} size="xs">
@@ -159,6 +163,7 @@ function RotationsDue() {
       {q.error ? <ErrorAlert error={q.error} /> : q.isPending ? <Loading /> : due.length === 0 ? (
         <EmptyState title="Nothing due">No active key has a scheduled rotation in the next {DUE_WINDOW_DAYS} days.</EmptyState>
       ) : (
+        <Table.ScrollContainer minWidth={320}>
         <Table fz="sm" verticalSpacing={6}>
           <Table.Thead><Table.Tr><Table.Th>Key</Table.Th><Table.Th>Version</Table.Th><Table.Th>Due</Table.Th></Table.Tr></Table.Thead>
           <Table.Tbody>
@@ -171,6 +176,7 @@ function RotationsDue() {
             ))}
           </Table.Tbody>
         </Table>
+        </Table.ScrollContainer>
       )}
     </Panel>
   );
@@ -187,18 +193,20 @@ function RecentDenied() {
       {q.error ? <ErrorAlert error={q.error} /> : q.isPending ? <Loading /> : q.data.items.length === 0 ? (
         <EmptyState title="No denied accesses">Refused requests will appear here.</EmptyState>
       ) : (
+        <Table.ScrollContainer minWidth={320}>
         <Table fz="sm" verticalSpacing={6} data-testid="recent-denied">
           <Table.Thead><Table.Tr><Table.Th>Time</Table.Th><Table.Th>Actor</Table.Th><Table.Th>Action</Table.Th></Table.Tr></Table.Thead>
           <Table.Tbody>
             {q.data.items.map((e) => (
               <Table.Tr key={e.seq}>
                 <Table.Td style={{ whiteSpace: "nowrap" }}>{fmtRelative(e.time)}</Table.Td>
-                <Table.Td>{e.actor}</Table.Td>
-                <Table.Td><Text size="sm" ff="monospace">{e.action}</Text></Table.Td>
+                <Table.Td style={{ overflowWrap: "anywhere" }}>{e.actor}</Table.Td>
+                <Table.Td><Text size="sm" ff="monospace" style={{ overflowWrap: "anywhere" }}>{e.action}</Text></Table.Td>
               </Table.Tr>
             ))}
           </Table.Tbody>
         </Table>
+        </Table.ScrollContainer>
       )}
     </Panel>
   );

@@ -54,8 +54,14 @@ const ACTIONS: Record<Action, { title: string; button: string; explain: (gp: Gua
   },
 };
 
+/** A new rule refuses until the person opens it up: in a first-match list, a blank
+ *  "permit everything to everyone" would quietly grant every access after it. */
 export function emptyRule(): Rule {
-  return { effect: "permit", users: [], uids: [], groups: [], executables: [], access: "all", audit: false };
+  return { effect: "deny", users: [], uids: [], groups: [], executables: [], access: "all", audit: false };
+}
+
+function everyone(r: Rule): boolean {
+  return !(r.users ?? []).length && !(r.uids ?? []).length && !(r.groups ?? []).length && !(r.executables ?? []).length;
 }
 
 /** One line per rule, as people read them: "permit read to postgres via /usr/bin/postgres". */
@@ -80,7 +86,14 @@ export function RulesEditor({ rules, onChange, readOnly }: { rules: Rule[]; onCh
       {rules.map((r, i) => (
         <Paper key={i} withBorder radius="sm" p="xs" data-testid="rule">
           <Group justify="space-between" mb={6}>
-            <Text size="xs" fw={600}>Rule {i + 1} — {describeRule(r)}</Text>
+            <Stack gap={0}>
+              <Text size="xs" fw={600}>Rule {i + 1} — {describeRule(r)}</Text>
+              {everyone(r) && (
+                <Text size="xs" c={r.effect === "permit" ? "orange.9" : "dimmed"} data-testid="rule-everyone">
+                  Applies to every user and program: name users, groups, UIDs or executables to narrow it.
+                </Text>
+              )}
+            </Stack>
             {!readOnly && (
               <Group gap={2}>
                 <ActionIcon variant="subtle" aria-label={`Move rule ${i + 1} up`} disabled={i === 0} onClick={() => move(i, -1)}>
@@ -166,12 +179,9 @@ function GuardPointEditor({ editing, opened, onClose }: { editing: GuardPoint | 
   const { can } = useAuth();
   const readOnly = !can("guardpoints:manage");
   const qc = useQueryClient();
-  const [draft, setDraft] = useState<Draft>(draftFrom(editing ?? undefined));
-  const [seen, setSeen] = useState<GuardPoint | null>(editing);
-  if (seen !== editing) {  // a different guard point opened: start from it
-    setSeen(editing);
-    setDraft(draftFrom(editing ?? undefined));
-  }
+  // Mounted afresh for every opening (GuardPointsPage keys it), so a cancelled or created
+  // draft never comes back as the next "New guard point".
+  const [draft, setDraft] = useState<Draft>(() => draftFrom(editing ?? undefined));
   // Active keys found by the server as the person types: a deployment has more keys than
   // one page. The chosen one stays offered whatever the search shows.
   const [keySearch, setKeySearch] = useState("");
@@ -218,7 +228,7 @@ function GuardPointEditor({ editing, opened, onClose }: { editing: GuardPoint | 
                      placeholder="(default)" value={draft.backing_path} disabled={readOnly || fixed}
                      onChange={(e) => set({ backing_path: e.currentTarget.value })} />
           <Group grow>
-            <Select label="Key" required searchable disabled={readOnly || fixed} value={draft.key}
+            <Select label="Key" required searchable allowDeselect={false} disabled={readOnly || fixed} value={draft.key}
                     data={keyData} searchValue={keySearch} onSearchChange={setKeySearch}
                     filter={({ options }) => options /* the server filtered them */}
                     onChange={(v, option) => { set({ key: v }); setChosenKey(v ? option : null); }}
@@ -266,6 +276,7 @@ export function GuardPointsPage() {
   const list = useQuery({ queryKey: GP_KEY, queryFn: () => call(api.GET("/api/v1/guard-points")) });
   const [editing, setEditing] = useState<GuardPoint | null>(null);
   const [open, setOpen] = useState(false);
+  const [session, setSession] = useState(0); // one editor per opening: a fresh draft each time
   const [confirm, setConfirm] = useState<{ gp: GuardPoint; action: Action } | null>(null);
   const act = useMutation({
     mutationFn: ({ gp, action }: { gp: GuardPoint; action: Action }) => {
@@ -284,7 +295,7 @@ export function GuardPointsPage() {
     <Stack gap="md">
       <PageHeader title="Guard points" subtitle="Directories on hosts where applications see plaintext and the disk holds only ciphertext."
         actions={manage && <Button color="dark" leftSection={<IconPlus size={16} />} data-testid="new-guard-point"
-                                   onClick={() => { setEditing(null); setOpen(true); }}>New guard point</Button>} />
+                                   onClick={() => { setEditing(null); setSession((n) => n + 1); setOpen(true); }}>New guard point</Button>} />
       <Alert variant="light" color="blue" icon={<IconInfoCircle size={18} />}>
         <Text size="sm"><b>Learn</b>: {MODE_HELP.learn} <b>Enforce</b>: {MODE_HELP.enforce} <b>Off</b>: encryption
           off, the files as stored (to unprotect a directory).</Text>
@@ -303,7 +314,7 @@ export function GuardPointsPage() {
                 {list.data.map((gp) => (
                   <Table.Tr key={gp.id}>
                     <Table.Td><Anchor component="button" type="button" fw={600} size="sm" ff="monospace"
-                                      onClick={() => { setEditing(gp); setOpen(true); }}>{gp.path}</Anchor>
+                                      onClick={() => { setEditing(gp); setSession((n) => n + 1); setOpen(true); }}>{gp.path}</Anchor>
                       <Text size="xs" c="dimmed" ff="monospace">{gp.backing_path}</Text></Table.Td>
                     <Table.Td>{gp.host_group ? `group ${gp.host_group}` : <Text size="sm" ff="monospace">host {gp.host_id?.slice(0, 8)}</Text>}</Table.Td>
                     <Table.Td><Anchor component={Link} to={`/keys/${gp.key_id}`} size="sm">{gp.key_name}</Anchor></Table.Td>
@@ -332,7 +343,7 @@ export function GuardPointsPage() {
           </Table.ScrollContainer>
         )}
       </Paper>
-      <GuardPointEditor editing={editing} opened={open} onClose={() => setOpen(false)} />
+      <GuardPointEditor key={session} editing={editing} opened={open} onClose={() => setOpen(false)} />
       <Modal opened={!!confirm} onClose={() => setConfirm(null)} centered
              title={confirm ? `${ACTIONS[confirm.action].title} ${confirm.gp.path}` : ""}>
         <Stack gap="sm">

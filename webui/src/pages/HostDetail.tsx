@@ -1,7 +1,7 @@
-import { Alert, Anchor, Code, Grid, Group, Paper, SimpleGrid, Stack, Table, Text, Title } from "@mantine/core";
+import { Alert, Anchor, Badge, Code, Grid, Group, Paper, SimpleGrid, Stack, Table, Text, Title } from "@mantine/core";
 import { notifications } from "@mantine/notifications";
 import { IconBan } from "@tabler/icons-react";
-import { useMutation, useQueries, useQueryClient } from "@tanstack/react-query";
+import { useMutation, useQueries, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState, type ReactNode } from "react";
 import { Link, useParams } from "react-router";
 import { api, call, type Host } from "../api/client";
@@ -106,7 +106,7 @@ function HostView({ h }: { h: Host }) {
               <Title order={2} size="h5">Guard points</Title>
               {h.last_heartbeat_at && <Text size="xs" c="dimmed">as reported {fmtRelative(h.last_heartbeat_at)}</Text>}
             </Group>
-            <GuardPoints h={h} />
+            <GuardPoints h={h} revoked={status === "revoked"} />
           </Paper>
         </Grid.Col>
       </Grid>
@@ -129,7 +129,7 @@ function Prop({ label, children }: { label: string; children: ReactNode }) {
   return <><Text size="sm" c="dimmed">{label}</Text><Text size="sm" component="div">{children}</Text></>;
 }
 
-function GuardPoints({ h }: { h: Host }) {
+function GuardPoints({ h, revoked }: { h: Host; revoked: boolean }) {
   if (h.guard_points.length === 0) {
     return (
       <EmptyState title="No guard points reported">
@@ -147,7 +147,15 @@ function GuardPoints({ h }: { h: Host }) {
             <Table.Td><Text size="sm" ff="monospace">{g.path}</Text></Table.Td>
             <Table.Td style={{ whiteSpace: "nowrap" }}>
               <Anchor component={Link} to={`/keys/${encodeURIComponent(g.key)}`} size="sm">{g.key}</Anchor></Table.Td>
-            <Table.Td style={{ minWidth: 104 }}><GuardPointStateBadge state={g.state} /></Table.Td>
+            <Table.Td style={{ minWidth: 104 }}>
+              {/* A revoked host's agent drops its keys and stops: what it last reported is history. */}
+              {revoked ? (
+                <Stack gap={2} data-testid="gp-state-revoked">
+                  <Badge color="gray" variant="light" radius="sm">stopped</Badge>
+                  <Text size="xs" c="dimmed">last reported {g.state}</Text>
+                </Stack>
+              ) : <GuardPointStateBadge state={g.state} />}
+            </Table.Td>
             <Table.Td><Text size="sm" c={g.state === "error" ? "red.8" : "dimmed"}>{g.detail || "—"}</Text>
               {g.rekey && <Text size="xs" c="dimmed" data-testid="rekey-progress">re-key {g.rekey.generation}: {g.rekey.done}/{g.rekey.total} files{g.rekey.finished ? ", finished" : ""}</Text>}
               {g.unprotect && <Text size="xs" c="dimmed" data-testid="unprotect-progress">unprotect {g.unprotect.generation}: {g.unprotect.done}/{g.unprotect.total} files{g.unprotect.finished ? ", finished" : ""}</Text>}</Table.Td>
@@ -161,6 +169,9 @@ function GuardPoints({ h }: { h: Host }) {
 function GroupKeys({ h }: { h: Host }) {
   const tag = hostGroupTag(h.host_group);
   const keys = useKeys({ tag, limit: KEYS_SHOWN, offset: 0 });
+  // Guard points defined for this host or its group deliver their keys too.
+  const gps = useQuery({ queryKey: ["guard-points"], queryFn: () => call(api.GET("/api/v1/guard-points")) });
+  const viaGuardPoints = (gps.data ?? []).filter((g) => g.host_id === h.id || (!g.host_id && g.host_group === h.host_group));
   return (
     <Paper withBorder radius="md" p="md">
       <Group justify="space-between" mb="sm">
@@ -193,6 +204,23 @@ function GroupKeys({ h }: { h: Host }) {
           {keys.data.total > keys.data.items.length && (
             <Text size="sm" c="dimmed" mt="xs">{keys.data.items.length} of {keys.data.total} shown.</Text>
           )}
+        </>
+      )}
+      {viaGuardPoints.length > 0 && (
+        <>
+          <Text size="sm" fw={600} mt="md" mb={4}>Through its guard points</Text>
+          <Table fz="sm" verticalSpacing={6} data-testid="host-gp-keys">
+            <Table.Thead><Table.Tr><Table.Th>Key</Table.Th><Table.Th>Guard point</Table.Th><Table.Th>For</Table.Th></Table.Tr></Table.Thead>
+            <Table.Tbody>
+              {viaGuardPoints.map((g) => (
+                <Table.Tr key={g.id}>
+                  <Table.Td><Anchor component={Link} to={`/keys/${encodeURIComponent(g.key_name)}`} size="sm" fw={600}>{g.key_name}</Anchor></Table.Td>
+                  <Table.Td><Text size="sm" ff="monospace">{g.path}</Text></Table.Td>
+                  <Table.Td>{g.host_id ? "this host" : `group ${g.host_group}`}</Table.Td>
+                </Table.Tr>
+              ))}
+            </Table.Tbody>
+          </Table>
         </>
       )}
     </Paper>

@@ -76,8 +76,9 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
           <GuardedButton perm="keys:rotate" color="dark" leftSection={<IconRotateClockwise size={16} />}
                          loading={rotate.isPending} disabled={destroyed} onClick={() => rotate.mutate()}
                          data-testid="rotate-key">Rotate now</GuardedButton>
+          {/* A destroyed key is never rotated again: nothing to schedule (the server refuses too). */}
           <GuardedButton perm="keys:update" variant="default" onClick={() => setDialog("schedule")}
-                         data-testid="edit-schedule">Rotation schedule</GuardedButton>
+                         disabled={destroyed} data-testid="edit-schedule">Rotation schedule</GuardedButton>
           {can("keys:revoke") && live && (
             <Button variant="default" color="orange" onClick={() => setDialog("deactivate")}>Deactivate</Button>
           )}
@@ -267,12 +268,12 @@ export function DestroyDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: 
   return (
     <TypedConfirmDialog opened={opened} onClose={onClose} title={`Destroy ${k.name}`} phrase={k.name}
                         actionLabel="Destroy every version" busy={destroy.isPending} error={destroy.error}
+                        blockedBy={hasActive ? "The key has an active version: deactivate or revoke it first (the "
+                                   + "server refuses to destroy an active key)." : null}
                         onConfirm={() => destroy.mutate(undefined, { onSuccess: onClose })}>
       <Text size="sm" fw={600} c="red.8">This cannot be undone.</Text>
       <Text size="sm">The key material of all {k.versions.length} version(s) is erased. Anything still encrypted
         under this key becomes unreadable. The key's metadata and audit trail are kept.</Text>
-      {hasActive && <Text size="sm" c="orange.8">The key has an active version: revoke or deactivate it first,
-        or the server refuses.</Text>}
     </TypedConfirmDialog>
   );
 }

@@ -23,7 +23,11 @@ export function SignInPage() {
                              retry: false, staleTime: Infinity });
   const [params] = useSearchParams();
   const ssoError = params.get("sso_error");
-  if (me) return <Navigate to={me.must_change_password ? "/change-password" : "/"} replace />;
+  // Where a signed-out visit was sent from (Layout), filters included. Used here as well
+  // as after the sign-in call: signing in re-renders this page with `me` set first.
+  const from = (location.state as { from?: string } | null)?.from;
+  const next = from && from !== "/sign-in" ? from : "/";
+  if (me) return <Navigate to={me.must_change_password ? "/change-password" : next} replace />;
 
   const submit = async (e: React.FormEvent) => {
     e.preventDefault();
@@ -33,9 +37,7 @@ export function SignInPage() {
       const body = needCode ? { username, password, totp_code: code } : { username, password };
       const res = await call(api.POST("/api/v1/auth/login", { body }));
       signedIn(res.user);
-      const from = (location.state as { from?: string } | null)?.from;
-      navigate(res.user.must_change_password ? "/change-password" : from && from !== "/sign-in" ? from : "/",
-               { replace: true });
+      navigate(res.user.must_change_password ? "/change-password" : next, { replace: true });
     } catch (err) {
       if ((err as { code?: string })?.code === "totp_required") {
         setNeedCode(true);
@@ -50,7 +52,7 @@ export function SignInPage() {
 
   return (
     <AuthFrame>
-      <Title order={2} size="h3" mb={4}>Sign in</Title>
+      <Title order={1} size="h3" mb={4}>Sign in</Title>
       <Text size="sm" c="dimmed" mb="md">Key management console</Text>
       {notice && <Alert color="blue" variant="light" mb="md" data-testid="signin-notice">{notice}</Alert>}
       {ssoError && (
@@ -88,8 +90,8 @@ export function SignInPage() {
 
 export function AuthFrame({ children }: { children: React.ReactNode }) {
   return (
-    <Center mih="100vh" bg="#141b26" p="md">
-      <Stack w={380} gap="md">
+    <Center component="main" mih="100vh" bg="#141b26" p="md">
+      <Stack w={380} maw="100%" gap="md">
         <Center><Brand light /></Center>
         <Paper p="xl" radius="md" shadow="md" withBorder>{children}</Paper>
         <Text size="xs" c="#8a96a8" ta="center">
@@ -110,10 +112,12 @@ export function ChangePasswordPage() {
   const [busy, setBusy] = useState(false);
   if (!me) return <Navigate to="/sign-in" replace />;
   const mismatch = again.length > 0 && again !== next;
+  // The server's rules (keyserver/core/identity.py), said before they are broken.
+  const hasName = next.length > 0 && next.toLowerCase().includes(me.username.toLowerCase());
 
   const submit = async (e: React.FormEvent) => {
     e.preventDefault();
-    if (mismatch) return;
+    if (mismatch || hasName) return;
     setBusy(true);
     setError(null);
     try {
@@ -129,7 +133,7 @@ export function ChangePasswordPage() {
 
   return (
     <AuthFrame>
-      <Title order={2} size="h3" mb={4}>Choose your password</Title>
+      <Title order={1} size="h3" mb={4}>Choose your password</Title>
       <Text size="sm" c="dimmed" mb="md">
         {me.must_change_password
           ? `Signed in as ${me.username} with a one-time password. Choose your own before you continue.`
@@ -140,13 +144,15 @@ export function ChangePasswordPage() {
           <PasswordInput label="Current (one-time) password" name="current_password" autoComplete="current-password" required
                          value={current} onChange={(e) => setCurrent(e.currentTarget.value)} />
           <PasswordInput label="New password" name="new_password" autoComplete="new-password" required
-                         description="At least 12 characters; a passphrase is best."
+                         description={`At least 12 characters, not containing your username (${me.username}); `
+                                      + "a passphrase is best."}
+                         error={hasName ? "It contains your username: the server refuses that." : undefined}
                          value={next} onChange={(e) => setNext(e.currentTarget.value)} />
           <PasswordInput label="New password again" name="new_password_again" autoComplete="new-password" required
                          error={mismatch ? "The passwords do not match" : undefined}
                          value={again} onChange={(e) => setAgain(e.currentTarget.value)} />
           <ErrorAlert error={error} title="Password not changed" />
-          <Button type="submit" loading={busy} color="dark" disabled={mismatch}>Save password</Button>
+          <Button type="submit" loading={busy} color="dark" disabled={mismatch || hasName}>Save password</Button>
           <Button variant="subtle" color="gray" onClick={async () => { await signOut(); navigate("/sign-in"); }}>
             Sign out
           </Button>

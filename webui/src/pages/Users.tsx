@@ -29,12 +29,15 @@ export function UsersPage() {
   const [creating, setCreating] = useState(false);
   const [secret, setSecret] = useState<{ user: string; otp: string } | null>(null);
   const [disabling, setDisabling] = useState<User | null>(null);
+  // A role change or a password reset is never one click: the person confirms by typing
+  // the username, having read what it does.
+  const [confirm, setConfirm] = useState<{ kind: "role"; u: User; role: Role } | { kind: "reset"; u: User } | null>(null);
   const manage = can("users:manage");
 
   const reset = useMutation({
     mutationFn: (u: User) => call(api.POST("/api/v1/users/{user_id}/reset-password", { params: { path: { user_id: u.id } } }))
       .then((r) => ({ user: u.username, otp: r.one_time_password })),
-    onSuccess: (s) => { setSecret(s); void qc.invalidateQueries({ queryKey: qk.users }); },
+    onSuccess: (s) => { setConfirm(null); setSecret(s); void qc.invalidateQueries({ queryKey: qk.users }); },
   });
   const update = useMutation({
     mutationFn: ({ u, body }: { u: User; body: { disabled?: boolean; role?: Role } }) =>
@@ -43,6 +46,7 @@ export function UsersPage() {
       void qc.invalidateQueries({ queryKey: qk.users });
       notifications.show({ color: "teal", title: "User updated", message: `${u.username}: ${u.role}${u.disabled ? ", disabled" : ""}` });
       setDisabling(null);
+      setConfirm(null);
     },
   });
 
@@ -51,7 +55,7 @@ export function UsersPage() {
       <PageHeader title="Users" subtitle="People who sign in to the console; each has one role"
                   actions={<GuardedButton perm="users:manage" mode="hide" color="dark" leftSection={<IconPlus size={16} />}
                                           onClick={() => setCreating(true)} data-testid="create-user">Create user</GuardedButton>} />
-      <ErrorAlert error={reset.error ?? (disabling ? null : update.error)} />
+      <ErrorAlert error={disabling || confirm ? null : reset.error ?? update.error} />
       <Paper withBorder radius="md">
         {users.error ? <ErrorAlert error={users.error} /> : users.isPending ? <Loading /> : users.data.length === 0 ? (
           <EmptyState title="No users" />
@@ -87,10 +91,10 @@ export function UsersPage() {
                           <Menu.Dropdown>
                             <Menu.Label>Role</Menu.Label>
                             {ROLES.filter((r) => r !== u.role).map((r) => (
-                              <Menu.Item key={r} onClick={() => update.mutate({ u, body: { role: r } })}>Make {r}</Menu.Item>
+                              <Menu.Item key={r} onClick={() => setConfirm({ kind: "role", u, role: r })}>Make {r}…</Menu.Item>
                             ))}
                             <Menu.Divider />
-                            <Menu.Item onClick={() => reset.mutate(u)}>Reset password…</Menu.Item>
+                            <Menu.Item onClick={() => setConfirm({ kind: "reset", u })}>Reset password…</Menu.Item>
                             {u.disabled
                               ? <Menu.Item onClick={() => update.mutate({ u, body: { disabled: false } })}>Enable</Menu.Item>
                               : <Menu.Item color="red" disabled={u.username === me?.username} onClick={() => setDisabling(u)}>Disable…</Menu.Item>}
@@ -111,6 +115,25 @@ export function UsersPage() {
                   label={`One-time password for ${secret?.user}`}
                   note="Give it to the user over a trusted channel. They must choose their own password at first sign-in."
                   onClose={() => setSecret(null)} />
+      {confirm?.kind === "role" && (
+        <TypedConfirmDialog opened onClose={() => { setConfirm(null); update.reset(); }}
+                            title={`Make ${confirm.u.username} ${confirm.role}`} phrase={confirm.u.username}
+                            actionLabel={`Make ${confirm.role}`} busy={update.isPending} error={update.error}
+                            onConfirm={() => update.mutate({ u: confirm.u, body: { role: confirm.role } })}>
+          <Text size="sm">{confirm.u.username} becomes {confirm.role}: {ROLE_HELP[confirm.role]}.</Text>
+          <Text size="sm">Their sessions end at once; they sign in again with the new role. The change is audited
+            {confirm.role === "admin" ? ", and may wait for a second administrator's approval where the two-person rule is on" : ""}.</Text>
+        </TypedConfirmDialog>
+      )}
+      {confirm?.kind === "reset" && (
+        <TypedConfirmDialog opened onClose={() => { setConfirm(null); reset.reset(); }}
+                            title={`Reset the password of ${confirm.u.username}`} phrase={confirm.u.username}
+                            actionLabel="Reset password" busy={reset.isPending} error={reset.error}
+                            onConfirm={() => reset.mutate(confirm.u)}>
+          <Text size="sm">Their current password stops working, their sessions end and their API tokens are revoked.
+            A one-time password is shown to you once; they must choose their own at the next sign-in.</Text>
+        </TypedConfirmDialog>
+      )}
       {disabling && (
         <TypedConfirmDialog opened onClose={() => setDisabling(null)} title={`Disable ${disabling.username}`}
                             phrase={disabling.username} actionLabel="Disable user" busy={update.isPending} error={update.error}

@@ -30,7 +30,7 @@ describe("guard point policy editing", () => {
 
   it("rules are added, reordered and removed in order", () => {
     let last: Rule[] = [];
-    renderWith(<Harness initial={[{ ...emptyRule(), users: ["a"] }]} onRules={(r) => { last = r; }} />);
+    renderWith(<Harness initial={[{ ...emptyRule(), effect: "permit", users: ["a"] }]} onRules={(r) => { last = r; }} />);
     fireEvent.click(screen.getByRole("button", { name: "Add rule" }));
     expect(screen.getAllByTestId("rule")).toHaveLength(2);
     fireEvent.click(screen.getByRole("button", { name: "Move rule 2 up" }));
@@ -54,6 +54,30 @@ describe("guard point policy editing", () => {
     expect(body.rules).toEqual(gp.rules);
     const fresh = bodyFrom({ ...draftFrom(), target: "host", host_id: "h1", host_group: "ignored", path: " /data ", key: "k" });
     expect(fresh).toMatchObject({ host_group: null, host_id: "h1", path: "/data", backing_path: null, mode: "learn" });
+  });
+});
+
+describe("no traps in the editor", () => {
+  it("a new rule refuses until opened up, and says it applies to everyone", () => {
+    let last: Rule[] = [];
+    renderWith(<Harness initial={[]} onRules={(r) => { last = r; }} />);
+    fireEvent.click(screen.getByRole("button", { name: "Add rule" }));
+    expect(last[0].effect).toBe("deny");
+    expect(within(screen.getByTestId("rule")).getByText(/Rule 1 — deny read and write to everyone/)).toBeInTheDocument();
+    expect(screen.getByTestId("rule-everyone")).toHaveTextContent("Applies to every user and program");
+  });
+
+  it("a new guard point starts empty after a cancelled draft", async () => {
+    fakeApi({ "GET /api/v1/guard-points": [gp], "GET /api/v1/keys": { items: [], total: 0, limit: 100, offset: 0 },
+              "GET /api/v1/hosts": [] });
+    renderWith(<GuardPointsPage />);
+    await userEvent.click(await screen.findByTestId("new-guard-point"));
+    await userEvent.type(await screen.findByLabelText(/Protected path/), "/srv/draft");
+    await userEvent.click(screen.getByRole("button", { name: "Add rule" }));
+    await userEvent.click(screen.getByRole("button", { name: "Cancel" }));
+    await userEvent.click(screen.getByTestId("new-guard-point"));
+    await waitFor(() => expect(screen.getByLabelText(/Protected path/)).toHaveValue(""));
+    expect(screen.queryAllByTestId("rule")).toHaveLength(0);
   });
 });
 

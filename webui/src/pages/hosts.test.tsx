@@ -308,8 +308,43 @@ describe("Host detail", () => {
                details: {}, prev_hash: "00", hash: "22" }],
       }),
       "POST /api/v1/hosts/:id/revoke": () => ({ ...H, state: "revoked", online: false, revoked_at: ago(0) }),
+      "GET /api/v1/guard-points": [
+        gp({ id: "g1", path: "/srv/wal", key_name: "wal-key", host_group: "db" }),
+        gp({ id: "g2", path: "/srv/only-this", key_name: "one-host-key", host_group: null, host_id: H.id }),
+        gp({ id: "g3", path: "/srv/web", key_name: "web-key", host_group: "web" }),
+      ],
     });
   }
+
+  function gp(over: Record<string, unknown>) {
+    return { id: "g", host_group: null, host_id: null, path: "/srv", backing_path: null, key_id: "k", key_name: "k",
+             chunk_size: 65536, mode: "enforce", rules: [], default_effect: "deny", revision: 1, rekey_generation: 0,
+             unprotect_generation: 0, created_by: "admin1", created_at: ago(60), updated_at: ago(60), ...over };
+  }
+
+  it("counts the keys its guard points deliver among the keys it can receive", async () => {
+    detailServer();
+    renderWith(<HostDetailPage />, { at: `/hosts/${H.id}`, path: "/hosts/:hostId", me: meAs("auditor") });
+    const viaGps = await screen.findByTestId("host-gp-keys");
+    expect([...viaGps.querySelectorAll("tbody tr td:first-child")].map((td) => td.textContent))
+      .toEqual(["wal-key", "one-host-key"]); // its group's and its own, not the web group's
+    expect(within(viaGps).getByText("/srv/only-this").closest("tr")).toHaveTextContent("this host");
+  });
+
+  it("shows a revoked host's guard points as stopped, with what it last reported", async () => {
+    const R = HOSTS[3];
+    fakeApi({
+      "GET /api/v1/hosts/:id": { ...R, guard_points: [{ path: "/srv/pgdata", key: "payments-db", state: "mounted", detail: "" }] },
+      "GET /api/v1/keys": () => page([]),
+      "GET /api/v1/audit/events": { total: 0, next_before_seq: null, items: [] },
+      "GET /api/v1/guard-points": [],
+    });
+    renderWith(<HostDetailPage />, { at: `/hosts/${R.id}`, path: "/hosts/:hostId", me: meAs("auditor") });
+    const state = await screen.findByTestId("gp-state-revoked");
+    expect(state).toHaveTextContent("stopped");
+    expect(state).toHaveTextContent("last reported mounted");
+    expect(within(screen.getByTestId("guard-points")).queryByText(/^mounted$/)).toBeNull();
+  });
 
   it("shows identity, guard points, the keys its group receives and its own audit events", async () => {
     const server = detailServer();

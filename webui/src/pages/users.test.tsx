@@ -1,0 +1,54 @@
+import { screen, waitFor } from "@testing-library/react";
+import userEvent from "@testing-library/user-event";
+import { describe, expect, it } from "vitest";
+import type { User } from "../api/client";
+import { fakeApi } from "../test/fakeApi";
+import { meAs, renderWith } from "../test/render";
+import { UsersPage } from "./Users";
+
+const bob: User = {
+  id: "bbbbbbbb-bbbb-4bbb-8bbb-bbbbbbbbbbbb", username: "bob", full_name: "Bob", role: "operator", disabled: false,
+  must_change_password: false, created_at: "2026-11-01T10:00:00Z", last_login_at: null, locked_until: null,
+};
+
+function server() {
+  return fakeApi({
+    "GET /api/v1/users": [bob],
+    "PATCH /api/v1/users/:id": ({ body }) => ({ ...bob, ...(body as object) }),
+    "POST /api/v1/users/:id/reset-password": { user: bob, one_time_password: "otp-123-456" },
+  });
+}
+
+async function openMenu() {
+  await userEvent.click(await screen.findByRole("button", { name: "Actions for bob" }));
+}
+
+describe("Users: no one-click role changes or resets", () => {
+  it("makes an admin only after the username is typed, saying what the role may do", async () => {
+    const api = server();
+    renderWith(<UsersPage />, { me: meAs("admin") });
+    await openMenu();
+    await userEvent.click(await screen.findByRole("menuitem", { name: "Make admin…" }));
+    expect(api.calls("PATCH /api/v1/users/:id")).toHaveLength(0);
+    expect(await screen.findByText(/everything, including users and the KEK/)).toBeInTheDocument();
+    const submit = screen.getByTestId("typed-confirm-submit");
+    expect(submit).toBeDisabled();
+    await userEvent.type(screen.getByTestId("typed-confirm-input"), "bob");
+    await userEvent.click(submit);
+    await waitFor(() => expect(api.calls("PATCH /api/v1/users/:id")).toHaveLength(1));
+    expect(api.calls("PATCH /api/v1/users/:id")[0].body).toEqual({ role: "admin" });
+  });
+
+  it("resets a password only after confirmation, then shows the one-time password once", async () => {
+    const api = server();
+    renderWith(<UsersPage />, { me: meAs("admin") });
+    await openMenu();
+    await userEvent.click(await screen.findByRole("menuitem", { name: "Reset password…" }));
+    expect(api.calls("POST /api/v1/users/:id/reset-password")).toHaveLength(0);
+    expect(await screen.findByText(/API tokens are revoked/)).toBeInTheDocument();
+    await userEvent.type(screen.getByTestId("typed-confirm-input"), "bob");
+    await userEvent.click(screen.getByTestId("typed-confirm-submit"));
+    await waitFor(() => expect(api.calls("POST /api/v1/users/:id/reset-password")).toHaveLength(1));
+    expect(await screen.findByText("otp-123-456")).toBeInTheDocument();
+  });
+});
