@@ -1,4 +1,4 @@
-"""`keyserver` command: init, serve, create-admin, rotate-kek, verify-audit.
+"""`keyserver` command: init, serve, create-admin, rotate-kek, retire-kek, verify-audit.
 
 Exit codes: 0 success, 1 the operation failed (message says why), 2 usage error,
 3 the audit chain is broken, 4 a dependency (HSM, database) is unavailable.
@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from keyserver.core.errors import CoreError, ServiceUnavailable
-from keyserver.core.policy import Role
+from keyserver.core.permissions import Role
 from keyserver.core.principal import system_context
 from keyserver.kmip.listener import KmipListener
 from keyserver.services import Services, build_services
@@ -148,7 +148,7 @@ def serve(
 
     from keyserver.api.app import create_app
     from keyserver.logs import configure
-    from keyserver.tls import rest_tls_context, uvicorn_tls
+    from keyserver.runtime.tls import rest_tls_context, uvicorn_tls
 
     if insecure_http:
         os.environ["STRONGROOM_INSECURE_HTTP"] = "true"  # the workers read their settings too
@@ -172,7 +172,7 @@ def serve(
             raise typer.Exit(EXIT_FAILED)
         # Every worker serves the agent and KMIP ports too (SO_REUSEPORT): check here
         # that they can be bound, and say so once.
-        from keyserver.server import bind_socket
+        from keyserver.runtime.sockets import bind_socket
 
         if settings.agent_enabled:
             try:
@@ -183,14 +183,13 @@ def serve(
                 _agent_port_failed(settings, exc)
                 os.environ["STRONGROOM_AGENT_ENABLED"] = "false"
         kmip = _probe_kmip(services)
-        services.close()
         os.environ.setdefault("STRONGROOM_DATA_DIR", str(settings.data_dir))
-        from keyserver.server import serve_workers
+        from keyserver.runtime.workers import serve_workers
 
         serve_workers(host=settings.host, port=settings.port, workers=settings.workers, uvicorn_kwargs=common,
-                      kmip=kmip)
+                      kmip=kmip, housekeeping=services)
     else:
-        from keyserver.agentport import agent_sidecar, run_servers
+        from keyserver.runtime.agentport import agent_sidecar, run_servers
 
         app = create_app(services)
         common.update(uvicorn_tls(rest_tls_context(settings, services.ca)))
@@ -262,7 +261,7 @@ def _probe_kmip(services: Services) -> bool:
     """Whether the workers should serve KMIP: enabled, and its port can be bound."""
     if not services.settings.kmip_enabled:
         return False
-    from keyserver.server import bind_socket
+    from keyserver.runtime.sockets import bind_socket
 
     try:
         bind_socket(services.settings.kmip_host, services.settings.kmip_port).close()
@@ -382,7 +381,11 @@ def create_admin(
 
 @app.command("rotate-kek")
 def rotate_kek() -> None:
-    """Create a new key-encryption key and re-wrap every stored key version under it."""
+    """Create a new key-encryption key and re-wrap everything stored under the others (key
+    versions, KMIP sealed objects, the internal CA's key, TOTP secrets); resumes a
+    rotation that is already running."""
+    from keyserver.core.kek import KINDS
+
     services = _services()
     try:
         _initialize(services)
@@ -393,18 +396,43 @@ def rotate_kek() -> None:
             if exc.code != "rotation_running":
                 raise
             console.print("[yellow]resuming the rotation that is already running[/yellow]")
-            rot = None
-        with Progress(TextColumn("re-wrapping key versions"), BarColumn(), MofNCompleteColumn(),
+            rot = services.keks.status(ctx)["last_rotation"]  # type: ignore[assignment]
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console) as progress:
-            task = progress.add_task("rewrap", total=rot.total if rot else None)
-            services.keks.resume_rotations()
-            status = services.keks.status(ctx)
-            last = status["last_rotation"]
-            progress.update(task, total=last.total, completed=last.done)  # type: ignore[attr-defined]
+            tasks = {kind.name: progress.add_task(f"re-wrapping {kind.title}") for kind in KINDS}
+            while True:
+                for name, p in rot.progress.items():
+                    progress.update(tasks[name], total=p["total"], completed=p["done"])
+                if rot.state != "running":
+                    break
+                # A batch at a time, so the bars move; another replica may be doing the work.
+                if not services.keks.resume_rotations(max_batches=1):
+                    time.sleep(0.5)
+                rot = services.keks.get_rotation(ctx, rot.id)
         services.audit.flush()
-        console.print(f"[green]KEK rotated[/green]: now {services.keks.current()}")
+        console.print(f"[green]KEK rotated[/green]: now {services.keks.current()}. The previous one stays in the "
+                      f"token, unused, until `keyserver retire-kek {rot.from_kek_id}` removes it")
     except CoreError as exc:
         console.print(f"[red]{exc.message}[/red]")
+        raise typer.Exit(EXIT_FAILED) from None
+    finally:
+        services.close()
+
+
+@app.command("retire-kek")
+def retire_kek(
+    kek_id: Annotated[str, typer.Argument(help="the KEK to remove (GET /api/v1/system/kek lists them)")],
+) -> None:
+    """Remove a superseded key-encryption key from the HSM token for good, once nothing
+    stored is wrapped under it any more (refused otherwise, with what still is)."""
+    services = _services()
+    try:
+        _initialize(services)
+        kek = services.keks.retire(system_context("cli"), kek_id)
+        services.audit.flush()
+        console.print(f"[green]KEK {kek.kek_id} retired[/green]: removed from the token")
+    except CoreError as exc:
+        console.print(Text(exc.message, style="red"), soft_wrap=True)
         raise typer.Exit(EXIT_FAILED) from None
     finally:
         services.close()
@@ -470,3 +498,9 @@ def bench() -> None:
                                                           "help_option_names": []})
 def bench_kmip() -> None:
     _moved("bench-kmip")
+
+
+# Backup and restore: the commands live in keyserver/ops (registered here, after the others).
+from keyserver.ops.commands import register as _register_ops  # noqa: E402 - after this module's commands
+
+_register_ops(app)

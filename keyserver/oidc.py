@@ -25,7 +25,7 @@ import httpx
 import jwt
 
 from keyserver.core.errors import Forbidden, ServiceUnavailable, Unauthenticated
-from keyserver.core.policy import Role
+from keyserver.core.permissions import Role
 
 ALGORITHMS = ["RS256", "ES256", "PS256"]
 DISCOVERY_TTL = 300.0

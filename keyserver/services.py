@@ -125,11 +125,16 @@ class Services:
         self.audit.flush()
         return password
 
-    def start_background(self) -> None:
+    def start_background(self, *, housekeeping: bool = True) -> None:
+        """The notification listener (cache invalidation), and with `housekeeping` the
+        audit chainer, the sinks and the scheduler. Worker processes leave housekeeping to
+        their supervisor, so that chaining never competes with requests for a worker's
+        interpreter lock (decision 0012)."""
         self.notifier.start()
-        self.audit.start()
-        self.sinks.start()
-        self.scheduler.start()
+        if housekeeping:
+            self.audit.start()
+            self.sinks.start()
+            self.scheduler.start()
 
     def close(self) -> None:
         while self.on_close:
@@ -163,7 +168,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
     audit = AuditService(session_factory, backend, hmac_key_id=settings.audit_hmac_key_id,
                          checkpoints=CheckpointPolicy(records=settings.audit_checkpoint_records,
                                                       seconds=settings.audit_checkpoint_seconds,
-                                                      key_id=settings.audit_checkpoint_key_id))
+                                                      key_id=settings.audit_checkpoint_key_id),
+                         autocommit_engine=autocommit)
     sinks = AuditSinks(session_factory, build_sinks(settings), fail_closed=settings.audit_fail_closed)
     policy = Policy(audit, refusal=sinks.refusal)
     approvals = ApprovalService(session_factory, audit, policy, required=settings.approvals,
@@ -171,7 +177,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
     keks = KekService(session_factory, backend, audit, policy, notifier, batch=settings.kek_rewrap_batch,
                       approvals=approvals)
     keys = KeyService(session_factory, backend, audit, policy, keks, notifier, approvals=approvals)
-    ca = CertificateAuthority(session_factory, backend, keks)
+    ca = CertificateAuthority(session_factory, backend, keks, notifier=notifier)
     gcm = GcmBudget(autocommit)  # shared by every AES-GCM encryption under managed key versions
     objects = KmipObjectService(session_factory, backend, audit, policy, autocommit_engine=autocommit,
                                 notifier=notifier, current_kek=keks.current, approvals=approvals)
@@ -224,6 +230,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         return rotation
 
     approvals.register("kek.rotate", rotate_kek)
+    approvals.register("kek.retire", lambda ctx, p: services.keks.retire(ctx, p["kek_id"]))
     approvals.register("user.role", lambda ctx, p: services.identity.update_user(ctx, uuid.UUID(p["user_id"]),
                                                                                  role=p["role"]))
     return services

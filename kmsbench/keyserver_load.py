@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,9 +59,25 @@ wrk.body = "{}"
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer %s"
 """
-# Virtual users (the seeds' "200 virtual users"): each waits this long between its
-# requests, so 200 of them offer about 1,000 requests per second.
+# Virtual users (the seeds' "200 virtual users"): each waits this long on average between
+# its requests, so 200 of them offer about 1,000 requests per second. The wait is drawn
+# uniformly from 0 to twice that, as load tools' random timers do: with one fixed wait the
+# 200 users stay in step and arrive as bursts of 200 every cycle, which measures the burst
+# (at 1,500/s of capacity, 130 ms to drain), not the server's latency at that rate.
 THINK_MS = 190
+VU_LUA = """
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("seed", threads)
+end
+function init(args)
+  math.randomseed(os.time() * 100 + seed)
+end
+function delay()
+  return math.random(0, %d)
+end
+"""
 
 
 @dataclass
@@ -72,6 +89,10 @@ class LoadResult:
     p99_ms: list[float] = field(default_factory=list)
     errors: list[int] = field(default_factory=list)
     requests: list[int] = field(default_factory=list)
+    # Audit records not yet chained when the load ended, and how long the chainer took to
+    # catch up (the next load starts after it has: each load meets a settled server).
+    audit_backlog: list[int] = field(default_factory=list)
+    audit_drain_s: list[float] = field(default_factory=list)
 
 
 def machine() -> dict[str, Any]:
@@ -137,7 +158,7 @@ def measure_ops(fn: Any, *, seconds: float, threads: int) -> float:
 
 def hsm_figures(backend: HsmBackend, wrapped: WrappedKey, *, seconds: float, repeats: int,
                 threads: int) -> dict[str, list[float]]:
-    from hsm.bench import measure_unwrap_ceiling
+    from kmsbench.hsm_ceiling import measure_unwrap_ceiling
 
     host_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     der = host_key.public_key().public_bytes(serialization.Encoding.DER,
@@ -151,13 +172,16 @@ def hsm_figures(backend: HsmBackend, wrapped: WrappedKey, *, seconds: float, rep
 
 
 def measure_http(url: str, token: str, *, clients: list[int], virtual_users: int, duration: int, repeats: int,
-                 scratch: Path, progress: Progress | None = None) -> list[dict[str, Any]]:
+                 scratch: Path, progress: Progress | None = None,
+                 settle: Callable[[], tuple[int, float]] | None = None) -> list[dict[str, Any]]:
     """Data keys over HTTP with wrk against `url` (a generate-data-key route), every
-    repetition of every load kept; `scratch` holds wrk's scripts (they carry the token)."""
+    repetition of every load kept; `scratch` holds wrk's scripts (they carry the token).
+    `settle` (when the store is at hand) waits after each load until the audit chainer
+    has caught up and says how far behind it was."""
     lua = scratch / "post.lua"
     lua.write_text(LUA % token)
     vu_lua = scratch / "vu.lua"
-    vu_lua.write_text(LUA % token + f"function delay()\n  return {THINK_MS}\nend\n")
+    vu_lua.write_text(LUA % token + VU_LUA % (2 * THINK_MS))
     loads = [LoadResult(c) for c in clients]
     if virtual_users:
         loads.append(LoadResult(virtual_users, THINK_MS))
@@ -176,13 +200,18 @@ def measure_http(url: str, token: str, *, clients: list[int], virtual_users: int
             lr.p99_ms.append(p99)
             lr.requests.append(total)
             lr.errors.append(errors)
+            if settle is not None:
+                backlog, drain = settle()
+                lr.audit_backlog.append(backlog)
+                lr.audit_drain_s.append(drain)
             if progress is not None and task is not None:
                 progress.advance(task)
     return [asdict(lr) for lr in loads]
 
 
 def run(*, postgres: str | None, clients: list[int], virtual_users: int, duration: int, repeats: int, workers: int,
-        output: Path | None, json_out: Path | None, data_dir: Path | None = None) -> dict[str, Any]:
+        output: Path | None, json_out: Path | None, data_dir: Path | None = None, hsm: bool = True,
+        quiet: bool = False) -> dict[str, Any]:
     """The whole benchmark against a throwaway server: on a scratch database of the
     PostgreSQL server `postgres`, or on the embedded SQLite database when it is None
     (one worker: SQLite is single-process). `data_dir` (empty or absent) holds the
@@ -258,6 +287,7 @@ def run(*, postgres: str | None, clients: list[int], virtual_users: int, duratio
             time.sleep(0.2)
         with Progress(console=console) as progress:
             results["http"] = measure_http(f"{base}/api/v1/keys/bench/generate-data-key", token, clients=clients,
+                                           settle=lambda: _settle(services),
                                            virtual_users=virtual_users, duration=duration, repeats=repeats,
                                            scratch=data, progress=progress)
         server.send_signal(signal.SIGTERM)
@@ -269,9 +299,11 @@ def run(*, postgres: str | None, clients: list[int], virtual_users: int, duratio
             from keyserver.store.models import KeyVersion
             v = s.execute(select(KeyVersion).limit(1)).scalar_one()
             wrapped = WrappedKey(v.wrapping_key_id or "", v.wrapping_mechanism or "", v.wrapped_key or b"")
-        with console.status("HSM ceiling and host re-wraps"):
-            results["hsm_1_thread"] = hsm_figures(services.hsm, wrapped, seconds=3, repeats=repeats, threads=1)
-            results["hsm_2_threads"] = hsm_figures(services.hsm, wrapped, seconds=3, repeats=repeats, threads=2)
+        if hsm:
+            with console.status("HSM ceiling and host re-wraps"):
+                results["hsm_1_thread"] = hsm_figures(services.hsm, wrapped, seconds=3, repeats=repeats, threads=1)
+                results["hsm_2_threads"] = hsm_figures(services.hsm, wrapped, seconds=3, repeats=repeats,
+                                                       threads=2)
         services.close()
     finally:
         if server is not None:
@@ -293,12 +325,27 @@ def run(*, postgres: str | None, clients: list[int], virtual_users: int, duratio
                 else:
                     child.unlink(missing_ok=True)
     report = render(results)
-    console.print(report)
+    if not quiet:
+        console.print(report)
     if json_out:
         json_out.write_text(json.dumps(results, indent=2))
     if output:
         write_section(output, report, name=SECTION)
     return results
+
+
+def _backlog(lr: dict[str, Any]) -> str:
+    if not lr.get("audit_backlog"):
+        return "n/a"
+    return f"{_med(lr['audit_backlog']):,.0f} ({_med(lr['audit_drain_s']):.1f} s)"
+
+
+def _settle(services: Any, limit_s: float = 300) -> tuple[int, float]:
+    backlog = services.audit.pending()
+    started = time.monotonic()
+    while services.audit.pending() and time.monotonic() - started < limit_s:
+        time.sleep(0.1)
+    return backlog, round(time.monotonic() - started, 2)
 
 
 def _med(xs: list[float]) -> float:
@@ -318,16 +365,16 @@ def render(r: dict[str, Any]) -> str:
         "wrk on the same "
         f"machine; {r['repeats']} runs of {r['duration_s']} s each, median (min-max).",
         "",
-        "| load | data keys/s | p50 ms | p99 ms | errors / requests |",
-        "|---|---:|---:|---:|---:|",
+        "| load | data keys/s | p50 ms | p99 ms | errors / requests | audit records behind at the end (caught up in) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for lr in r["http"]:
-        shape = (f"{lr['clients']} virtual users, {lr['think_ms']} ms think time" if lr.get("think_ms")
+        shape = (f"{lr['clients']} virtual users, {lr['think_ms']} ms mean think time" if lr.get("think_ms")
                  else f"{lr['clients']} clients, back to back")
         lines.append(f"| {shape} | {_med(lr['rps']):.0f} ({_spread(lr['rps'])}) | "
                      f"{_med(lr['p50_ms']):.1f} ({_spread(lr['p50_ms'], '{:.1f}')}) | "
                      f"{_med(lr['p99_ms']):.1f} ({_spread(lr['p99_ms'], '{:.1f}')}) | "
-                     f"{sum(lr['errors'])} / {sum(lr['requests'])} |")
+                     f"{sum(lr['errors'])} / {sum(lr['requests'])} | {_backlog(lr)} |")
     if "hsm_1_thread" not in r:  # an existing server (kms-bench --keyserver): its token is out of reach
         return "\n".join(lines)
     lines += ["", "| HSM operation (in-token) | 1 thread, ops/s | 2 threads, ops/s |", "|---|---:|---:|"]
@@ -340,6 +387,120 @@ def render(r: dict[str, Any]) -> str:
     lines.append(f"| host re-wraps / ceiling | {ratio1:.0%} | {ratio2:.0%} |")
     return "\n".join(lines)
 
+
+SCALING_SECTION = "keyserver-scaling"
+# Issue 16's targets for the data-key hot path.
+TARGET_RPS = 1000.0
+TARGET_P99_MS = 100.0
+
+
+def scaling(*, postgres: str, workers: list[int], embedded: bool, duration: int, repeats: int,
+            progress: Progress | None = None) -> dict[str, Any]:
+    """200 clients back to back and 200 virtual users against PostgreSQL with each of
+    `workers` worker processes, and the embedded default, one configuration after the
+    other in one run."""
+    configs: list[tuple[str, str | None, int]] = [(f"PostgreSQL, {w} worker{'s' if w > 1 else ''}", postgres, w)
+                                                  for w in workers]
+    if embedded:
+        configs.append(("embedded SQLite, 1 worker", None, 1))
+    task = progress.add_task("configurations", total=len(configs)) if progress else None
+    rows = []
+    for label, url, w in configs:
+        # Each in a process of its own: the PKCS#11 module is initialised once per process,
+        # for one token directory.
+        with tempfile.TemporaryDirectory(prefix="strongroom-scaling-") as tmp:
+            out = Path(tmp) / "r.json"
+            cmd = [sys.executable, "-m", "kmsbench.keyserver_load", "--clients", "200", "--virtual-users", "200",
+                   "--duration", str(duration), "--repeats", str(repeats), "--workers", str(w), "--no-hsm",
+                   "--json", str(out), *(["--postgres", url] if url else ["--embedded"])]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{label}: the benchmark failed:\n{done.stderr[-2000:]}")
+            r = json.loads(out.read_text())
+        rows.append({"label": label, "workers": w, "store": "postgresql" if url else "sqlite", "http": r["http"]})
+        if progress is not None and task is not None:
+            progress.advance(task)
+    return {"machine": machine(), "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "duration_s": duration, "repeats": repeats, "rows": rows}
+
+
+def _load(row: dict[str, Any], *, think: bool) -> dict[str, Any]:
+    return next(lr for lr in row["http"] if bool(lr.get("think_ms")) == think)
+
+
+def render_scaling(r: dict[str, Any], chart: str | None) -> str:
+    m = r["machine"]
+    lines = [
+        f"Run {r['when']} on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}, "
+        f"Python {m['python']}; wrk on the same machine; {r['repeats']} runs of {r['duration_s']} s per figure, "
+        "median (min-max). 200 virtual users wait "
+        f"0-{2 * THINK_MS} ms (uniform, mean {THINK_MS} ms) between requests: together they offer about "
+        f"{1000 * 200 // (THINK_MS + 10):,} requests/s.",
+        "",
+        "| configuration | 200 clients: data keys/s | p99 ms | 200 virtual users: data keys/s | p50 ms | p99 ms "
+        "| errors / requests |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in r["rows"]:
+        b, v = _load(row, think=False), _load(row, think=True)
+        errors = sum(b["errors"]) + sum(v["errors"])
+        requests = sum(b["requests"]) + sum(v["requests"])
+        lines.append(f"| {row['label']} | {_med(b['rps']):,.0f} ({_spread(b['rps'])}) | {_med(b['p99_ms']):.0f} | "
+                     f"{_med(v['rps']):,.0f} ({_spread(v['rps'])}) | {_med(v['p50_ms']):.1f} | "
+                     f"{_med(v['p99_ms']):.0f} ({_spread(v['p99_ms'])}) | {errors} / {requests:,} |")
+    lines += ["", *verdicts(r)]
+    if chart:
+        lines += ["", f"![data keys per second and p99 by configuration]({chart})"]
+    return "\n".join(lines)
+
+
+def verdicts(r: dict[str, Any]) -> list[str]:
+    """Issue 16's targets, met or missed, from the figures of this run."""
+    out = []
+    pg = [row for row in r["rows"] if row["store"] == "postgresql"]
+    best = max(pg, key=lambda row: _med(_load(row, think=False)["rps"]), default=None)
+    if best is not None:
+        b, v = _load(best, think=False), _load(best, think=True)
+        errors = sum(b["errors"]) + sum(v["errors"])
+        rps, p99 = _med(b["rps"]), _med(v["p99_ms"])
+        met = rps >= TARGET_RPS and p99 <= TARGET_P99_MS and errors == 0
+        out.append(f"* **≥ {TARGET_RPS:,.0f} data keys/s at 200 clients, p99 ≤ {TARGET_P99_MS:.0f} ms, no errors "
+                   f"(PostgreSQL):** {'met' if met else 'missed'} — {best['label']}: {rps:,.0f}/s back to back; "
+                   f"p99 {p99:.0f} ms for 200 virtual users offering ~1,000/s; {errors} errors.")
+        emb = next((row for row in r["rows"] if row["store"] == "sqlite"), None)
+        if emb is not None:
+            e = _med(_load(emb, think=False)["rps"])
+            out.append(f"* **Embedded default within 2x of PostgreSQL:** {'met' if 2 * e >= rps else 'missed'} — "
+                       f"{e:,.0f}/s against {rps:,.0f}/s ({rps / e:.2f}x).")
+    return out
+
+
+def scaling_chart(r: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [row["label"] for row in r["rows"]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.8 + 0.6 * len(labels)), sharey=True)
+    for ax, think, key, title, target in (
+            (left, False, "rps", "200 clients back to back: data keys/s", TARGET_RPS),
+            (right, True, "p99_ms", "200 virtual users (~1,000/s offered): p99 ms", TARGET_P99_MS)):
+        data = [_load(row, think=think)[key] for row in r["rows"]]
+        meds = [_med(d) for d in data]
+        ax.barh(range(len(labels)), meds, xerr=[[m - min(d) for m, d in zip(meds, data, strict=True)],
+                                                [max(d) - m for m, d in zip(meds, data, strict=True)]],
+                capsize=3, color="#2e86c1")
+        ax.axvline(target, color="#c0392b", linestyle="--", linewidth=1, label=f"target {target:,.0f}")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8, loc="lower right")
+    left.set_yticks(range(len(labels)), labels)
+    left.invert_yaxis()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 app = typer.Typer(add_completion=False)
@@ -360,11 +521,31 @@ def bench(
                                                        "temporary one)")] = None,
     output: Annotated[Path | None, typer.Option(help="Markdown file whose key-server section is rewritten")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="raw results as JSON")] = None,
+    scaling_workers: Annotated[str | None, typer.Option(
+        "--scaling", help="instead: PostgreSQL with each of these worker counts (e.g. 1,2,3) and the embedded "
+                          "default, at 200 clients and 200 virtual users, with issue 16's targets and a chart")] = None,
+    chart: Annotated[Path | None, typer.Option(help="--scaling: the chart's PNG file")] = None,
+    hsm: Annotated[bool, typer.Option(help="also measure the HSM's ceiling and host re-wraps")] = True,
 ) -> None:
     """Measure data keys/s and latency over HTTP, and the HSM's own ceiling, in one run."""
+    if scaling_workers:
+        with Progress(console=console) as progress:
+            r = scaling(postgres=postgres, workers=[int(w) for w in scaling_workers.split(",")], embedded=True,
+                        duration=duration, repeats=repeats, progress=progress)
+        link = None
+        if chart is not None:
+            scaling_chart(r, chart)
+            link = os.path.relpath(chart, output.parent) if output else str(chart)
+        report = render_scaling(r, link)
+        console.print(report, markup=False)
+        if json_out:
+            json_out.write_text(json.dumps(r, indent=2))
+        if output:
+            write_section(output, report, name=SCALING_SECTION)
+        return
     run(postgres=None if embedded else postgres, clients=[int(c) for c in clients.split(",")],
         virtual_users=virtual_users, duration=duration, repeats=repeats,
-        workers=workers, output=output, json_out=json_out, data_dir=data_dir)
+        workers=workers, output=output, json_out=json_out, data_dir=data_dir, hsm=hsm)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -358,7 +358,7 @@ def run(*, postgres: str, connections: list[int], duration: float, output: Path 
                                                  key=rsa.generate_private_key(public_exponent=65537, key_size=2048))
         # The token's own ceiling, same run, same token kind: each plaintext Get is one
         # RSA-2048 unwrap under the KEK, so no Get figure can pass it.
-        from hsm.bench import measure_unwrap_ceiling
+        from kmsbench.hsm_ceiling import measure_unwrap_ceiling
 
         results["hsm_unwrap"] = {str(t): round(measure_unwrap_ceiling(services.hsm, seconds=3, threads=t), 1)
                                  for t in (1, 2)}

@@ -69,7 +69,7 @@ webui_need() {
 # webui_build — build webui/dist when it is missing or older than its sources.
 webui_build() {
   local w="$ROOT/webui"
-  if [[ -f "$w/dist/index.html" ]] && [[ -z "$(find "$w/src" "$w/index.html" "$w/package-lock.json" \
+  if [[ -f "$w/dist/index.html" ]] && [[ -z "$(find "$w/src" "$w/index.html" "$w/package-lock.json" "$w/package.json" "$w/scripts" \
        "$w/vite.config.ts" "$w/tsconfig.json" -newer "$w/dist/index.html" -print -quit 2>/dev/null)" ]]; then
     return 0
   fi

@@ -26,12 +26,12 @@ from fastapi import FastAPI
 
 from hsm import HsmBackend
 from hsm.testing import shared_test_backend
-from keyserver.agentport import agent_sidecar
 from keyserver.api.app import create_app
 from keyserver.core.principal import system_context
+from keyserver.runtime.agentport import agent_sidecar
+from keyserver.runtime.tls import rest_tls_context, uvicorn_tls
 from keyserver.services import Services, build_services
 from keyserver.settings import Settings
-from keyserver.tls import rest_tls_context, uvicorn_tls
 from tests import https
 from tests.pg import scratch_database
 
@@ -41,13 +41,15 @@ assert STORE in ("postgresql", "embedded"), f"STRONGROOM_TEST_STORE={STORE}: pos
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On the embedded store, run every test that goes through the key server's store
-    (it uses the `services` fixture); the rest (file format, HSM, tooling, servers a
-    test starts itself) does not depend on the fixture's store and ran once already."""
+    (it uses the `services` fixture, or is marked `store`: it starts its own servers on
+    the session's kind of store); the rest (file format, HSM, tooling, servers a test
+    starts itself on a fixed store) does not depend on the store and ran once already."""
     if STORE != "embedded":
         return
     selected, deselected = [], []
     for item in items:
-        (selected if "services" in getattr(item, "fixturenames", ()) else deselected).append(item)
+        on_store = "services" in getattr(item, "fixturenames", ()) or item.get_closest_marker("store") is not None
+        (selected if on_store else deselected).append(item)
     config.hook.pytest_deselected(items=deselected)
     items[:] = selected
 

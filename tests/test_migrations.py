@@ -3,11 +3,12 @@ and the models agree with the migrations."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from keyserver.store import db
 from keyserver.store.models import Base
@@ -40,3 +41,38 @@ def test_postgresql_up_down_up() -> None:
 
 def test_sqlite_up_down_up(tmp_path: Path) -> None:
     check_roundtrip(f"sqlite:///{tmp_path / 'm.db'}")
+
+
+def check_kek_states(url: str) -> None:
+    """0017: a KEK that 0016 called retired (rotated away from, still in the token) is
+    superseded now, and retired again on the way down."""
+    db.upgrade(url, "0016")
+    engine = create_engine(url)
+    when = datetime(2026, 11, 1, tzinfo=UTC)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO keks (kek_id, state, created_at, retired_at) VALUES "
+                              "('kek-old', 'retired', :t, :t), ('kek-new', 'active', :t, NULL)"), {"t": when})
+        db.upgrade(url)
+        with engine.connect() as conn:
+            rows = {r.kek_id: r for r in conn.execute(text("SELECT kek_id, state, superseded_at, retired_at "
+                                                           "FROM keks"))}
+            assert rows["kek-old"].state == "superseded" and rows["kek-old"].retired_at is None
+            assert rows["kek-old"].superseded_at is not None
+            assert rows["kek-new"].state == "active" and rows["kek-new"].superseded_at is None
+        db.downgrade(url, "0016")
+        with engine.connect() as conn:
+            states = {r.kek_id: r.state for r in conn.execute(text("SELECT kek_id, state FROM keks"))}
+            assert states == {"kek-old": "retired", "kek-new": "active"}
+            assert conn.execute(text("SELECT retired_at FROM keks WHERE kek_id = 'kek-old'")).scalar() is not None
+    finally:
+        engine.dispose()
+
+
+def test_postgresql_kek_states_0017() -> None:
+    with scratch_database() as url:
+        check_kek_states(url)
+
+
+def test_sqlite_kek_states_0017(tmp_path: Path) -> None:
+    check_kek_states(f"sqlite:///{tmp_path / 'm.db'}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import re
 import time
 import uuid
@@ -13,15 +15,24 @@ from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from sqlalchemy import text
 from starlette.routing import Match, Mount
 
 from hsm import HsmError
 from keyserver.api import problems
 from keyserver.api.deps import Ctx, ServicesDep
+from keyserver.api.hotpath import DataKeyHotPath
 from keyserver.api.routes import (
     agent,
     approvals,
@@ -38,7 +49,7 @@ from keyserver.api.routes import (
     tokens,
     users,
 )
-from keyserver.core.policy import Permission
+from keyserver.core.permissions import Permission
 from keyserver.logs import request_id_var
 from keyserver.services import Services
 
@@ -55,18 +66,38 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class Metrics:
+    """The server's Prometheus metrics. With several workers (`PROMETHEUS_MULTIPROC_DIR`,
+    set by the supervisor) each worker writes its values to a shared directory and a
+    scrape, whichever worker answers it, adds up every worker's: a replica's series no
+    longer jump between one worker's counts and another's."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.shared_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         self.requests = Counter("strongroom_http_requests_total", "HTTP requests",
                                 ["method", "route", "status"], registry=self.registry)
         self.latency = Histogram("strongroom_http_request_seconds", "HTTP request latency",
                                  ["method", "route"], registry=self.registry,
                                  buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
         # Set at each scrape from the sinks' cursors (shared by the replicas).
+        # Gauges read from the store at a scrape: the most recent value is the truth.
         self.sink_backlog = Gauge("strongroom_audit_sink_backlog_records",
-                                  "audit records not yet accepted by the sink", ["sink"], registry=self.registry)
+                                  "audit records not yet accepted by the sink", ["sink"], registry=self.registry,
+                                  multiprocess_mode="mostrecent")
         self.sink_healthy = Gauge("strongroom_audit_sink_healthy", "1 while the sink accepts records",
-                                  ["sink"], registry=self.registry)
+                                  ["sink"], registry=self.registry, multiprocess_mode="mostrecent")
+        # Set at each scrape (shared by the replicas): rising steadily means the chain does
+        # not keep up; every record in it is already committed.
+        self.audit_pending = Gauge("strongroom_audit_pending_records",
+                                   "audit records committed but not yet chained", registry=self.registry,
+                                   multiprocess_mode="mostrecent")
+
+    def exposition(self) -> bytes:
+        if self.shared_dir is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged, path=self.shared_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(merged)
 
 
 # The console is self-contained (Vite bundle, no CDN, no inline script): scripts and
@@ -74,6 +105,34 @@ class Metrics:
 CONSOLE_CSP = (b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
                b"font-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
                b"form-action 'self'; frame-ancestors 'none'")
+
+
+class ConsoleFiles(StaticFiles):
+    """The console's files. Hashed assets (`assets/name-HASH.js`) are cached for a year:
+    their names change with their content. Everything else (index.html) is revalidated on
+    every load, so a new release is picked up at once. The build's pre-compressed copies
+    (`.br`, `.gz`, webui/scripts/compress.mjs) go to browsers that accept them."""
+
+    ENCODINGS = (("br", ".br"), ("gzip", ".gz"))
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        if response.status_code not in (200, 304):
+            return response
+        immutable = path.startswith("assets/")
+        cache = "public, max-age=31536000, immutable" if immutable else "no-cache"
+        if isinstance(response, FileResponse) and response.status_code == 200:
+            accepted = dict(scope.get("headers") or []).get(b"accept-encoding", b"").decode("latin-1")
+            tokens = {t.split(";")[0].strip() for t in accepted.split(",")}
+            for encoding, suffix in self.ENCODINGS:
+                compressed = f"{response.path}{suffix}"
+                if encoding in tokens and os.path.isfile(compressed):
+                    response = FileResponse(compressed, media_type=response.media_type,
+                                            headers={"content-encoding": encoding})
+                    break
+        response.headers["cache-control"] = cache
+        response.headers["vary"] = "Accept-Encoding"
+        return response
 
 
 class ConsoleMount(Mount):
@@ -166,14 +225,20 @@ class RequestMiddleware:
             request_id_var.reset(token)
 
 
-def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
+def create_app(services: Services, *, run_background: bool = True, housekeeping: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Sync routes run in this pool; HSM and database calls block, so it is larger
         # than anyio's default of 40.
         anyio.to_thread.current_default_thread_limiter().total_tokens = services.settings.threads
         if run_background:
-            services.start_background()
+            # What is alive now (the app, its schemas, the ORM's mappings) lives as long as
+            # the process: out of the collector's sight, and young objects collected less
+            # often. Measured at 200 clients: +20 % data keys/s, p99 -30 % (decision 0012).
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(20_000, 20, 50)
+            services.start_background(housekeeping=housekeeping)
         try:
             yield
         finally:
@@ -242,14 +307,15 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
     def metrics(ctx: Ctx, services: ServicesDep) -> Response:
         """Prometheus metrics; needs a token with `system:read`."""
         services.policy.require(ctx, Permission.SYSTEM_READ, action="system.metrics")
+        app_metrics.audit_pending.set(services.audit.pending())
         if services.sinks.configured:
             for d in services.sinks.describe():
                 app_metrics.sink_backlog.labels(d["name"]).set(d["backlog"])
                 app_metrics.sink_healthy.labels(d["name"]).set(1 if d["healthy"] else 0)
-        return Response(generate_latest(app_metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(app_metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     if (WEBUI_DIST / "index.html").exists():
-        app.router.routes.append(ConsoleMount("/", StaticFiles(directory=WEBUI_DIST, html=True), name="webui"))
+        app.router.routes.append(ConsoleMount("/", ConsoleFiles(directory=WEBUI_DIST, html=True), name="webui"))
     else:
         @app.get("/", include_in_schema=False)
         def landing() -> HTMLResponse:
@@ -258,5 +324,8 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
                                 "<a href='/api/docs'>/api/docs</a>.</p>")
 
     app_metrics = Metrics()
+    # Inside RequestMiddleware (request ids, metrics, limits, headers apply to both paths),
+    # outside the router: see hotpath.py.
+    app.add_middleware(DataKeyHotPath, services=services, exception_handlers=app.exception_handlers)
     app.add_middleware(RequestMiddleware, metrics=app_metrics)
     return app

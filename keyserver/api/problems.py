@@ -122,7 +122,7 @@ def install(app: FastAPI) -> None:
             headers = {"Retry-After": "5"}
         if status == 401:
             headers = {"WWW-Authenticate": 'Bearer realm="strongroom"'}
-        return problem(status, exc.code, exc.message, headers=headers)
+        return problem(status, exc.code, exc.message, headers=headers, errors=exc.errors)
 
     @app.exception_handler(HsmError)
     async def _hsm(_: Request, exc: HsmError) -> JSONResponse:

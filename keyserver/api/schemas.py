@@ -320,12 +320,29 @@ class TokenCreated(BaseModel):
 
 
 # --- system -------------------------------------------------------------------
+WRAPPED_KINDS = ("key_versions: managed key versions; kmip_objects: KMIP private keys, secret data and opaque "
+                 "objects (their DEKs); ca: the internal CA's key (its DEK); totp_secrets: users' TOTP secrets "
+                 "(their DEKs)")
+
+
 class KekPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
     kek_id: str
-    state: str
+    state: Literal["active", "retiring", "superseded", "retired"] = Field(
+        description="active: the current KEK; retiring: a rotation away from it is running (it still serves "
+                    "reads); superseded: rotated away from, still in the token; retired: removed from the token")
     created_at: datetime
-    retired_at: datetime | None
-    wrapped_versions: int
+    superseded_at: datetime | None
+    retired_at: datetime | None = Field(description="when it was removed from the token")
+    retired_by: str | None = Field(description="who removed it from the token")
+    wrapped: dict[str, int] = Field(default_factory=dict,
+                                    description=f"per kind, how many stored blobs it wraps ({WRAPPED_KINDS})")
+    wrapped_versions: int = Field(default=0, description="wrapped['key_versions']")
+
+
+class KekRotationProgress(BaseModel):
+    done: int
+    total: int
 
 
 class KekRotationPublic(BaseModel):
@@ -336,8 +353,9 @@ class KekRotationPublic(BaseModel):
     state: str
     started_at: datetime
     finished_at: datetime | None
-    total: int
+    total: int = Field(description="blobs to re-wrap, all kinds together")
     done: int
+    progress: dict[str, KekRotationProgress] = Field(description=f"per kind ({WRAPPED_KINDS})")
     error: str | None
     requested_by: str
 

@@ -27,7 +27,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, CoreError, Forbidden, NotFound
-from keyserver.core.policy import Permission, Policy
+from keyserver.core.permissions import Permission
+from keyserver.core.policy import Policy
 from keyserver.core.principal import SYSTEM, RequestContext
 from keyserver.store.models import ApprovalRequest
 
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 ACTIONS: dict[str, Permission] = {
     "key.destroy": Permission.KEYS_DESTROY,
     "kek.rotate": Permission.SYSTEM_KEK,
+    "kek.retire": Permission.SYSTEM_KEK,
     "user.role": Permission.USERS_MANAGE,
     # Plaintext export (KMIP Get): approval grants the requester one export of that key,
     # taken by their next Get within GRANT_TTL; a KMIP Get cannot wait, so it is refused
@@ -227,7 +229,7 @@ class ApprovalService:
 
     def _requester(self, req: ApprovalRequest) -> Any:
         """The requester's principal as it is now (role changes and disabling count)."""
-        from keyserver.core.policy import permissions_for
+        from keyserver.core.permissions import permissions_for
         from keyserver.core.principal import Principal
         from keyserver.store.models import User
 

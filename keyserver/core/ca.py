@@ -29,6 +29,7 @@ from keyserver.core.audit import utcnow
 from keyserver.core.errors import InvalidInput, hsm_failure
 from keyserver.core.kek import KekService
 from keyserver.store.models import KmipCa
+from keyserver.store.notify import Notifier, Topic
 
 CA_ROW = 1
 # Binds the sealed blob to its purpose: it cannot be passed off as any other ciphertext.
@@ -72,6 +73,7 @@ class CertificateAuthority:
         hsm: HsmBackend,
         keks: KekService,
         *,
+        notifier: Notifier | None = None,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
         self._db = session_factory
@@ -79,21 +81,30 @@ class CertificateAuthority:
         self._keks = keks
         self._now = now
         self._cert: x509.Certificate | None = None
-        # The CA's row never changes once written: kept here so that signing needs no
-        # database session (callers sign inside their own transaction: decision 0010).
+        # The CA's row is kept here so that signing needs no database session (callers
+        # sign inside their own transaction: decision 0010). Only a KEK rotation changes
+        # it (its DEK re-wrapped): then it is read again at the next `ensure`, before the
+        # old KEK can be retired from the token.
         self._sealed: tuple[WrappedKey, bytes] | None = None
+        self._stale = threading.Event()
         self._lock = threading.Lock()
+        if notifier is not None:
+            notifier.subscribe(Topic.KEYS, self._stale.set)
 
     # --- the CA itself ---------------------------------------------------------
     def ensure(self) -> x509.Certificate:
         """The CA certificate, creating the CA on first use (safe across replicas:
-        the loser of a concurrent insert reads the winner's row)."""
-        if self._cert is not None:
+        the loser of a concurrent insert reads the winner's row), its sealed key read
+        again after a KEK rotation. Reads the store: call it outside any transaction,
+        before signing inside one."""
+        if self._cert is not None and not self._stale.is_set():
             return self._cert
         with self._lock:
-            if self._cert is None and self._load() is None:
-                self._create()
-                self._load()
+            if self._cert is None or self._stale.is_set():
+                self._stale.clear()  # before the read: a change during it marks it stale again
+                if self._load() is None:
+                    self._create()
+                    self._load()
             assert self._cert is not None
             return self._cert
 
@@ -147,8 +158,9 @@ class CertificateAuthority:
             pass
 
     def _sign(self, builder: x509.CertificateBuilder) -> x509.Certificate:
-        """Unseal the CA key inside this call only, sign, and let it go."""
-        ca = self.ensure()
+        """Unseal the CA key inside this call only, sign, and let it go. Reads the store
+        only on first use (callers may be inside a transaction; `ensure` refreshes)."""
+        ca = self._cert if self._cert is not None else self.ensure()
         assert self._sealed is not None
         dek, sealed = self._sealed
         try:

@@ -52,7 +52,7 @@ from keyserver.core.kmip_objects import (
     object_type_of,
     usage_of,
 )
-from keyserver.core.policy import Permission
+from keyserver.core.permissions import Permission
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import KeyState
 from keyserver.core.usage import Usage

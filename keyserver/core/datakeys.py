@@ -23,11 +23,12 @@ from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmError, HsmIntegrityError, WrappedKey
-from keyserver.core.audit import AuditService
-from keyserver.core.errors import Conflict, CoreError, IntegrityFailure, InvalidInput, NotFound, hsm_failure
+from keyserver.core.audit import AuditService, PendingRecord
+from keyserver.core.errors import Conflict, IntegrityFailure, InvalidInput, NotFound, hsm_failure
 from keyserver.core.gcm import GcmBudget
 from keyserver.core.keys import key_filter, version_wrapped
-from keyserver.core.policy import Permission, Policy
+from keyserver.core.permissions import Permission
+from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import DECRYPTABLE, KeyState
 from keyserver.store.db import retry_on_disconnect
@@ -80,6 +81,13 @@ class _Active:
     cached_at: float
 
 
+DATA_KEY_SIZES = frozenset({16, 24, 32, 48, 64})
+
+
+def _generate_action(include_plaintext: bool) -> str:
+    return "datakey.generate" if include_plaintext else "datakey.generate_without_plaintext"
+
+
 class DataKeyService:
     def __init__(
         self, session_factory: sessionmaker[Session], hsm: HsmBackend, audit: AuditService, policy: Policy,
@@ -100,20 +108,28 @@ class DataKeyService:
         self._active: dict[str, _Active] = {}
         notifier.subscribe(Topic.KEYS, self._active.clear)
 
-    def _active_version(self, conn: Connection, ref: str) -> _Active:
+    def _cached_active(self, ref: str) -> _Active | None:
         hit = self._active.get(ref)
         if hit is not None and self._notifier.healthy and time.monotonic() - hit.cached_at < self._cache_seconds:
             return hit
+        return None
+
+    def _active_version(self, ref: str) -> _Active:
+        return self._cached_active(ref) or retry_on_disconnect(lambda: self._look_up_active(ref))
+
+    def _look_up_active(self, ref: str) -> _Active:
         started = time.monotonic()
-        row = conn.execute(
-            select(ManagedKey.id, ManagedKey.name, KeyVersion.version, KeyVersion.wrapping_key_id,
-                   KeyVersion.wrapping_mechanism, KeyVersion.wrapped_key)
-            .join(KeyVersion, KeyVersion.key_id == ManagedKey.id)
-            # HMAC keys cannot encrypt: to data keys they do not exist (404 with advice below)
-            .where(key_filter(ref), KeyVersion.state == KeyState.ACTIVE.value, ManagedKey.algorithm == "AES")
-        ).first()
-        if row is None:
-            raise self._no_active(conn, ref)
+        # begin(): a no-op transaction on PostgreSQL's autocommit pool, a real one on SQLite.
+        with self._autocommit.begin() as conn:
+            row = conn.execute(
+                select(ManagedKey.id, ManagedKey.name, KeyVersion.version, KeyVersion.wrapping_key_id,
+                       KeyVersion.wrapping_mechanism, KeyVersion.wrapped_key)
+                .join(KeyVersion, KeyVersion.key_id == ManagedKey.id)
+                # HMAC keys cannot encrypt: to data keys they do not exist (404 with advice below)
+                .where(key_filter(ref), KeyVersion.state == KeyState.ACTIVE.value, ManagedKey.algorithm == "AES")
+            ).first()
+            if row is None:
+                raise self._no_active(conn, ref)
         key_id, name, version_no, kek_id, mechanism, ciphertext = row
         assert kek_id and mechanism and ciphertext, "an Active version always has material"
         active = _Active(key_id, name, version_no, WrappedKey(kek_id, mechanism, ciphertext), started)
@@ -126,42 +142,54 @@ class DataKeyService:
         self, ctx: RequestContext, ref: str, *, number_of_bytes: int = 32,
         context: dict[str, str] | None = None, include_plaintext: bool = True,
     ) -> DataKey:
-        action = "datakey.generate" if include_plaintext else "datakey.generate_without_plaintext"
+        action = _generate_action(include_plaintext)
         self._policy.require(ctx, Permission.DATAKEYS_GENERATE, action=action, object_type="key", object_id=ref)
-        if number_of_bytes not in (16, 24, 32, 48, 64):
+        if number_of_bytes not in DATA_KEY_SIZES:
             raise InvalidInput("number_of_bytes must be one of 16, 24, 32, 48, 64")
-        digest = context_digest(context)
-        return retry_on_disconnect(lambda: self._generate(ctx, ref, action, number_of_bytes, digest,
-                                                          include_plaintext))
-
-    def _generate(self, ctx: RequestContext, ref: str, action: str, number_of_bytes: int, digest: bytes,
-                  include_plaintext: bool) -> DataKey:
-        # begin(): a no-op transaction on PostgreSQL's autocommit pool, a real one on SQLite.
-        with self._autocommit.begin() as conn:
-            try:
-                active = self._active_version(conn, ref)
-                self._gcm.spend(active.key_id, active.version, name=active.name, conn=conn)
-            except (NotFound, Conflict) as exc:
-                refusal: CoreError | None = exc
-            else:
-                refusal = None
-                header = HEADER.pack(MAGIC, FORMAT_V1, active.key_id.bytes, active.version, MECH_AES_256_GCM_HSM)
-                try:
-                    plaintext = self._hsm.random(number_of_bytes)
-                    sealed = self._hsm.encrypt_with(active.wrapped, plaintext, aad=header + digest)
-                except HsmError as exc:
-                    raise hsm_failure("seal the data key", exc) from exc
-                # Committed before the key is returned: no data key leaves without its record.
-                self._audit.add(conn, ctx, action=action, object_type="key", object_id=str(active.key_id),
-                                details={"name": active.name, "version": active.version,
-                                         "bytes": number_of_bytes})
-        if refusal is not None:
+        try:
+            active = self._active_version(ref)
+            self._gcm.spend(active.key_id, active.version, name=active.name)
+        except (NotFound, Conflict) as exc:
             # Recorded once the lookup's transaction has ended (decision 0010).
             self._audit.record_now(ctx, action=action, outcome="error", object_type="key", object_id=ref[:200],
-                                   details={"reason": refusal.code})
-            raise refusal
-        return DataKey(active.key_id, active.name, active.version, header + sealed,
-                       plaintext if include_plaintext else None)
+                                   details={"reason": exc.code})
+            raise
+        dk, record = self._seal(ctx, active, action, number_of_bytes, context, include_plaintext)
+        # Committed before the key is returned: no data key leaves without its record. The
+        # commit is shared with concurrent requests (group commit): at 200 clients one
+        # commit per data key was most of what the store did.
+        self._audit.commit(record)
+        return dk
+
+    def seal_cached(
+        self, ctx: RequestContext, ref: str, *, number_of_bytes: int, context: dict[str, str],
+        include_plaintext: bool,
+    ) -> tuple[DataKey, PendingRecord] | None:
+        """`generate` without blocking on the store: the data key and the record that must
+        be committed before it is handed out (`AuditService.commit_async`), or None when
+        this needs the store or would be refused (not permitted, the key's Active version
+        not cached, this process's GCM block spent) — then call `generate`, which looks,
+        refuses and audits. For the REST hot path, which runs on the event loop."""
+        if number_of_bytes not in DATA_KEY_SIZES or not self._policy.permits(ctx, Permission.DATAKEYS_GENERATE):
+            return None
+        active = self._cached_active(ref)
+        if active is None or not self._gcm.try_spend(active.key_id, active.version):
+            return None
+        return self._seal(ctx, active, _generate_action(include_plaintext), number_of_bytes, context,
+                          include_plaintext)
+
+    def _seal(self, ctx: RequestContext, active: _Active, action: str, number_of_bytes: int,
+              context: dict[str, str] | None, include_plaintext: bool) -> tuple[DataKey, PendingRecord]:
+        header = HEADER.pack(MAGIC, FORMAT_V1, active.key_id.bytes, active.version, MECH_AES_256_GCM_HSM)
+        try:
+            plaintext = self._hsm.random(number_of_bytes)
+            sealed = self._hsm.encrypt_with(active.wrapped, plaintext, aad=header + context_digest(context))
+        except HsmError as exc:
+            raise hsm_failure("seal the data key", exc) from exc
+        record = PendingRecord(ctx=ctx, action=action, object_type="key", object_id=str(active.key_id),
+                               details={"name": active.name, "version": active.version, "bytes": number_of_bytes})
+        return (DataKey(active.key_id, active.name, active.version, header + sealed,
+                        plaintext if include_plaintext else None), record)
 
     @staticmethod
     def _no_active(conn: Connection, ref: str) -> NotFound | Conflict:

@@ -7,11 +7,14 @@ from __future__ import annotations
 class CoreError(Exception):
     code = "error"
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None,
+                 errors: list[dict[str, object]] | None = None) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
+        # What the message lists, for programs (REST: the problem's `errors` member).
+        self.errors = errors
 
 
 class InvalidInput(CoreError):

@@ -33,16 +33,24 @@ class GcmBudget:
         self._left: dict[tuple[uuid.UUID, int], int] = {}
         self._lock = threading.Lock()
 
-    def spend(self, key_id: uuid.UUID, version: int, *, name: str, conn: Connection | None = None) -> None:
-        """Account for one GCM encryption under the version; Conflict `gcm_limit` when it
-        has made its 2^32. `conn`: the caller's open transaction (one per thread, decision
-        0010), else a short one of its own."""
+    def try_spend(self, key_id: uuid.UUID, version: int) -> bool:
+        """Spend one invocation from this process's block, if it has one left: never
+        touches the store (False: call `spend`)."""
         slot = (key_id, version)
         with self._lock:
             left = self._left.get(slot, 0)
             if left > 0:
                 self._left[slot] = left - 1
-                return
+                return True
+        return False
+
+    def spend(self, key_id: uuid.UUID, version: int, *, name: str, conn: Connection | None = None) -> None:
+        """Account for one GCM encryption under the version; Conflict `gcm_limit` when it
+        has made its 2^32. `conn`: the caller's open transaction (one per thread, decision
+        0010), else a short one of its own."""
+        if self.try_spend(key_id, version):
+            return
+        slot = (key_id, version)
         got = self._reserve(conn, key_id, version) if conn is not None else self._reserve_alone(key_id, version)
         if got <= 0:
             raise Conflict(f"version {version} of key '{name}' has made the {self._limit:,} AES-GCM encryptions "

@@ -20,7 +20,8 @@ from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, InvalidInput, NotFound
 from keyserver.core.hosts import GROUP_RE
 from keyserver.core.keys import key_filter, require_aes
-from keyserver.core.policy import Permission, Policy
+from keyserver.core.permissions import Permission
+from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import KeyState
 from keyserver.store.models import GuardPoint, Host, KeyVersion, ManagedKey

@@ -30,7 +30,8 @@ from keyserver.core.ca import CertificateAuthority, serial_hex
 from keyserver.core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated, hsm_failure
 from keyserver.core.identity import sha256_hex
 from keyserver.core.keys import key_filter, require_aes, version_wrapped
-from keyserver.core.policy import Permission, Policy
+from keyserver.core.permissions import Permission
+from keyserver.core.policy import Policy
 from keyserver.core.principal import ANONYMOUS, Principal, RequestContext
 from keyserver.core.states import DECRYPTABLE, KeyState
 from keyserver.store.models import EnrollmentToken, GuardPoint, Host, KeyVersion, ManagedKey
@@ -168,6 +169,7 @@ class HostService:
             raise refuse("invalid", "malformed enrollment token")
         lookup, _, secret = token[len(TOKEN_PREFIX):].partition("_")
         now = self._now()
+        self._ca.ensure()  # before the transaction: it may read the CA's key again (KEK rotation)
         with self._audit.transaction() as s:
             row = s.execute(select(EnrollmentToken).where(EnrollmentToken.lookup_id == lookup)
                             .with_for_update()).scalar_one_or_none()

@@ -41,7 +41,8 @@ from keyserver.core.errors import (
     Unauthenticated,
 )
 from keyserver.core.kmip_sealed import seal, unseal
-from keyserver.core.policy import Permission, Policy, Role, permissions_for
+from keyserver.core.permissions import Permission, Role, permissions_for
+from keyserver.core.policy import Policy
 from keyserver.core.principal import Principal, RequestContext, system_context
 from keyserver.store.models import ApiToken, BrowserSession, User
 from keyserver.store.notify import Notifier, Topic
@@ -148,6 +149,16 @@ def _totp(key: bytes) -> TOTP:
     # HMAC-SHA-1 is RFC 6238's default and the one every authenticator app implements;
     # HMAC's security does not rest on SHA-1's collision resistance.
     return TOTP(key, 6, SHA1(), TOTP_STEP, enforce_key_length=False)  # noqa: S303
+
+
+def totp_dek(totp: dict[str, Any]) -> WrappedKey:
+    """The KEK-wrapped DEK a TOTP secret is sealed under (a KEK rotation re-wraps it)."""
+    return WrappedKey(totp["dek_kek"], totp["dek_mechanism"], base64.b64decode(totp["dek"]))
+
+
+def with_totp_dek(totp: dict[str, Any], dek: WrappedKey) -> dict[str, Any]:
+    return {**totp, "dek_kek": dek.wrapping_key_id, "dek_mechanism": dek.mechanism,
+            "dek": base64.b64encode(dek.ciphertext).decode()}
 
 
 def _totp_on(user: User) -> bool:
@@ -531,8 +542,7 @@ class IdentityService:
     def _totp_key(self, user: User) -> bytes:
         t = user.totp or {}
         assert self._hsm is not None
-        dek = WrappedKey(t["dek_kek"], t["dek_mechanism"], base64.b64decode(t["dek"]))
-        return unseal(self._hsm, dek, base64.b64decode(t["secret"]), mechanism=t["mechanism"], der=False)
+        return unseal(self._hsm, totp_dek(t), base64.b64decode(t["secret"]), mechanism=t["mechanism"], der=False)
 
     def _totp_step(self, user: User, code: str, *, confirmed_only: bool = True) -> int | None:
         """The time step `code` belongs to (the current one or one either side, for
@@ -567,9 +577,8 @@ class IdentityService:
             if _totp_on(user):
                 raise Conflict("a second factor is set up already; an administrator can reset it",
                                code="totp_exists")
-            user.totp = {"dek_kek": sealed.dek.wrapping_key_id, "dek_mechanism": sealed.dek.mechanism,
-                         "dek": base64.b64encode(sealed.dek.ciphertext).decode(), "mechanism": sealed.mechanism,
-                         "secret": base64.b64encode(sealed.material).decode(), "confirmed": False}
+            user.totp = with_totp_dek({"mechanism": sealed.mechanism, "confirmed": False,
+                                       "secret": base64.b64encode(sealed.material).decode()}, sealed.dek)
             self._audit.add(s, ctx, action="user.totp_enroll", object_type="user", object_id=user.username)
             username = user.username
         b32 = base64.b32encode(secret).decode().rstrip("=")

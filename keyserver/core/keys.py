@@ -22,7 +22,8 @@ from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, InvalidInput, NotFound, hsm_failure
 from keyserver.core.kek import KekService
 from keyserver.core.names import UUID_RE, check_name
-from keyserver.core.policy import Permission, Policy
+from keyserver.core.permissions import Permission
+from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import DESTROYED_STATES, KeyState, check_transition
 from keyserver.store.models import KeyVersion, ManagedKey
@@ -282,7 +283,7 @@ class KeyService:
         if rotation_period_days is not None and not 1 <= rotation_period_days <= 3650:
             raise InvalidInput("rotation_period_days must be between 1 and 3650")
         now = self._now()
-        with self._db.begin() as s:
+        with self._audit.transaction() as s:  # the refusal below is recorded though it rolls back
             key = self._load(s, ref, lock=True)
             changed: dict[str, Any] = {}
             if description is not None:
@@ -298,6 +299,13 @@ class KeyService:
                 key.rotation_period_days = key.next_rotation_at = None
                 changed["rotation_period_days"] = None
             elif rotation_period_days is not None:
+                state = key_state(key)
+                if state in DESTROYED_STATES:
+                    self._audit.record_after(s, ctx, action="key.update", outcome="error", object_type="key",
+                                             object_id=str(key.id), details={"name": key.name,
+                                                                             "reason": "illegal_state"})
+                    raise Conflict(f"key '{key.name}' is {state.value}: it is never rotated again, so it takes no "
+                                   "rotation schedule", code="illegal_state")
                 key.rotation_period_days = rotation_period_days
                 key.next_rotation_at = now + timedelta(days=rotation_period_days)
                 changed["rotation_period_days"] = rotation_period_days

@@ -27,7 +27,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.ca import CertificateAuthority, fingerprint, serial_hex
 from keyserver.core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
-from keyserver.core.policy import Permission, Policy, Role, permissions_for
+from keyserver.core.permissions import Permission, Role, permissions_for
+from keyserver.core.policy import Policy
 from keyserver.core.principal import Principal, RequestContext
 from keyserver.store.models import KmipClient
 from keyserver.store.notify import Notifier, Topic
@@ -131,6 +132,7 @@ class KmipClientService:
         with self._db() as s:
             if s.execute(select(KmipClient.id).where(KmipClient.name == name)).first():
                 raise Conflict(f"a KMIP client named '{name}' exists already", code="kmip_client_exists")
+        self._ca.ensure()  # it may read the CA's key again (KEK rotation)
         cert = self._ca.issue_client(name=name, public_key=public_key, days=self._cert_days)
         now = self._now()
         client = KmipClient(id=uuid.uuid4(), name=name, role=role, serial=serial_hex(cert),

@@ -39,11 +39,11 @@ from keyserver.core.errors import (
 from keyserver.core.keys import COMPROMISE_REASONS, REVOCATION_REASONS, key_filter, validate_tags, version_wrapped
 from keyserver.core.kmip_sealed import UnsealError, seal, unseal
 from keyserver.core.names import UUID_RE, check_name
-from keyserver.core.policy import Permission, Policy
+from keyserver.core.permissions import Permission
+from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import DESTROYED_STATES, RETRIEVABLE, KeyState, check_transition
 from keyserver.core.usage import Usage, uses_of
-from keyserver.store.db import retry_on_disconnect
 from keyserver.store.models import KeyVersion, KmipPublicKey, KmipSealedObject, ManagedKey
 from keyserver.store.notify import Notifier, Topic
 
@@ -141,55 +141,6 @@ class LocateQuery:
         return {k: v for k, v in out.items() if v is not None}
 
 
-class _Slot:
-    __slots__ = ("done", "error")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-
-class _GroupCommit:
-    """Group commit of export records: a request's record is committed before its key
-    leaves, but concurrent requests share one INSERT of all their records. The first
-    request to arrive writes (its own and whatever queued meanwhile) while the others
-    wait for it; no extra thread, so a lone client pays nothing for the grouping."""
-
-    def __init__(self, write: Callable[[list[PendingRecord]], None]) -> None:
-        self._write = write
-        self._lock = threading.Lock()
-        self._queue: list[tuple[PendingRecord, _Slot]] = []
-        self._writing = False
-
-    def submit(self, record: PendingRecord) -> None:
-        slot = _Slot()
-        with self._lock:
-            self._queue.append((record, slot))
-            lead = not self._writing
-            self._writing = True
-        if lead:
-            self._drain()
-        slot.done.wait()
-        if slot.error is not None:
-            raise slot.error
-
-    def _drain(self) -> None:
-        while True:
-            with self._lock:
-                batch, self._queue = self._queue, []
-                if not batch:
-                    self._writing = False
-                    return
-            error: BaseException | None = None
-            try:
-                self._write([record for record, _ in batch])
-            except BaseException as exc:  # every waiter of the batch learns it failed
-                error = exc
-            for _, slot in batch:
-                slot.error = error
-                slot.done.set()
-
-
 class KmipObjectService:
     def __init__(
         self,
@@ -211,8 +162,6 @@ class KmipObjectService:
         # Reads in autocommit: no BEGIN/ROLLBACK round trips around each lookup.
         self._read = session_factory if autocommit_engine is None else sessionmaker(
             autocommit_engine, expire_on_commit=False)
-        # Export records are single statements: autocommit saves BEGIN and COMMIT round trips.
-        self._autocommit = autocommit_engine
         self._hsm = hsm
         self._audit = audit
         self._policy = policy
@@ -227,7 +176,6 @@ class KmipObjectService:
         self._cache: dict[str, tuple[VersionObject | StandaloneObject, float]] = {}
         self._cache_lock = threading.Lock()
         self._generation = 0  # see KmipClientService: a lookup older than a clear is not cached
-        self._records = _GroupCommit(self._write_records)
         # RSA key generation holds a pooled HSM session for up to seconds (4096 bits):
         # a burst of CreateKeyPair must not take every session from Get and Create.
         self._pair_slots = threading.BoundedSemaphore(PAIR_GENERATIONS)
@@ -316,7 +264,7 @@ class KmipObjectService:
 
     def record(self, record: PendingRecord) -> None:
         """Audit one use (group commit, committed before the caller answers)."""
-        self._records.submit(record)
+        self._audit.commit(record)
 
     def require(self, ctx: RequestContext, permission: Permission, *, action: str) -> None:
         self._policy.require(ctx, permission, action=action)
@@ -326,7 +274,7 @@ class KmipObjectService:
         audited like every operation, with the group commit exports use."""
         found = self.resolve(ctx, uid, action=action)
         object_type, object_id = audit_identity(found)
-        self._records.submit(PendingRecord(ctx=ctx, action=action, object_type=object_type, object_id=object_id,
+        self._audit.commit(PendingRecord(ctx=ctx, action=action, object_type=object_type, object_id=object_id,
                                            details=audit_details(found)))
         return found
 
@@ -431,7 +379,7 @@ class KmipObjectService:
                     sstmt = sstmt.where(KmipSealedObject.length_bits == q.length_bits)
                 uids.extend(str(i) for i, attrs in s.execute(sstmt.limit(limit)) if wanted(attrs))
         found = uids[q.offset_items:end]
-        self._records.submit(PendingRecord(ctx=ctx, action="kmip.locate", details={
+        self._audit.commit(PendingRecord(ctx=ctx, action="kmip.locate", details={
             "criteria": q.criteria(), "found": len(found)}))
         return found
 
@@ -493,24 +441,9 @@ class KmipObjectService:
             raise hsm_failure("export the key", exc) from exc
         details["plaintext"] = mechanism is None
         # Committed before the material is returned: no key leaves without its record.
-        self._records.submit(PendingRecord(ctx=ctx, action="key.export", object_type="key",
+        self._audit.commit(PendingRecord(ctx=ctx, action="key.export", object_type="key",
                                                   object_id=str(obj.key.id), details=details))
         return ExportedKey(obj=obj, material=material, wrapping_mechanism=mechanism)
-
-    def _write_records(self, records: list[PendingRecord]) -> None:
-        if self._autocommit is None:
-            with self._db.begin() as s:
-                self._audit.add_many(s, records)
-            return
-        autocommit = self._autocommit
-
-        def write() -> None:
-            # begin(): a no-op transaction in autocommit (PostgreSQL), a real one on SQLite;
-            # one multi-row INSERT is atomic either way.
-            with autocommit.begin() as conn:
-                self._audit.add_many(conn, records)
-
-        retry_on_disconnect(write)
 
     # --- registered public keys -----------------------------------------------------
     def register_public_key(self, ctx: RequestContext, der: bytes, *, name: str | None,
@@ -658,7 +591,7 @@ class KmipObjectService:
             raise IntegrityFailure() from None
         except HsmError as exc:
             raise hsm_failure("open the object", exc) from exc
-        self._records.submit(PendingRecord(
+        self._audit.commit(PendingRecord(
             ctx=ctx, action="key.export", object_type=audit_type, object_id=str(obj.id),
             details={**audit_details(obj), "state": state.value, "plaintext": True}))
         return plain

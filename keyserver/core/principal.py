@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
-from keyserver.core.policy import Permission
+from keyserver.core.permissions import Permission
 
 ActorType = Literal["user", "token", "host", "system", "anonymous"]
 

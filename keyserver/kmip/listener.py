@@ -28,7 +28,7 @@ from keyserver.core.errors import CoreError
 from keyserver.core.kmip_clients import KmipClientService
 from keyserver.core.principal import Principal
 from keyserver.kmip.dispatcher import Dispatcher
-from keyserver.tls import server_context
+from keyserver.runtime.tls import server_context
 
 log = logging.getLogger(__name__)
 HEADER = 8

@@ -269,14 +269,21 @@ class ChangeCounter(Base):
 
 
 class Kek(Base):
-    """Which HSM key-encryption key is current. The key itself never leaves the HSM."""
+    """Which HSM key-encryption key is current. The key itself never leaves the HSM.
+
+    active: the current one. retiring: a rotation away from it is running (it still
+    serves reads). superseded: the rotation finished; it is still in the token.
+    retired: removed from the token (`keyserver retire-kek`), when and by whom.
+    """
 
     __tablename__ = "keks"
 
     kek_id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    state: Mapped[str] = mapped_column(String(16))  # active | retired
+    state: Mapped[str] = mapped_column(String(16))  # active | retiring | superseded | retired
     created_at: Mapped[datetime]
+    superseded_at: Mapped[datetime | None]
     retired_at: Mapped[datetime | None]
+    retired_by: Mapped[str | None] = mapped_column(String(200))
 
 
 class KekRotation(Base):
@@ -292,6 +299,9 @@ class KekRotation(Base):
     done: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
     requested_by: Mapped[str] = mapped_column(String(200))
+    # Per kind of wrapped thing (core/kek.py KINDS): {"done": n, "total": m}; total and
+    # done above are their sums.
+    progress: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
 
 
 class KmipCa(Base):

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from agents.cryptfile import read_header
-from keyserver.agentdist import build_wheel
+from keyserver.runtime.agentdist import build_wheel
 from keyserver.services import Services
 from tests import https
 from tests.conftest import unique

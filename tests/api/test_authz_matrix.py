@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from keyserver.core.policy import ROLE_PERMISSIONS, Permission, Role
+from keyserver.core.permissions import ROLE_PERMISSIONS, Permission, Role
 from keyserver.services import Services
 from tests import https
 from tests.conftest import Actor, unique
@@ -217,6 +217,9 @@ CASES: dict[str, Case] = {
     "revokeToken": Case("DELETE", "/api/v1/tokens/{token}", (P.TOKENS_OWN,), setup=own_token),
     "getKekStatus": Case("GET", "/api/v1/system/kek", (P.SYSTEM_READ,)),
     "rotateKek": Case("POST", "/api/v1/system/kek/rotate", (P.SYSTEM_KEK,), ok=(202, 409)),
+    # The active KEK: who may is refused for that (409 kek_active, nothing changes).
+    "retireKek": Case("POST", "/api/v1/system/keks/{kek}/retire", (P.SYSTEM_KEK,), ok=(409,),
+                      setup=lambda s, *_: {"kek": s.keks.current()}),
     "getKekRotation": Case("GET", "/api/v1/system/kek/rotations/{rotation}", (P.SYSTEM_READ,),
                            setup=rotation),
     "metrics": Case("GET", "/metrics", (P.SYSTEM_READ,)),
@@ -335,7 +338,7 @@ def test_the_permission_table_in_docs_is_the_policy() -> None:
     """docs/api.md's table, cell by cell, against ROLE_PERMISSIONS."""
     import re
 
-    from keyserver.core.policy import ROLE_PERMISSIONS, Role
+    from keyserver.core.permissions import ROLE_PERMISSIONS, Role
     from tests.conftest import REPO
 
     doc = (REPO / "docs" / "api.md").read_text()

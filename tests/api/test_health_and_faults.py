@@ -49,6 +49,9 @@ def test_health_ready_and_metrics(base_url: str, admin: httpx.Client) -> None:
     text = admin.get("/metrics").text
     assert 'strongroom_http_requests_total{method="GET",route="/api/v1/keys",status="200"}' in text
     assert "strongroom_http_request_seconds_bucket" in text
+    # The audit chain's backlog, read from the store at each scrape.
+    pending = [line for line in text.splitlines() if line.startswith("strongroom_audit_pending_records ")]
+    assert len(pending) == 1 and float(pending[0].split()[1]) >= 0
 
 
 def test_security_headers_and_unknown_routes(base_url: str) -> None:

@@ -139,6 +139,25 @@ def test_update_metadata_and_schedule(admin: httpx.Client, new_key: dict[str, An
     assert key["rotation_period_days"] is None and key["next_rotation_at"] is None
 
 
+def test_a_destroyed_key_takes_no_rotation_schedule(admin: httpx.Client, services: Services) -> None:
+    """It is never rotated again: a schedule would promise a rotation that cannot happen
+    (the console offered one, "next rotation tomorrow"). Refused and audited."""
+    name = unique("gone")
+    key = admin.post("/api/v1/keys", json={"name": name}).json()
+    admin.post(f"/api/v1/keys/{name}/deactivate")
+    assert admin.post(f"/api/v1/keys/{name}/destroy", json={}).status_code == 200
+    r = admin.patch(f"/api/v1/keys/{name}", json={"rotation_period_days": 30})
+    assert r.status_code == 409 and r.json()["code"] == "illegal_state", r.text
+    assert "never rotated again" in r.json()["detail"]
+    after = admin.get(f"/api/v1/keys/{name}").json()
+    assert after["rotation_period_days"] is None and after["next_rotation_at"] is None
+    services.audit.flush()
+    refused = admin.get("/api/v1/audit/events", params={"object_id": key["id"], "outcome": "error"}).json()
+    assert [e["action"] for e in refused["items"]] == ["key.update"]
+    # Metadata can still be corrected on a destroyed key.
+    assert admin.patch(f"/api/v1/keys/{name}", json={"description": "shredded 2026"}).status_code == 200
+
+
 def test_list_filters_and_pages(admin: httpx.Client) -> None:
     marker = unique("flt")
     for i in range(5):

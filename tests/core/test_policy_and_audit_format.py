@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from keyserver.core.audit import canonical_record
-from keyserver.core.policy import ROLE_PERMISSIONS, Permission, Role, permissions_for
+from keyserver.core.permissions import ROLE_PERMISSIONS, Permission, Role, permissions_for
 
 
 def test_auditor_reads_but_never_changes() -> None:

@@ -130,42 +130,6 @@ def _listener_connected(services: Services) -> None:
     assert _eventually(lambda: services.notifier.healthy)
 
 
-def test_group_commit_writes_each_record_once_and_fails_every_waiter() -> None:
-    from keyserver.core.audit import PendingRecord
-    from keyserver.core.kmip_objects import _GroupCommit
-    from keyserver.core.principal import system_context
-
-    ctx = system_context("tests")
-    written: list[list[str]] = []
-    gate = threading.Event()
-
-    def write(records: list[PendingRecord]) -> None:
-        gate.wait(5)  # hold the first writer so that the others queue behind it
-        written.append([str(r.object_id) for r in records])
-
-    group = _GroupCommit(write)
-    threads = [threading.Thread(target=group.submit, args=(PendingRecord(ctx=ctx, action="t", object_id=str(i)),))
-               for i in range(20)]
-    for t in threads:
-        t.start()
-    time.sleep(0.2)
-    gate.set()
-    for t in threads:
-        t.join(10)
-    flat = [x for batch in written for x in batch]
-    assert sorted(flat, key=int) == [str(i) for i in range(20)]
-    assert len(written) < 20  # grouped
-
-    def broken(records: list[PendingRecord]) -> None:
-        raise RuntimeError("database gone")
-
-    failing = _GroupCommit(broken)
-    with pytest.raises(RuntimeError):
-        failing.submit(PendingRecord(ctx=ctx, action="t"))
-    with pytest.raises(RuntimeError):  # and the next caller is not stuck behind a dead leader
-        failing.submit(PendingRecord(ctx=ctx, action="t"))
-
-
 def test_a_notification_drops_only_the_caches_of_its_topic(services: Services) -> None:
     """A burst of key changes must not empty every replica's credential caches, and a
     credential change must still reach them; a notification with no topic (an older

@@ -36,7 +36,7 @@ def test_moved_benchmark_modules_are_gone_from_the_production_packages() -> None
 
 
 def test_the_agent_wheel_carries_no_moved_benchmark() -> None:
-    from keyserver.agentdist import build_wheel
+    from keyserver.runtime.agentdist import build_wheel
 
     names = zipfile.ZipFile(io.BytesIO(build_wheel().data)).namelist()
     assert "agents/cryptfile/file.py" in names

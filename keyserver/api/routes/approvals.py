@@ -18,7 +18,7 @@ State = Literal["pending", "approved", "executed", "failed", "rejected", "expire
 
 class ApprovalPublic(BaseModel):
     id: uuid.UUID
-    action: str = Field(description="key.destroy, kek.rotate or user.role")
+    action: str = Field(description="key.destroy, kek.rotate, kek.retire, user.role or key.export")
     target: str
     params: dict[str, Any]
     requested_by: str

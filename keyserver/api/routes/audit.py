@@ -18,7 +18,7 @@ from keyserver.api.schemas import (
 )
 from keyserver.core.audit import AuditFilter, event_dict
 from keyserver.core.errors import NotFound
-from keyserver.core.policy import Permission
+from keyserver.core.permissions import Permission
 
 router = APIRouter(prefix="/audit", tags=["audit"])
 

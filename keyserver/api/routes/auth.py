@@ -12,7 +12,7 @@ from keyserver.api.schemas import LoginRequest, LoginResponse, Me, PasswordChang
 from keyserver.core.approvals import ACTIONS
 from keyserver.core.errors import CoreError, NotFound
 from keyserver.core.identity import LoginResult
-from keyserver.core.policy import KEY_OPERATIONS, Permission, permissions_for
+from keyserver.core.permissions import KEY_OPERATIONS, Permission, permissions_for
 from keyserver.core.principal import Principal
 from keyserver.logs import request_id_var
 from keyserver.oidc import OidcClient

@@ -10,11 +10,11 @@ from cryptography import x509
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 
-from keyserver.agentdist import agent_wheel
 from keyserver.api.deps import Ctx, ServicesDep
 from keyserver.core.ca import display_fingerprint
 from keyserver.core.errors import NotFound
-from keyserver.core.policy import Permission
+from keyserver.core.permissions import Permission
+from keyserver.runtime.agentdist import agent_wheel
 
 router = APIRouter(tags=["install"])
 PEM = "application/x-pem-file"

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import base64
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
@@ -19,6 +19,7 @@ from keyserver.api.schemas import (
     Page,
     RevokeRequest,
 )
+from keyserver.core.datakeys import DataKey
 from keyserver.core.keys import KeySpec, key_state
 from keyserver.store.models import ManagedKey
 
@@ -102,12 +103,19 @@ def destroy_key(key_ref: KeyRef, body: DestroyRequest, ctx: Ctx, services: Servi
 @router.post("/{key_ref}/generate-data-key", operation_id="generateDataKey", response_model=DataKeyPublic)
 def generate_data_key(key_ref: KeyRef, body: GenerateDataKeyRequest, ctx: Ctx,
                       services: ServicesDep) -> JSONResponse:
+    # Most calls are answered before they reach this function, by the API's hot path
+    # (keyserver/api/hotpath.py); it serves the rest: the first call of a token or for a
+    # key, sessions, refusals.
     dk = services.datakeys.generate(ctx, key_ref, number_of_bytes=body.number_of_bytes,
                                     context=body.context, include_plaintext=body.include_plaintext)
-    # The hottest route: built directly in the shape of DataKeyPublic (the declared
-    # response model), which saves re-validating what we just made.
-    return JSONResponse({
+    return JSONResponse(data_key_body(dk))
+
+
+def data_key_body(dk: DataKey) -> dict[str, Any]:
+    """The response, built directly in the shape of DataKeyPublic (the declared response
+    model): the hottest route saves re-validating what it just made."""
+    return {
         "key_id": str(dk.key_id), "key_name": dk.key_name, "key_version": dk.key_version,
         "ciphertext_blob": base64.b64encode(dk.blob).decode(),
         "plaintext": base64.b64encode(dk.plaintext).decode() if dk.plaintext is not None else None,
-    })
+    }

@@ -30,6 +30,14 @@ def rotate_kek(ctx: Ctx, services: ServicesDep) -> KekRotationPublic:
     return KekRotationPublic.model_validate(rot)
 
 
+@router.post("/keks/{kek_id}/retire", operation_id="retireKek", response_model=KekPublic)
+def retire_kek(kek_id: str, ctx: Ctx, services: ServicesDep) -> KekPublic:
+    """Remove a superseded KEK from the HSM token for good. Refused (409, the problem's
+    `errors` listing per kind the count and the first ids) while anything stored is still
+    wrapped under it, while it is the active KEK, or while a rotation runs."""
+    return KekPublic.model_validate(services.keks.retire(ctx, kek_id))
+
+
 @router.get("/kek/rotations/{rotation_id}", operation_id="getKekRotation", response_model=KekRotationPublic)
 def get_rotation(rotation_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> KekRotationPublic:
     return KekRotationPublic.model_validate(services.keks.get_rotation(ctx, rotation_id))

@@ -12,33 +12,26 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
-import socket
+import tempfile
 import time
 from typing import Any
 
+from keyserver.runtime.sockets import bind_socket
+from keyserver.services import Services
+
 log = logging.getLogger(__name__)
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 def _worker(host: str, port: int, uvicorn_kwargs: dict[str, Any], kmip: bool = False) -> None:
     import uvicorn
 
-    from keyserver.agentport import agent_sidecar, run_servers
-    from keyserver.asgi import app_factory
-    from keyserver.tls import rest_tls_context, uvicorn_tls
+    from keyserver.runtime.agentport import agent_sidecar, run_servers
+    from keyserver.runtime.asgi import app_factory
+    from keyserver.runtime.tls import rest_tls_context, uvicorn_tls
 
-    app = app_factory()
+    app = app_factory(housekeeping=False)  # the supervisor does it
     services = app.state.services
     if kmip:
         # Every worker serves KMIP on the same port (SO_REUSEPORT): one Python process
@@ -59,9 +52,16 @@ def _worker(host: str, port: int, uvicorn_kwargs: dict[str, Any], kmip: bool = F
 
 
 def serve_workers(*, host: str, port: int, workers: int, uvicorn_kwargs: dict[str, Any],
-                  kmip: bool = False) -> None:
+                  kmip: bool = False, housekeeping: Services | None = None) -> None:
+    """`housekeeping`: services of the supervisor's own, on which it chains the audit,
+    delivers to the sinks and runs the scheduler while the workers serve requests (and
+    closes them at the end)."""
     # Bind once in the parent to fail fast (port in use) before any worker starts.
     probe = bind_socket(host, port)
+    # Metrics: each worker writes its values here, every scrape adds them up (api/app.py
+    # Metrics). Set before the workers start: prometheus_client reads it on import.
+    metrics_dir = tempfile.mkdtemp(prefix="strongroom-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     ctx = multiprocessing.get_context("spawn")
     procs: list[multiprocessing.process.BaseProcess] = []
     stopping = False
@@ -79,6 +79,8 @@ def serve_workers(*, host: str, port: int, workers: int, uvicorn_kwargs: dict[st
     signal.signal(signal.SIGINT, stop)
     procs = [start() for _ in range(workers)]
     probe.close()
+    if housekeeping is not None:
+        housekeeping.start_background()
     try:
         while not stopping:
             time.sleep(0.5)
@@ -95,3 +97,6 @@ def serve_workers(*, host: str, port: int, workers: int, uvicorn_kwargs: dict[st
             p.join(timeout=max(0.1, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
+        if housekeeping is not None:
+            housekeeping.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)

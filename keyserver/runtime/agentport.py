@@ -25,9 +25,9 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from keyserver.core.ca import CertificateAuthority
-from keyserver.server import bind_socket
+from keyserver.runtime.sockets import bind_socket
+from keyserver.runtime.tls import server_context
 from keyserver.services import Services
-from keyserver.tls import server_context
 
 try:  # the protocol uvicorn's "auto" would pick
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _BaseProtocol

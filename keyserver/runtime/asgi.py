@@ -11,7 +11,9 @@ from keyserver.services import build_services
 from keyserver.settings import Settings
 
 
-def app_factory() -> FastAPI:
+def app_factory(*, housekeeping: bool = True) -> FastAPI:
+    """`housekeeping=False`: a worker whose supervisor chains the audit, delivers to the
+    sinks and runs the scheduler."""
     settings = Settings()
     configure(settings.log_level)
-    return create_app(build_services(settings, migrate=False))
+    return create_app(build_services(settings, migrate=False), housekeeping=housekeeping)
