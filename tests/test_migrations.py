@@ -76,3 +76,26 @@ def test_postgresql_kek_states_0017() -> None:
 
 def test_sqlite_kek_states_0017(tmp_path: Path) -> None:
     check_kek_states(f"sqlite:///{tmp_path / 'm.db'}")
+
+
+def test_replicas_starting_together_migrate_once(tmp_path: Path) -> None:
+    """Three processes upgrading one fresh PostgreSQL database at once (replicas of a new
+    release starting together): one migrates, the others wait for it and find nothing to
+    do; none fails on a table another has just created."""
+    import subprocess
+    import sys
+
+    with scratch_database() as url:
+        script = "import sys; from keyserver.store import db; db.upgrade(sys.argv[1])"
+        procs = [subprocess.Popen([sys.executable, "-c", script, url], stderr=subprocess.PIPE, text=True)
+                 for _ in range(3)]
+        results = [(p.wait(120), p.stderr.read() if p.stderr else "") for p in procs]
+        assert all(rc == 0 for rc, _ in results), "\n".join(err for _, err in results)
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                heads = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+                diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+            assert len(heads) == 1 and diff == [], (heads, diff)
+        finally:
+            engine.dispose()
