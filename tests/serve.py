@@ -40,7 +40,8 @@ def server_env(data: Path, port: int, **extra: str) -> dict[str, str]:
     default in `data`, on free ports (runs may overlap)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STRONGROOM_", "SOFTHSM2_CONF"))}
     env.update(STRONGROOM_DATA_DIR=str(data), STRONGROOM_PORT=str(port), STRONGROOM_AGENT_PORT=str(free_port()),
-               STRONGROOM_KMIP_PORT="0", STRONGROOM_LOG_LEVEL="WARNING", **extra)
+               STRONGROOM_KMIP_PORT="0", STRONGROOM_LOG_LEVEL="WARNING")
+    env.update(extra)  # the caller's settings win over these defaults
     return env
 
 
