@@ -427,6 +427,27 @@ test("guard points: define one with ordered rules in learn mode, then see it lis
   await done();
 });
 
+test("KEK & HSM: the active KEK, what it wraps, the HSM, and an active KEK cannot be retired", async () => {
+  const { page, context, done } = await open(STATE);
+  await page.goto("/#/");
+  await page.getByRole("link", { name: "KEK & HSM" }).click();
+  await page.getByRole("heading", { name: "KEK & HSM" }).waitFor();
+  const active = ((await page.getByTestId("active-kek").textContent()) ?? "").trim();
+  assert.ok(active.length > 0, "the active KEK is named");
+  const row = page.getByTestId("kek-table").locator(`tr[data-kek="${active}"]`);
+  await row.locator('[data-state="active"]').waitFor();
+  assert.equal(await row.getByRole("button", { name: /Retire KEK/ }).count(), 0, "no retire for the active KEK");
+  await page.getByText("Key wrapping").waitFor();
+  assert.equal(await page.getByTestId("rotate-kek").isEnabled(), true);
+  // The page shows what the server says: the same list over the API, the same refusal.
+  const csrf = (await context.cookies()).find((c) => c.name === "strongroom_csrf")?.value;
+  const r = await context.request.post(`/api/v1/system/keks/${active}/retire`, { headers: { "X-CSRF-Token": csrf ?? "" } });
+  assert.equal(r.status(), 409);
+  assert.equal((await r.json()).code, "kek_active");
+  await shot(page, "kek-hsm");
+  await done();
+});
+
 test("an auditor sees keys and hosts read-only: no rotate, no enroll or revoke, and the API refuses them", async () => {
   const { page, context, done } = await open(undefined);
   await signIn(page, AUDITOR_USER, AUDITOR_PASSWORD);

@@ -18,6 +18,7 @@ export const qk = {
   host: (id: string) => ["hosts", "one", id] as const,
   enrollmentTokens: ["enrollment-tokens"] as const,
   enrollmentInfo: ["enrollment-info"] as const,
+  kek: ["system", "kek"] as const,
 };
 
 /** Hosts report every heartbeat interval (30 s by default): keep their status current. */

@@ -24,6 +24,7 @@ const GuardPointsPage = lazyPage(() => import("./pages/GuardPoints"), "GuardPoin
 const AuditPage = lazyPage(() => import("./pages/Audit"), "AuditPage");
 const UsersPage = lazyPage(() => import("./pages/Users"), "UsersPage");
 const TokensPage = lazyPage(() => import("./pages/Tokens"), "TokensPage");
+const SystemPage = lazyPage(() => import("./pages/System"), "SystemPage");
 
 function Need({ perm, children }: { perm: Permission; children: ReactNode }) {
   const { can } = useAuth();
@@ -50,6 +51,7 @@ export const router = createHashRouter([
       { path: "audit", element: <Need perm="audit:read"><AuditPage /></Need> },
       { path: "users", element: <Need perm="users:read"><UsersPage /></Need> },
       { path: "tokens", element: <Need perm="tokens:own"><TokensPage /></Need> },
+      { path: "system", element: <Need perm="system:read"><SystemPage /></Need> },
       { path: "*", element: <Navigate to="/" replace /> },
     ],
   },

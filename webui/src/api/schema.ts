@@ -1061,6 +1061,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/system/keks/{kek_id}/retire": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Retire Kek
+         * @description Remove a superseded KEK from the HSM token for good. Refused (409, the problem's
+         *     `errors` listing per kind the count and the first ids) while anything stored is still
+         *     wrapped under it, while it is the active KEK, or while a rotation runs.
+         */
+        post: operations["retireKek"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/tokens": {
         parameters: {
             query?: never;
@@ -1322,7 +1344,7 @@ export interface components {
         ApprovalPublic: {
             /**
              * Action
-             * @description key.destroy, kek.rotate or user.role
+             * @description key.destroy, kek.rotate, kek.retire, user.role or key.export
              */
             action: string;
             /**
@@ -2097,12 +2119,44 @@ export interface components {
             created_at: string;
             /** Kek Id */
             kek_id: string;
-            /** Retired At */
+            /**
+             * Retired At
+             * @description when it was removed from the token
+             */
             retired_at: string | null;
-            /** State */
-            state: string;
-            /** Wrapped Versions */
-            wrapped_versions: number;
+            /**
+             * Retired By
+             * @description who removed it from the token
+             */
+            retired_by: string | null;
+            /**
+             * State
+             * @description active: the current KEK; retiring: a rotation away from it is running (it still serves reads); superseded: rotated away from, still in the token; retired: removed from the token
+             * @enum {string}
+             */
+            state: "active" | "retiring" | "superseded" | "retired";
+            /** Superseded At */
+            superseded_at: string | null;
+            /**
+             * Wrapped
+             * @description per kind, how many stored blobs it wraps (key_versions: managed key versions; kmip_objects: KMIP private keys, secret data and opaque objects (their DEKs); ca: the internal CA's key (its DEK); totp_secrets: users' TOTP secrets (their DEKs))
+             */
+            wrapped?: {
+                [key: string]: number;
+            };
+            /**
+             * Wrapped Versions
+             * @description wrapped['key_versions']
+             * @default 0
+             */
+            wrapped_versions?: number;
+        };
+        /** KekRotationProgress */
+        KekRotationProgress: {
+            /** Done */
+            done: number;
+            /** Total */
+            total: number;
         };
         /** KekRotationPublic */
         KekRotationPublic: {
@@ -2119,6 +2173,13 @@ export interface components {
              * Format: uuid
              */
             id: string;
+            /**
+             * Progress
+             * @description per kind (key_versions: managed key versions; kmip_objects: KMIP private keys, secret data and opaque objects (their DEKs); ca: the internal CA's key (its DEK); totp_secrets: users' TOTP secrets (their DEKs))
+             */
+            progress: {
+                [key: string]: components["schemas"]["KekRotationProgress"];
+            };
             /** Requested By */
             requested_by: string;
             /**
@@ -2130,7 +2191,10 @@ export interface components {
             state: string;
             /** To Kek Id */
             to_kek_id: string;
-            /** Total */
+            /**
+             * Total
+             * @description blobs to re-wrap, all kinds together
+             */
             total: number;
         };
         /** KekStatus */
@@ -8882,6 +8946,100 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["KekRotationPublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    retireKek: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                kek_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KekPublic"];
                 };
             };
             /** @description Bad request */

@@ -30,6 +30,12 @@ export function hintFor(err: ApiError): string | null {
     case "database_unavailable":
     case "unavailable":
       return "Nothing was changed. The server cannot reach a dependency; retry shortly or check /readyz.";
+    case "kek_in_use":
+      return "Rotate the KEK again to re-wrap what it still wraps, then retire it.";
+    case "kek_active":
+      return "Rotate to a new KEK first; the active one cannot be retired.";
+    case "rotation_running":
+      return "Wait for the running KEK rotation to finish (its progress is on this page).";
     case "network":
       return null;
     case "validation_error":
