@@ -30,6 +30,7 @@ from sqlalchemy import text
 from starlette.routing import Match, Mount
 
 from hsm import HsmError
+from keyserver import product_version
 from keyserver.api import problems
 from keyserver.api.deps import Ctx, ServicesDep
 from keyserver.api.hotpath import DataKeyHotPath
@@ -248,7 +249,7 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
     app = FastAPI(
         responses=problems.OPENAPI_RESPONSES,
         title="Strongroom Key Server",
-        version="0.1.0",
+        version=product_version(),
         summary="HSM-rooted key management: managed keys, data keys, audit.",
         lifespan=lifespan,
         docs_url="/api/docs",

@@ -40,6 +40,7 @@ from typing import Any
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import Engine, make_url
 
+from keyserver import product_version
 from keyserver.core.audit import GENESIS_HASH
 from keyserver.core.errors import CoreError, ServiceUnavailable
 from keyserver.core.principal import system_context
@@ -100,15 +101,6 @@ def softhsm_token_dir(settings: Settings) -> Path | None:
     if settings.environment == "local":
         return (settings.data_dir / "tokens").resolve()
     return None
-
-
-def product_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("strongroom")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _sha256(path: Path) -> str:
