@@ -8,7 +8,13 @@ On a scratch PostgreSQL database with its own SoftHSM2 token:
 * a full `verify --full` of the whole chain, and an incremental `verify` after 1,000
   more records (what the console and a cron job run);
 * the audit cost per data key: a data key's latency with its record (the inbox INSERT
-  is part of the request) and the chainer's CPU per record (in the background).
+  is part of the request) and the chainer's CPU per record (in the background);
+* the console's reads at that size, over HTTP: the activity charts (GET /audit/activity,
+  24 hours and 7 days by hour, 30 days by day) and the audit log's pages (GET
+  /audit/events unfiltered, by actor, denied only), p50 and p95.
+
+The records look like a month of a real deployment: spread over the last 30 days, 200
+actors, a dozen actions, 95 % allowed, 4 % denied and 1 % failed with their reasons.
 """
 
 from __future__ import annotations
@@ -18,15 +24,16 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from sqlalchemy import insert
+from sqlalchemy import insert, text
 
 from kmsbench.keyserver_load import machine
 from kmsbench.scratch import create_database, drop_database
@@ -35,6 +42,76 @@ from kmsbench.sections import write_section
 console = Console(stderr=True)
 SECTION = "audit-bench"
 FILL_BATCH = 10_000
+SPREAD_DAYS = 30
+ACTORS = [f"svc-{i:03d}" for i in range(200)]
+ACTIONS = ["datakey.generate", "datakey.decrypt", "key.read", "key.rotate", "key.create", "kmip.get", "kmip.locate",
+           "host.heartbeat", "key.deliver", "auth.login", "token.create", "guardpoint.update"]
+REASONS = ["missing datakeys:decrypt", "missing keys:create", "context_mismatch", "key_not_active", "host_revoked"]
+READS = 50  # requests per console read measured
+
+
+def _payload(i: int, n: int, now: datetime, base: dict[str, Any]) -> dict[str, Any]:
+    """The i-th of n records: time spread evenly over the last SPREAD_DAYS, actor, action
+    and outcome from fixed cycles (repeatable, no randomness)."""
+    t = now - timedelta(days=SPREAD_DAYS) * (1 - i / n)
+    roll = i % 100
+    outcome = "allowed" if roll < 95 else "denied" if roll < 99 else "error"
+    details = base["details"] if outcome == "allowed" else {"reason": REASONS[i % len(REASONS)]}
+    return {**base, "time": t.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "actor": ACTORS[(i * 7) % len(ACTORS)],
+            "action": ACTIONS[(i * 13) % len(ACTIONS)], "outcome": outcome, "details": details}
+
+
+def _console_reads(svc: Any, out: dict[str, Any]) -> None:
+    """The console's reads over HTTP against the filled store: p50/p95 of READS each."""
+    import httpx
+    import uvicorn
+
+    from keyserver.api.app import create_app
+    from keyserver.core.principal import system_context
+
+    # An auditor's API token (a browser session's cookie is Secure: not sent over this plain HTTP).
+    ctx = system_context("bench")
+    user, _ = svc.identity.create_user(ctx, username="bench-auditor", role="auditor", password=f"bench {uuid.uuid4()}")
+    token = svc.identity.create_token(ctx, name="bench", scopes=None, expires_in_days=1, user_id=user.id).secret
+    server = uvicorn.Server(uvicorn.Config(create_app(svc, run_background=False), host="127.0.0.1", port=0,
+                                           log_config=None, lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    now = datetime.now(UTC)
+    reads: dict[str, tuple[str, dict[str, str | int]]] = {
+        "activity, 24 hours by hour": ("/api/v1/audit/activity", {"since": (now - timedelta(hours=24)).isoformat(),
+                                                                   "until": now.isoformat(), "bucket": "hour"}),
+        "activity, 7 days by hour": ("/api/v1/audit/activity", {"since": (now - timedelta(days=7)).isoformat(),
+                                                                 "until": now.isoformat(), "bucket": "hour"}),
+        "activity, 30 days by day": ("/api/v1/audit/activity", {"since": (now - timedelta(days=30)).isoformat(),
+                                                                 "until": now.isoformat(), "bucket": "day"}),
+        "audit log, first page": ("/api/v1/audit/events", {"limit": 50}),
+        "audit log, one actor": ("/api/v1/audit/events", {"limit": 50, "actor": ACTORS[3]}),
+        "audit log, denied only": ("/api/v1/audit/events", {"limit": 50, "outcome": "denied"}),
+    }
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
+                          headers={"Authorization": f"Bearer {token}"}) as c:
+            results = {}
+            for name, (path, params) in reads.items():
+                c.get(path, params=params).raise_for_status()  # warm
+                lat = []
+                for _ in range(READS):
+                    t = time.perf_counter()
+                    c.get(path, params=params).raise_for_status()
+                    lat.append((time.perf_counter() - t) * 1000)
+                lat.sort()
+                results[name] = {"p50_ms": round(statistics.median(lat), 1),
+                                 "p95_ms": round(lat[int(0.95 * (len(lat) - 1))], 1)}
+            out["console_reads"] = results
+            with svc.engine.connect() as conn:
+                out["rollup_rows"] = conn.execute(text("SELECT count(*) FROM audit_rollup")).scalar_one()
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def run(*, postgres: str, records: int, output: Path | None, json_out: Path | None) -> dict[str, Any]:
@@ -57,15 +134,16 @@ def run(*, postgres: str, records: int, output: Path | None, json_out: Path | No
         svc = build_services(settings)
         svc.initialize()
         ctx = system_context("bench")
-        payload = {"time": None, "actor": "bench", "actor_type": "system", "action": "bench.record",
+        base = {"time": None, "actor": "bench", "actor_type": "system", "action": "bench.record",
                    "object_type": "key", "object_id": str(uuid.uuid4()), "outcome": "allowed", "source_ip": "10.0.0.1",
                    "request_id": uuid.uuid4().hex, "details": {"name": "payments-db", "version": 3, "bytes": 32}}
         chained, chain_seconds, chain_cpu = 0, 0.0, 0.0
+        start = utcnow()
         while chained < records:
             n = min(FILL_BATCH, records - chained)
-            stamp = utcnow().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             with svc.engine.begin() as conn:
-                conn.execute(insert(AuditInbox), [{"payload": {**payload, "time": stamp}} for _ in range(n)])
+                conn.execute(insert(AuditInbox), [{"payload": _payload(chained + j, records, start, base)}
+                                                  for j in range(n)])
             t, c = time.perf_counter(), time.process_time()
             chained += svc.audit.flush()
             chain_seconds += time.perf_counter() - t
@@ -109,6 +187,7 @@ def run(*, postgres: str, records: int, output: Path | None, json_out: Path | No
                               details={"name": "bench-datakeys", "version": 1, "bytes": 32})
             out["inbox_insert_us"] = round((time.perf_counter() - t) / 2000 * 1e6, 1)
         svc.audit.flush()
+        _console_reads(svc, out)
         svc.close()
     finally:
         os.environ.update(saved)
@@ -148,6 +227,14 @@ def render(r: dict[str, Any]) -> str:
         f"| checkpoints signed | {r['checkpoints']:,} |",
         f"| data key, one thread, median (the record's INSERT included) | {r['datakey_ms_median']} ms |",
         f"| of which the record's inbox INSERT | {r['inbox_insert_us']} µs |",
+        "",
+        f"The console's reads at {r['verified_records']:,} records over HTTP ({READS} requests each; the records "
+        f"spread over {SPREAD_DAYS} days, {len(ACTORS)} actors, {len(ACTIONS)} actions, 5 % refused; "
+        f"{r['rollup_rows']:,} rows of hourly counts):",
+        "",
+        "| read | p50 ms | p95 ms |",
+        "|---|--:|--:|",
+        *(f"| {name} | {v['p50_ms']} | {v['p95_ms']} |" for name, v in r["console_reads"].items()),
     ])
 
 

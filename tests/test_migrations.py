@@ -3,6 +3,7 @@ and the models agree with the migrations."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -76,6 +77,49 @@ def test_postgresql_kek_states_0017() -> None:
 
 def test_sqlite_kek_states_0017(tmp_path: Path) -> None:
     check_kek_states(f"sqlite:///{tmp_path / 'm.db'}")
+
+
+def check_rollup_backfill(url: str) -> None:
+    """0018: the hourly counts are filled from the records chained before it, with the
+    chainer's rule for reasons, through the ORM's view of the table."""
+    db.upgrade(url, "0017")
+    engine = create_engine(url)
+    t1, t2 = datetime(2026, 11, 1, 10, 5, tzinfo=UTC), datetime(2026, 11, 1, 11, 59, tzinfo=UTC)
+    rows = [(1, t1, "alice", "denied", '{"missing_permission": "keys:create"}'),
+            (2, t1, "alice", "denied", '{"missing_permission": "keys:create"}'),
+            (3, t2, "alice", "allowed", "{}"),
+            (4, t2, "bob", "error", '{"refused": "hsm unavailable"}')]
+    try:
+        import sqlalchemy as sa
+
+        events = sa.table("audit_events", *(sa.column(c) for c in ("seq", "actor", "actor_type", "action", "outcome",
+                                                                      "prev_hash", "hash")),
+                          sa.column("time", sa.DateTime(timezone=True)), sa.column("details", sa.JSON))
+        with engine.begin() as conn:
+            conn.execute(sa.insert(events), [
+                {"seq": seq, "time": t, "actor": actor, "actor_type": "user", "action": "key.create",
+                 "outcome": outcome, "details": json.loads(details), "prev_hash": "0" * 64, "hash": "0" * 64}
+                for seq, t, actor, outcome, details in rows])
+        db.upgrade(url)
+        from sqlalchemy.orm import Session
+
+        from keyserver.store.models import AuditRollup
+        with Session(engine) as s:
+            got = {(r.hour, r.actor, r.outcome, r.reason): r.count for r in s.query(AuditRollup)}
+        assert got == {(t1.replace(minute=0), "alice", "denied", "missing keys:create"): 2,
+                       (t2.replace(minute=0), "alice", "allowed", ""): 1,
+                       (t2.replace(minute=0), "bob", "error", "refused"): 1}
+    finally:
+        engine.dispose()
+
+
+def test_postgresql_rollup_backfill_0018() -> None:
+    with scratch_database() as url:
+        check_rollup_backfill(url)
+
+
+def test_sqlite_rollup_backfill_0018(tmp_path: Path) -> None:
+    check_rollup_backfill(f"sqlite:///{tmp_path / 'm.db'}")
 
 
 def test_replicas_starting_together_migrate_once(tmp_path: Path) -> None:

@@ -26,10 +26,8 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-from sqlalchemy import text
 from starlette.routing import Match, Mount
 
-from hsm import HsmError
 from keyserver import product_version
 from keyserver.api import problems
 from keyserver.api.deps import Ctx, ServicesDep
@@ -278,30 +276,8 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
     @app.get("/readyz", operation_id="readyz", tags=["health"])
     def readyz(services: ServicesDep) -> JSONResponse:
         """Readiness: the database and the HSM both answer."""
-        checks: dict[str, str] = {}
-        try:
-            with services.engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
-            checks["database"] = "ok"
-        except Exception as exc:
-            checks["database"] = f"unreachable: {type(exc).__name__}; check STRONGROOM_DATABASE_URL"
-        try:
-            services.hsm.check()
-            checks["hsm"] = "ok"
-        except HsmError as exc:
-            checks["hsm"] = str(exc)
-        ok = all(v == "ok" for v in checks.values())
-        if services.sinks.configured:
-            # A failing sink is reported; it makes the server unready only when key
-            # operations wait for it (fail-closed and no sink accepts).
-            refusal = services.sinks.refusal()
-            try:
-                failing = [f"{d['name']}: {d['last_error']}" for d in services.sinks.describe() if not d["healthy"]]
-                checks["audit_sinks"] = refusal or ("ok" if not failing else "failing: " + "; ".join(failing))
-            except Exception as exc:
-                checks["audit_sinks"] = f"unknown: {type(exc).__name__}"
-            ok = ok and refusal is None
-        return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks},
+        ok, checks = system.readiness(services)
+        return JSONResponse({"status": "ok" if ok else "unavailable", "checks": {c.name: c.detail for c in checks}},
                             status_code=200 if ok else 503)
 
     @app.get("/metrics", operation_id="metrics", tags=["health"], response_class=Response)

@@ -242,6 +242,27 @@ class AuditVerifiedPublic(BaseModel):
     at: str
 
 
+class ActivityBucket(BaseModel):
+    start: datetime
+    allowed: int
+    denied: int
+    error: int
+
+
+class Ranked(BaseModel):
+    name: str
+    count: int
+
+
+class AuditActivity(BaseModel):
+    bucket: Literal["hour", "day"]
+    buckets: list[ActivityBucket] = Field(description="every bucket of the range, oldest first; empty ones as zeros")
+    totals: dict[str, int] = Field(description="allowed, denied and error over the range")
+    top_refused_actors: list[Ranked] = Field(description="denied or failed, most first")
+    top_refused_actions: list[Ranked]
+    top_refusal_reasons: list[Ranked] = Field(description="the refusal's code or missing permission; '' unknown")
+
+
 class AuditStatusPublic(BaseModel):
     head_seq: int
     last_checkpoint: AuditCheckpointPublic | None
@@ -364,6 +385,43 @@ class KekStatus(BaseModel):
     keks: list[KekPublic]
     last_rotation: KekRotationPublic | None
     hsm: dict[str, object]
+
+
+class HealthCheck(BaseModel):
+    name: Literal["database", "hsm", "audit_sinks"]
+    ok: bool
+    detail: str = Field(description="'ok', or what is wrong and what to check")
+    latency_ms: float | None = Field(description="how long the check took, when it answered")
+
+
+class SinkHealth(BaseModel):
+    name: str
+    kind: str
+    healthy: bool
+    backlog: int = Field(description="chain records not yet delivered to it")
+    delivered_seq: int
+    delivered_at: str | None
+    last_error: str | None
+
+
+class SystemHealth(BaseModel):
+    status: Literal["ok", "degraded", "unavailable"] = Field(
+        description="unavailable: not ready (database or HSM); degraded: ready, but a sink fails")
+    version: str
+    hostname: str = Field(description="the replica that answered")
+    pid: int
+    started_at: datetime
+    store: Literal["embedded", "postgresql"]
+    workers: int
+    checks: list[HealthCheck]
+    audit_head_seq: int
+    audit_pending: int = Field(description="records committed but not yet chained")
+    audit_last_checkpoint_at: str | None
+    audit_verified_seq: int | None
+    audit_fail_closed: bool
+    sinks: list[SinkHealth]
+    active_kek: str | None
+    kek_rotation_running: bool
 
 
 class Problem(BaseModel):

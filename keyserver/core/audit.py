@@ -39,20 +39,22 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmError
 from keyserver.core.errors import InvalidInput, ServiceUnavailable, hsm_failure
 from keyserver.core.principal import RequestContext
 from keyserver.store.db import retry_on_disconnect
-from keyserver.store.models import AuditCheckpoint, AuditEvent, AuditHead, AuditInbox, AuditVerified
+from keyserver.store.models import AuditCheckpoint, AuditEvent, AuditHead, AuditInbox, AuditRollup, AuditVerified
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,41 @@ def utcnow() -> datetime:
 
 def _connection(session: Session | Connection) -> Connection:
     return session.connection() if isinstance(session, Session) else session
+
+
+# An activity query returns at most this many buckets (two weeks of hours, a year of days).
+MAX_ACTIVITY_BUCKETS = 400
+
+
+def rollup_reason(outcome: str, details: Any) -> str:
+    """Why a record was refused or failed, in a few words shared by many records (what
+    the activity charts group denials by): the refusal's code, the missing permission,
+    or "refused"; empty for what was allowed. Migration 0018 applied this rule to the
+    records chained before it."""
+    if outcome == "allowed" or not isinstance(details, dict):
+        return ""
+    if details.get("reason"):
+        return str(details["reason"])[:64]
+    if details.get("missing_permission"):
+        return f"missing {details['missing_permission']}"[:64]
+    return "refused" if details.get("refused") else ""
+
+
+def _count_into_rollup(conn: Connection, events: list[dict[str, Any]]) -> None:
+    """Add a chained batch to the hourly counts, in the batch's own transaction: the
+    counts never disagree with the chain."""
+    counts: dict[tuple[datetime, str, str, str, str], int] = {}
+    for e in events:
+        k = (e["time"].astimezone(UTC).replace(minute=0, second=0, microsecond=0), e["action"], e["outcome"],
+             e["actor"], rollup_reason(e["outcome"], e["details"]))
+        counts[k] = counts.get(k, 0) + 1
+    rows = [{"hour": k[0], "action": k[1], "outcome": k[2], "actor": k[3], "reason": k[4], "count": n}
+            for k, n in counts.items()]
+    stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(AuditRollup)
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=[AuditRollup.hour, AuditRollup.action, AuditRollup.outcome, AuditRollup.actor,
+                        AuditRollup.reason],
+        set_={"count": AuditRollup.count + stmt.excluded["count"]}), rows)
 
 
 def _iso(t: datetime) -> str:
@@ -499,6 +536,7 @@ class AuditService:
                 prev = self._mac(canonical_record(**fields))
                 events.append({**fields, "hash": prev})
             conn.execute(insert(AuditEvent), events)
+            _count_into_rollup(conn, events)
             conn.execute(delete(AuditInbox).where(AuditInbox.id.in_([r[0] for r in rows])))
             conn.execute(update(AuditHead).where(AuditHead.id == 1).values(seq=seq, hash=prev))
             self._maybe_checkpoint(conn, seq, prev, chained=len(rows) == CHAIN_BATCH)
@@ -551,9 +589,9 @@ class AuditService:
                              .order_by(AuditCheckpoint.id).limit(limit)).scalars()
             return [checkpoint_dict(c) for c in rows]
 
-    def status(self) -> dict[str, Any]:
-        """The chain's head, its last checkpoint and how far it was last verified: what
-        the console shows instead of re-walking the chain."""
+    def chain_state(self) -> dict[str, Any]:
+        """The chain's head, its last checkpoint and how far it was last verified, from
+        the store alone (a health page shows it while the HSM is away)."""
         with self._db() as s:
             head = s.get(AuditHead, 1)
             last = s.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.id.desc()).limit(1)).scalars().first()
@@ -563,8 +601,12 @@ class AuditService:
                 "last_checkpoint": checkpoint_dict(last) if last is not None else None,
                 "verified": None if verified is None else {
                     "checkpoint": verified.checkpoint, "seq": verified.seq, "at": _iso(verified.verified_at)},
-                "key_fingerprint": key_fingerprint(self.public_key_der()),
             }
+
+    def status(self) -> dict[str, Any]:
+        """`chain_state` and the checkpoint key's fingerprint: what the console shows
+        instead of re-walking the chain."""
+        return {**self.chain_state(), "key_fingerprint": key_fingerprint(self.public_key_der())}
 
     def _mac(self, data: bytes) -> str:
         try:
@@ -595,6 +637,52 @@ class AuditService:
     def get(self, seq: int) -> AuditEvent | None:
         with self._db() as s:
             return s.get(AuditEvent, seq)
+
+    def activity(self, *, since: datetime, until: datetime, bucket: Literal["hour", "day"],
+                 top: int = 5) -> dict[str, Any]:
+        """Chained records per hour or day and outcome between `since` and `until` (every
+        bucket listed, empty ones as zeros), and the actors, actions and reasons with the
+        most refusals — from the hourly counts, so it costs the same at a thousand records
+        or at millions."""
+        if since.tzinfo is None or until.tzinfo is None:
+            raise InvalidInput("since and until need a time zone (e.g. 2026-11-25T10:00:00Z)")
+        start = since.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+        if bucket == "day":
+            start = start.replace(hour=0)
+        if not start < until:
+            raise InvalidInput("until must be after since")
+        step = timedelta(hours=1) if bucket == "hour" else timedelta(days=1)
+        if (until - start) / step > MAX_ACTIVITY_BUCKETS:
+            raise InvalidInput(f"at most {MAX_ACTIVITY_BUCKETS} buckets: ask for days over long ranges")
+        window = (AuditRollup.hour >= start, AuditRollup.hour < until)
+        refused = AuditRollup.outcome != "allowed"
+        total = func.sum(AuditRollup.count)
+
+        def ranked(column: Any) -> list[dict[str, Any]]:
+            rows = s.execute(select(column, total).where(*window, refused).group_by(column)
+                             .order_by(total.desc(), column).limit(top)).all()
+            return [{"name": name, "count": int(n)} for name, n in rows]
+
+        with self._db() as s:
+            per_hour = s.execute(select(AuditRollup.hour, AuditRollup.outcome, total).where(*window)
+                                 .group_by(AuditRollup.hour, AuditRollup.outcome)).all()
+            result: dict[str, Any] = {"top_refused_actors": ranked(AuditRollup.actor),
+                                      "top_refused_actions": ranked(AuditRollup.action),
+                                      "top_refusal_reasons": ranked(AuditRollup.reason)}
+        buckets: dict[datetime, dict[str, int]] = {}
+        at = start
+        while at < until:
+            buckets[at] = {"allowed": 0, "denied": 0, "error": 0}
+            at += step
+        for hour, outcome, n in per_hour:
+            hour = hour.astimezone(UTC)
+            key = hour if bucket == "hour" else hour.replace(hour=0)
+            if key in buckets:
+                kind = outcome if outcome in ("allowed", "denied") else "error"
+                buckets[key][kind] += int(n)
+        result["buckets"] = [{"start": t, **c} for t, c in buckets.items()]
+        result["totals"] = {k: sum(c[k] for c in buckets.values()) for k in ("allowed", "denied", "error")}
+        return result
 
     @staticmethod
     def _filtered(stmt: Any, flt: AuditFilter) -> Any:

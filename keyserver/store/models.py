@@ -178,6 +178,21 @@ class AuditEvent(Base):
     hash: Mapped[str] = mapped_column(String(64))
 
 
+class AuditRollup(Base):
+    """Chained audit records counted per hour, action, outcome, actor and refusal reason,
+    kept by the chainer in the transaction that chains them: the console's activity
+    charts and alerts read these rows, never millions of records (docs/audit.md)."""
+
+    __tablename__ = "audit_rollup"
+
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
+    action: Mapped[str] = mapped_column(String(64), primary_key=True)
+    outcome: Mapped[str] = mapped_column(String(16), primary_key=True)
+    actor: Mapped[str] = mapped_column(String(200), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(64), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger)
+
+
 class AuditHead(Base):
     """One row: the chain's last sequence number and hash. Locking it serialises only
     the chainer, never the requests."""

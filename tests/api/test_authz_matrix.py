@@ -196,6 +196,8 @@ CASES: dict[str, Case] = {
     "exportAudit": Case("GET", "/api/v1/audit/export?since=2999-01-01T00:00:00Z", (P.AUDIT_READ,)),
     "verifyAudit": Case("POST", "/api/v1/audit/verify", (P.AUDIT_VERIFY,)),
     "getAuditStatus": Case("GET", "/api/v1/audit/status", (P.AUDIT_READ,)),
+    "getAuditActivity": Case("GET", "/api/v1/audit/activity?since=2026-11-01T00:00:00Z&until=2026-11-02T00:00:00Z",
+                             (P.AUDIT_READ,)),
     "listAuditCheckpoints": Case("GET", "/api/v1/audit/checkpoints", (P.AUDIT_READ,)),
     "listUsers": Case("GET", "/api/v1/users", (P.USERS_READ,)),
     "createUser": Case("POST", "/api/v1/users", (P.USERS_MANAGE,),
@@ -216,6 +218,7 @@ CASES: dict[str, Case] = {
     "createToken": Case("POST", "/api/v1/tokens", (P.TOKENS_OWN,), body={"name": "x"}, ok=(201,)),
     "revokeToken": Case("DELETE", "/api/v1/tokens/{token}", (P.TOKENS_OWN,), setup=own_token),
     "getKekStatus": Case("GET", "/api/v1/system/kek", (P.SYSTEM_READ,)),
+    "getSystemHealth": Case("GET", "/api/v1/system/health", (P.SYSTEM_READ,)),
     "rotateKek": Case("POST", "/api/v1/system/kek/rotate", (P.SYSTEM_KEK,), ok=(202, 409)),
     # The active KEK: who may is refused for that (409 kek_active, nothing changes).
     "retireKek": Case("POST", "/api/v1/system/keks/{kek}/retire", (P.SYSTEM_KEK,), ok=(409,),

@@ -54,6 +54,40 @@ def test_health_ready_and_metrics(base_url: str, admin: httpx.Client) -> None:
     assert len(pending) == 1 and float(pending[0].split()[1]) >= 0
 
 
+def test_system_health_names_this_replica_its_checks_and_the_audit_chain(
+        actors: dict[str, object], settings: Settings) -> None:
+    admin = actors["admin"].client  # type: ignore[attr-defined]
+    admin.post("/api/v1/keys", json={"name": unique("health")})
+    r = admin.get("/api/v1/system/health")
+    assert r.status_code == 200, r.text
+    h = r.json()
+    assert h["status"] == "ok" and h["version"] and h["pid"] > 0
+    assert h["store"] == ("embedded" if settings.effective_database_url.startswith("sqlite") else "postgresql")
+    checks = {c["name"]: c for c in h["checks"]}
+    assert checks["database"]["ok"] and checks["hsm"]["ok"] and checks["database"]["latency_ms"] >= 0
+    assert h["audit_head_seq"] > 0 and h["audit_pending"] >= 0 and h["active_kek"].startswith("kek-")
+    # An auditor reads it too (every role holds system:read).
+    assert actors["auditor"].client.get("/api/v1/system/health").status_code == 200  # type: ignore[attr-defined]
+
+
+def test_system_health_of_a_replica_without_its_hsm_is_unavailable_with_advice(
+        settings: Settings, actors: dict[str, object]) -> None:
+    broken = LazyHsm(HsmConfig(user_pin="a-long-user-pin", so_pin="a-long-so-pin",
+                               module_path="/nonexistent/libpkcs11.so"))
+    services = build_services(settings, hsm=broken, migrate=False)  # type: ignore[arg-type]
+    token = actors["admin"].client.headers["authorization"]  # type: ignore[attr-defined]
+    try:
+        with serve(services) as url, https.client(base_url=url, headers={"Authorization": token}) as c:
+            r = c.get("/api/v1/system/health")
+            assert r.status_code == 200, r.text
+            checks = {x["name"]: x for x in r.json()["checks"]}
+            assert r.json()["status"] == "unavailable"
+            assert checks["database"]["ok"] and not checks["hsm"]["ok"]
+            assert "/nonexistent/libpkcs11.so" in checks["hsm"]["detail"] and checks["hsm"]["latency_ms"] is None
+    finally:
+        services.engine.dispose()
+
+
 def test_security_headers_and_unknown_routes(base_url: str) -> None:
     with https.client(base_url=base_url) as c:
         r = c.get("/api/v1/nothing-here")

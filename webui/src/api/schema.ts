@@ -173,6 +173,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/audit/activity": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Activity
+         * @description Records per hour or day by outcome, and who and what was refused most: read from
+         *     hourly counts the chainer keeps, so as fast at millions of records as at a thousand
+         *     (at most 400 buckets).
+         */
+        get: operations["getAuditActivity"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/audit/checkpoints": {
         parameters: {
             query?: never;
@@ -1010,6 +1032,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/system/health": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Health
+         * @description What an operator checks first: this replica's readiness (database and HSM, timed;
+         *     audit sinks), the audit chain's head, backlog and last checkpoint, each sink's
+         *     delivery, the active KEK and a running KEK rotation.
+         */
+        get: operations["getSystemHealth"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/system/kek": {
         parameters: {
             query?: never;
@@ -1319,6 +1363,20 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** ActivityBucket */
+        ActivityBucket: {
+            /** Allowed */
+            allowed: number;
+            /** Denied */
+            denied: number;
+            /** Error */
+            error: number;
+            /**
+             * Start
+             * Format: date-time
+             */
+            start: string;
+        };
         /** AgentKey */
         AgentKey: {
             /** Active Version */
@@ -1394,6 +1452,38 @@ export interface components {
             state: "pending" | "approved" | "executed" | "failed" | "rejected" | "expired";
             /** Target */
             target: string;
+        };
+        /** AuditActivity */
+        AuditActivity: {
+            /**
+             * Bucket
+             * @enum {string}
+             */
+            bucket: "hour" | "day";
+            /**
+             * Buckets
+             * @description every bucket of the range, oldest first; empty ones as zeros
+             */
+            buckets: components["schemas"]["ActivityBucket"][];
+            /**
+             * Top Refusal Reasons
+             * @description the refusal's code or missing permission; '' unknown
+             */
+            top_refusal_reasons: components["schemas"]["Ranked"][];
+            /** Top Refused Actions */
+            top_refused_actions: components["schemas"]["Ranked"][];
+            /**
+             * Top Refused Actors
+             * @description denied or failed, most first
+             */
+            top_refused_actors: components["schemas"]["Ranked"][];
+            /**
+             * Totals
+             * @description allowed, denied and error over the range
+             */
+            totals: {
+                [key: string]: number;
+            };
         };
         /**
          * AuditCheckpointPublic
@@ -1987,6 +2077,26 @@ export interface components {
             state: "mounted" | "off" | "unmounted" | "error" | "protecting" | "unprotecting";
             unprotect?: components["schemas"]["RekeyProgress"] | null;
         };
+        /** HealthCheck */
+        HealthCheck: {
+            /**
+             * Detail
+             * @description 'ok', or what is wrong and what to check
+             */
+            detail: string;
+            /**
+             * Latency Ms
+             * @description how long the check took, when it answered
+             */
+            latency_ms: number | null;
+            /**
+             * Name
+             * @enum {string}
+             */
+            name: "database" | "hsm" | "audit_sinks";
+            /** Ok */
+            ok: boolean;
+        };
         /** HeartbeatRequest */
         HeartbeatRequest: {
             /**
@@ -2561,6 +2671,13 @@ export interface components {
              */
             random: string;
         };
+        /** Ranked */
+        Ranked: {
+            /** Count */
+            count: number;
+            /** Name */
+            name: string;
+        };
         /** RekeyProgress */
         RekeyProgress: {
             /** Done */
@@ -2642,6 +2759,77 @@ export interface components {
              * @description base64
              */
             signature: string;
+        };
+        /** SinkHealth */
+        SinkHealth: {
+            /**
+             * Backlog
+             * @description chain records not yet delivered to it
+             */
+            backlog: number;
+            /** Delivered At */
+            delivered_at: string | null;
+            /** Delivered Seq */
+            delivered_seq: number;
+            /** Healthy */
+            healthy: boolean;
+            /** Kind */
+            kind: string;
+            /** Last Error */
+            last_error: string | null;
+            /** Name */
+            name: string;
+        };
+        /** SystemHealth */
+        SystemHealth: {
+            /** Active Kek */
+            active_kek: string | null;
+            /** Audit Fail Closed */
+            audit_fail_closed: boolean;
+            /** Audit Head Seq */
+            audit_head_seq: number;
+            /** Audit Last Checkpoint At */
+            audit_last_checkpoint_at: string | null;
+            /**
+             * Audit Pending
+             * @description records committed but not yet chained
+             */
+            audit_pending: number;
+            /** Audit Verified Seq */
+            audit_verified_seq: number | null;
+            /** Checks */
+            checks: components["schemas"]["HealthCheck"][];
+            /**
+             * Hostname
+             * @description the replica that answered
+             */
+            hostname: string;
+            /** Kek Rotation Running */
+            kek_rotation_running: boolean;
+            /** Pid */
+            pid: number;
+            /** Sinks */
+            sinks: components["schemas"]["SinkHealth"][];
+            /**
+             * Started At
+             * Format: date-time
+             */
+            started_at: string;
+            /**
+             * Status
+             * @description unavailable: not ready (database or HSM); degraded: ready, but a sink fails
+             * @enum {string}
+             */
+            status: "ok" | "degraded" | "unavailable";
+            /**
+             * Store
+             * @enum {string}
+             */
+            store: "embedded" | "postgresql";
+            /** Version */
+            version: string;
+            /** Workers */
+            workers: number;
         };
         /** TokenCreate */
         TokenCreate: {
@@ -3621,6 +3809,105 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ApprovalPublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getAuditActivity: {
+        parameters: {
+            query: {
+                bucket?: "hour" | "day";
+                /** @description start, with a time zone; rounded down to the bucket */
+                since: string;
+                top?: number;
+                /** @description end (exclusive), with a time zone */
+                until: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditActivity"];
                 };
             };
             /** @description Bad request */
@@ -8668,6 +8955,98 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["RandomResult"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getSystemHealth: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SystemHealth"];
                 };
             };
             /** @description Bad request */
