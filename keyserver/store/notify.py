@@ -49,11 +49,28 @@ class Notifier:
         self._thread: threading.Thread | None = None
         self._connected = threading.Event()
         self._postgres = engine.dialect.name == "postgresql"
+        self._seen = -1  # the change counter as this process last acted on it (polling only)
 
     @property
     def healthy(self) -> bool:
         """True while this process hears the others' notifications."""
         return self._connected.is_set()
+
+    def caught_up(self) -> bool:
+        """Whether this process has acted on every change committed so far (polling: the
+        change counter it last read is the current one). With PostgreSQL notifications
+        arrive as they are committed; True."""
+        if self._postgres:
+            return True
+        raw = self._engine.raw_connection()
+        try:
+            cur = raw.cursor()
+            cur.execute("SELECT seq FROM change_counter WHERE id = 1")
+            row = cur.fetchone()
+            cur.close()
+        finally:
+            raw.close()
+        return self._seen >= (int(row[0]) if row else 0)
 
     def subscribe(self, topic: Topic, callback: Callable[[], None]) -> None:
         """`callback` runs whenever something of `topic` may have changed (and whenever
@@ -135,6 +152,7 @@ class Notifier:
                 if seq != seen:
                     seen = seq
                     self.fire_local()
+                self._seen = seq
                 self._connected.set()
             except Exception as exc:
                 log.warning("change counter not readable (%s); retrying", type(exc).__name__)

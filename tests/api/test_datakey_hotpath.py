@@ -17,6 +17,7 @@ from keyserver.core.datakeys import DataKeyService
 from keyserver.services import Services
 from keyserver.store.models import AuditEvent, AuditInbox
 from tests.conftest import Actor
+from tests.serve import eventually
 
 
 @pytest.fixture
@@ -49,6 +50,11 @@ def test_the_common_case_skips_the_route_and_every_key_is_audited_before_it_is_o
     first = admin.post(f"/api/v1/keys/{name}/generate-data-key", json={"context": {"b": "1"}})
     assert first.status_code == 200, first.text
     assert route_calls == [name]  # the first call fills the caches through the route
+    # On the embedded store the key's creation reaches this process's caches by polling:
+    # once it has (its caches dropped), one more call fills them again for good.
+    eventually(services.notifier.caught_up, "the server to act on the key's creation", seconds=10)
+    assert admin.post(f"/api/v1/keys/{name}/generate-data-key", json={"context": {"b": "1"}}).status_code == 200
+    route_calls.clear()
 
     def one(_: int) -> dict[str, Any]:
         r = admin.post(f"/api/v1/keys/{name}/generate-data-key", json={"context": {"b": "1"}})
@@ -57,7 +63,7 @@ def test_the_common_case_skips_the_route_and_every_key_is_audited_before_it_is_o
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         made = list(pool.map(one, range(40)))
-    assert route_calls == [name], "the common case was served by the route"
+    assert route_calls == [], "the common case was served by the route"
     # Every key returned has its record committed already (no flush, no waiting).
     assert _records(services, new_key["id"]) >= 41
     for dk in made[:5]:
