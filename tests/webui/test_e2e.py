@@ -189,7 +189,7 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
     assert sorted(p.name for p in shots.glob("*.png")) == sorted(
         f"{n}.png" for n in ("sign-in", "dashboard", "keys", "key-detail", "audit", "users", "tokens",
                              "hosts", "host-detail", "enroll", "guard-points", "guard-point-editor",
-                             "keys-375", "keys-768", "keys-1440", "kek-hsm"))
+                             "keys-375", "keys-768", "keys-1440", "kek-hsm", "host-detail-dark"))
     # The token read from the console enrolls a real host, into the group chosen there.
     secret = (out / "enrollment-token.txt").read_text().strip()
     fresh = _enroll(tmp_path, agent_url, tmp_path / "ca.pem", secret, f"pg-03.{DOMAIN}")

@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import { X509Certificate } from "node:crypto";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
+import { createRequire } from "node:module";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 import { chromium } from "playwright-core";
@@ -61,8 +62,9 @@ after(async () => {
 });
 
 /** A page that records console errors and uncaught exceptions (a test fails on any). */
-async function open(storageState, { allow = [] } = {}) {
-  const context = await browser.newContext({ storageState, viewport: { width: 1400, height: 900 }, baseURL: BASE_URL });
+async function open(storageState, { allow = [], colorScheme = "light" } = {}) {
+  const context = await browser.newContext({ storageState, viewport: { width: 1400, height: 900 }, baseURL: BASE_URL,
+                                             colorScheme });
   context.setDefaultTimeout(TIMEOUT);
   const page = await context.newPage();
   const errors = [];
@@ -79,6 +81,25 @@ async function shot(page, name) {
   await page.waitForTimeout(250); // let transitions and charts settle
   await page.addStyleTag({ content: ".mantine-Notifications-root { display: none !important; }" });
   await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: false });
+}
+
+// axe-core, evaluated in the page through the DevTools protocol (the console's CSP allows
+// no injected script tags, and must not be loosened for a test).
+const AXE = readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
+
+/** Serious and critical WCAG 2.x A/AA violations on the page as it is now. */
+async function axeViolations(page) {
+  await page.waitForLoadState("networkidle");
+  await page.waitForTimeout(300); // transitions end: axe reads the colours as painted
+  await page.evaluate(AXE);
+  const found = await page.evaluate(async () => {
+    // eslint-disable-next-line no-undef
+    const r = await axe.run(document, { runOnly: { type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"] },
+                                        resultTypes: ["violations"] });
+    return r.violations.filter((v) => v.impact === "serious" || v.impact === "critical")
+      .map((v) => `${v.id} (${v.impact}): ${v.nodes.slice(0, 4).map((n) => `${n.target.join(" ")} — ${n.failureSummary?.split("\n").slice(1, 2).join("")}`).join(" | ")}`);
+  });
+  return found;
 }
 
 /** Poll until cond() holds (the page re-renders as data arrives). */
@@ -427,11 +448,13 @@ test("guard points: define one with ordered rules in learn mode, then see it lis
   await done();
 });
 
-test("KEK & HSM: the active KEK, what it wraps, the HSM, and an active KEK cannot be retired", async () => {
+test("System: health, the audit chain, the active KEK and what it wraps, the HSM; an active KEK cannot be retired", async () => {
   const { page, context, done } = await open(STATE);
   await page.goto("/#/");
-  await page.getByRole("link", { name: "KEK & HSM" }).click();
-  await page.getByRole("heading", { name: "KEK & HSM" }).waitFor();
+  await page.getByRole("link", { name: "System" }).click();
+  await page.getByRole("heading", { name: "System", level: 1 }).waitFor();
+  await page.getByTestId("system-health").locator('[data-status="ok"]').waitFor();
+  for (const check of ["database", "hsm"]) await page.locator(`tr[data-check="${check}"]`).getByText("ok", { exact: true }).waitFor();
   const active = ((await page.getByTestId("active-kek").textContent()) ?? "").trim();
   assert.ok(active.length > 0, "the active KEK is named");
   const row = page.getByTestId("kek-table").locator(`tr[data-kek="${active}"]`);
@@ -495,6 +518,32 @@ test("a shared link opened signed out lands, filters included, after signing in"
   await page.getByRole("heading", { name: "Audit log" }).waitFor();
   await done();
 });
+
+for (const colorScheme of ["light", "dark"]) {
+  test(`accessibility (${colorScheme}): axe-core finds no serious violation on any page`, async () => {
+    const problems = [];
+    const signedOut = await open(undefined, { colorScheme });
+    await signedOut.page.goto("/#/sign-in");
+    await signedOut.page.getByRole("button", { name: "Sign in" }).waitFor();
+    problems.push(...(await axeViolations(signedOut.page)).map((v) => `sign-in: ${v}`));
+    await signedOut.done();
+    const { page, done } = await open(STATE, { colorScheme });
+    for (const path of ["/", "/keys", `/keys/${KEY}`, "/hosts", `/hosts?group=${HOST_GROUP}`, "/guard-points", "/audit",
+                        "/users", "/tokens", "/system", "/kmip-clients"]) {
+      await page.goto(`/#${path}`);
+      await page.locator("#main-content h1").first().waitFor();
+      problems.push(...(await axeViolations(page)).map((v) => `${path}: ${v}`));
+    }
+    await page.goto("/#/hosts");
+    await page.getByTestId("hosts-table").getByRole("link", { name: HOST.db1 }).click();
+    await page.getByTestId("guard-points").waitFor();
+    problems.push(...(await axeViolations(page)).map((v) => `host detail: ${v}`));
+    if (colorScheme === "dark") await shot(page, "host-detail-dark");
+    writeFileSync(join(E2E_OUT, `axe-${colorScheme}.txt`), problems.join("\n") + "\n");
+    assert.deepEqual(problems, [], problems.join("\n"));
+    await done();
+  });
+}
 
 for (const [width, height] of [[375, 812], [768, 1024], [1440, 900]]) {
   test(`at ${width} px nothing overflows and the navigation stays reachable`, async () => {

@@ -58,13 +58,13 @@ export function Layout() {
         </Group>
       </AppShell.Header>
       {/* Folded away on a phone, its links leave the tab order and the accessibility tree too. */}
-      <AppShell.Navbar p="xs" bg="#f6f7f9" inert={narrow && !navOpen ? true : undefined}>
+      <AppShell.Navbar p="xs" bg="var(--sr-nav-bg)" inert={narrow && !navOpen ? true : undefined}>
         <Stack gap={2} component="nav" aria-label="Main">
           {items.map((n) => {
             const active = n.to === "/" ? location.pathname === "/" : location.pathname.startsWith(n.to);
             return (
               <NavLink key={n.to} component={Link} to={n.to} label={n.label} active={active}
-                       leftSection={<n.icon size={16} stroke={1.7} />} variant="filled" color="dark"
+                       leftSection={<n.icon size={16} stroke={1.7} />} variant="filled" color="ink"
                        style={{ borderRadius: 4 }} />
             );
           })}
@@ -73,7 +73,7 @@ export function Layout() {
           <Text size="xs" c="dimmed">Times in UTC</Text>
         </Box>
       </AppShell.Navbar>
-      <AppShell.Main bg="#fbfbfc" id="main-content" tabIndex={-1} style={{ outline: "none" }}>
+      <AppShell.Main bg="var(--sr-main-bg)" id="main-content" tabIndex={-1} style={{ outline: "none" }}>
         <Outlet />
       </AppShell.Main>
     </AppShell>

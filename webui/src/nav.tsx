@@ -21,5 +21,5 @@ export const NAV: NavItem[] = [
   { to: "/audit", label: "Audit log", icon: IconListDetails, perm: "audit:read" },
   { to: "/users", label: "Users", icon: IconUsers, perm: "users:read" },
   { to: "/tokens", label: "API tokens", icon: IconTicket, perm: "tokens:own" },
-  { to: "/system", label: "KEK & HSM", icon: IconCpu, perm: "system:read" },
+  { to: "/system", label: "System", icon: IconCpu, perm: "system:read" },
 ];

@@ -19,6 +19,7 @@ export const qk = {
   enrollmentTokens: ["enrollment-tokens"] as const,
   enrollmentInfo: ["enrollment-info"] as const,
   kek: ["system", "kek"] as const,
+  health: ["system", "health"] as const,
 };
 
 /** Hosts report every heartbeat interval (30 s by default): keep their status current. */
@@ -72,6 +73,16 @@ export function useEnrollmentInfo(enabled = true) {
     queryKey: qk.enrollmentInfo,
     queryFn: () => call(api.GET("/api/v1/enrollment-info")),
     staleTime: 5 * 60_000,
+    enabled,
+  });
+}
+
+/** The audit chain's head, last checkpoint and verification (cheap: never re-walks it). */
+export function useAuditStatus(enabled = true) {
+  return useQuery({
+    queryKey: ["audit", "status"],
+    queryFn: () => call(api.GET("/api/v1/audit/status")),
+    staleTime: 30_000,
     enabled,
   });
 }

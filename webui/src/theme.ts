@@ -1,8 +1,11 @@
-import { createTheme } from "@mantine/core";
+import { createTheme, virtualColor } from "@mantine/core";
 
 // Calm and dense: neutral greys, one dark accent, system fonts, tight radii.
+// "ink" is the accent: near-black on light pages, a dark grey that still reads as a
+// button on dark ones (the system's colour scheme decides, App.tsx).
 export const theme = createTheme({
-  primaryColor: "dark",
+  colors: { ink: virtualColor({ name: "ink", light: "dark", dark: "gray" }) },
+  primaryColor: "ink",
   defaultRadius: "sm",
   fontFamily: "Inter, 'Segoe UI', system-ui, -apple-system, 'Helvetica Neue', Arial, sans-serif",
   fontFamilyMonospace: "'JetBrains Mono', 'DejaVu Sans Mono', ui-monospace, Menlo, Consolas, monospace",
@@ -10,7 +13,7 @@ export const theme = createTheme({
   fontSizes: { sm: "13.5px" },
   components: {
     Table: { defaultProps: { striped: false, withRowBorders: true } },
-    Anchor: { defaultProps: { c: "blue.8" } },
+    Anchor: { defaultProps: { c: "var(--sr-link)" } },
     Badge: { styles: { label: { textTransform: "none", letterSpacing: 0.1 } } },
   },
 });

@@ -19,7 +19,7 @@ export function SecretOnce({ opened, title, label, secret, note, onClose }: {
           <CopyValue value={secret ?? ""} label="Copy to clipboard" />
         </Group>
         {note && <Text size="sm" c="dimmed">{note}</Text>}
-        <Group justify="flex-end"><Button color="dark" onClick={onClose}>I have stored it</Button></Group>
+        <Group justify="flex-end"><Button color="ink" onClick={onClose}>I have stored it</Button></Group>
       </Stack>
     </Modal>
   );

@@ -100,7 +100,7 @@ export function AuditPage() {
                     value={draft.outcome || null} onChange={(v) => setDraft((d) => ({ ...d, outcome: v ?? "" }))} />
             <TextInput label="From (UTC)" type="datetime-local" value={draft.since} onChange={set("since")} w={168} />
             <TextInput label="To (UTC)" type="datetime-local" value={draft.until} onChange={set("until")} w={168} />
-            <Button type="submit" color="dark">Apply</Button>
+            <Button type="submit" color="ink">Apply</Button>
             <Button variant="subtle" color="gray" onClick={clear}>Clear</Button>
           </Group>
         </form>
@@ -120,7 +120,7 @@ export function AuditPage() {
                     <Table.Tr key={e.seq} style={{ cursor: "pointer" }} onClick={() => openRecord(e.seq)}>
                       <Table.Td>
                         <UnstyledButton onClick={(ev) => { ev.stopPropagation(); openRecord(e.seq); }}
-                                        aria-label={`Open audit record ${e.seq}`} c="blue.8" fz="sm">{e.seq}</UnstyledButton>
+                                        aria-label={`Open audit record ${e.seq}`} c="var(--sr-link)" fz="sm">{e.seq}</UnstyledButton>
                       </Table.Td>
                       <Table.Td style={{ whiteSpace: "nowrap" }}>{fmtTime(e.time)}</Table.Td>
                       <Table.Td>{e.actor}</Table.Td>

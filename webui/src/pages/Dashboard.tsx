@@ -1,5 +1,5 @@
 import { BarChart } from "@mantine/charts";
-import { Anchor, Badge, Box, Button, Grid, Group, Paper, SimpleGrid, Stack, Table, Text, Title } from "@mantine/core";
+import { Anchor, Badge, Box, Button, Grid, Group, Paper, SimpleGrid, Stack, Table, Text } from "@mantine/core";
 import { IconShieldCheck, IconShieldX } from "@tabler/icons-react";
 import { useMutation, useQueries, useQuery, useQueryClient } from "@tanstack/react-query";
 import { Link } from "react-router";
@@ -9,7 +9,9 @@ import { ErrorAlert } from "../components/ErrorAlert";
 import { EmptyState, Loading, STATE_COLOR, fmtRelative, fmtTime } from "../components/bits";
 import { PageHeader } from "../components/PageHeader";
 import { HOST_STATUSES, hostStatus, type HostStatus } from "../hosts";
-import { useHosts } from "../queries";
+import { Panel } from "../components/Panel";
+import { useAuditStatus, useHosts } from "../queries";
+import { AttentionPanel, AuditActivityPanel } from "./DashboardActivity";
 
 const DUE_WINDOW_DAYS = 30;
 
@@ -19,6 +21,8 @@ export function DashboardPage() {
     <Stack gap="lg">
       <PageHeader title="Dashboard" subtitle={`Signed in as ${me?.username} (${me?.role})`} />
       <Grid gutter="lg">
+        <Grid.Col span={12}><AttentionPanel /></Grid.Col>
+        {can("audit:read") && <Grid.Col span={12}><AuditActivityPanel /></Grid.Col>}
         {can("keys:read") && <Grid.Col span={{ base: 12, md: 6, lg: 5 }}><KeysByState /></Grid.Col>}
         {can("hosts:read") && <Grid.Col span={{ base: 12, md: 6, lg: 4 }}><HostsSummary /></Grid.Col>}
         {can("audit:read") && <Grid.Col span={{ base: 12, md: 6, lg: 3 }}><ChainStatus /></Grid.Col>}
@@ -26,18 +30,6 @@ export function DashboardPage() {
         {can("audit:read") && <Grid.Col span={{ base: 12, md: 6 }}><RecentDenied /></Grid.Col>}
       </Grid>
     </Stack>
-  );
-}
-
-export function Panel({ title, children, right }: { title: string; children: React.ReactNode; right?: React.ReactNode }) {
-  return (
-    <Paper withBorder radius="md" p="md" h="100%">
-      <Group justify="space-between" mb="sm">
-        <Title order={2} size="h5">{title}</Title>
-        {right}
-      </Group>
-      {children}
-    </Paper>
   );
 }
 
@@ -60,11 +52,12 @@ function KeysByState() {
         <>
           {/* Clipped: the chart's hidden tooltip is laid out past its right edge, which on a
               phone made the whole page scroll sideways (the visible one stays inside). */}
-          <Box style={{ overflow: "hidden" }}>
+          <Box style={{ overflow: "hidden" }} role="img" aria-label={
+            `Keys by state: ${data.map((d) => `${d.state} ${d.keys}`).join(", ")}`}>
             <BarChart h={210} data={data} dataKey="state" orientation="vertical" withTooltip gridAxis="x"
                       tickLine="none" series={[{ name: "keys", color: "blue.8", label: "Keys" }]}
                       yAxisProps={{ width: 150 }} xAxisProps={{ allowDecimals: false }}
-                      barProps={{ radius: 2 }} aria-label="Keys by state" />
+                      barProps={{ radius: 2 }} />
           </Box>
           <Group gap="xs" mt="xs">
             {data.filter((d) => d.keys > 0).map((d) => (
@@ -80,9 +73,9 @@ function KeysByState() {
 }
 
 const HOST_TILE: Record<HostStatus, { label: string; color: string }> = {
-  online: { label: "Online", color: "teal.8" },
-  offline: { label: "Offline", color: "orange.8" },
-  revoked: { label: "Revoked", color: "red.8" },
+  online: { label: "Online", color: "var(--sr-text-ok)" },
+  offline: { label: "Offline", color: "var(--sr-text-warning)" },
+  revoked: { label: "Revoked", color: "var(--sr-text-danger)" },
 };
 const ATTENTION_SHOWN = 5;
 
@@ -117,7 +110,7 @@ export function HostsSummary() {
           <SimpleGrid cols={3} spacing="sm">
             {HOST_STATUSES.map((s) => (
               <Anchor key={s} component={Link} to={`/hosts?status=${s}`} underline="never" c="inherit"
-                      aria-label={`${counts[s]} ${s} hosts`}>
+                      title={`${counts[s]} ${s} hosts`}>
                 <Paper withBorder radius="sm" px="sm" py={8} data-testid={`hosts-${s}`} data-count={counts[s]}>
                   <Text fz={26} fw={700} lh={1.15} c={counts[s] ? HOST_TILE[s].color : "dimmed"}>{counts[s]}</Text>
                   <Text size="sm" c="dimmed">{HOST_TILE[s].label}</Text>
@@ -133,7 +126,7 @@ export function HostsSummary() {
               {attention.slice(0, ATTENTION_SHOWN).map(({ h, why }) => (
                 <Stack key={h.id} gap={0}>
                   <Anchor component={Link} to={`/hosts/${h.id}`} size="sm" truncate="end">{h.hostname}</Anchor>
-                  <Text size="xs" c={why.includes("error") ? "red.8" : "orange.8"}>{why}</Text>
+                  <Text size="xs" c={why.includes("error") ? "var(--sr-text-danger)" : "var(--sr-text-warning)"}>{why}</Text>
                 </Stack>
               ))}
               {attention.length > ATTENTION_SHOWN && (
@@ -212,14 +205,6 @@ function RecentDenied() {
   );
 }
 
-export function useAuditStatus() {
-  return useQuery({
-    queryKey: ["audit", "status"],
-    queryFn: () => call(api.GET("/api/v1/audit/status")),
-    staleTime: 30_000,
-  });
-}
-
 // The last signed checkpoint and how far the chain was last verified: read, never
 // re-walked on page load (a full walk is O(log) — minutes at a year's volume).
 export function ChainStatus() {
@@ -242,7 +227,7 @@ export function ChainStatus() {
             <Group gap="xs">
               {st.verified ? <IconShieldCheck color="var(--mantine-color-teal-7)" size={28} />
                 : <IconShieldX color="var(--mantine-color-yellow-8)" size={28} />}
-              <Text fw={700} c={st.verified ? "teal.8" : "yellow.9"}>
+              <Text fw={700} c={st.verified ? "var(--sr-text-ok)" : "var(--sr-text-caution)"}>
                 {st.verified ? "Verified to checkpoint #" + st.verified.checkpoint : "Not verified yet"}
               </Text>
             </Group>
@@ -273,7 +258,7 @@ export function VerifyResultView({ result }: { result: { ok: boolean; checked: n
       <Group gap="xs">
         {result.ok ? <IconShieldCheck color="var(--mantine-color-teal-7)" size={28} />
           : <IconShieldX color="var(--mantine-color-red-7)" size={28} />}
-        <Text fw={700} c={result.ok ? "teal.8" : "red.8"}>
+        <Text fw={700} c={result.ok ? "var(--sr-text-ok)" : "var(--sr-text-danger)"}>
           {result.ok ? "Intact" : "BROKEN"}
         </Text>
       </Group>
@@ -284,7 +269,7 @@ export function VerifyResultView({ result }: { result: { ok: boolean; checked: n
         {!result.ok && <><Text size="sm" c="dimmed">First broken record</Text>
           <Anchor component={Link} to={`/audit?seq=${result.first_broken_seq}`} size="sm">#{result.first_broken_seq}</Anchor></>}
       </SimpleGrid>
-      {result.reason && <Text size="sm" c="red.8">{result.reason}</Text>}
+      {result.reason && <Text size="sm" c="var(--sr-text-danger)">{result.reason}</Text>}
       <Text size="xs" c="dimmed">Every checkpoint's signature is checked, and each record's HMAC since the last
         verified checkpoint is recomputed with the key held in the HSM.</Text>
     </Stack>

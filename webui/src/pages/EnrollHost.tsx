@@ -69,7 +69,7 @@ function TokenForm({ groups, onCancel, onCreated }: {
         <ErrorAlert error={create.error} title="Token not created" />
         <Group justify="flex-end">
           <Button variant="default" onClick={onCancel}>Cancel</Button>
-          <Button type="submit" color="dark" loading={create.isPending} disabled={!ready}
+          <Button type="submit" color="ink" loading={create.isPending} disabled={!ready}
                   data-testid="create-enrollment-token">Create token</Button>
         </Group>
       </Stack>
@@ -91,7 +91,7 @@ function GroupKeys({ group }: { group: string }) {
         {n} key{n === 1 ? "" : "s"}</Anchor> tagged {hostGroupTag(group)} will be delivered to these hosts.
     </Text>
   ) : (
-    <Text size="sm" c="orange.8" data-testid="group-keys">
+    <Text size="sm" c="var(--sr-text-warning)" data-testid="group-keys">
       No key is tagged {hostGroupTag(group)} yet: hosts of this group will receive no key until one is.
       Check the spelling if the group already exists.
     </Text>
@@ -145,7 +145,7 @@ function Instructions({ created, onDone }: { created: Created; onDone: () => voi
         enrolls it with this token and starts the agent. The host then appears in the list and can fetch the
         keys tagged <Code>{hostGroupTag(t.host_group)}</Code>.
       </Text>
-      <Group justify="flex-end"><Button color="dark" onClick={onDone} data-testid="enroll-done">I have copied it</Button></Group>
+      <Group justify="flex-end"><Button color="ink" onClick={onDone} data-testid="enroll-done">I have copied it</Button></Group>
     </Stack>
   );
 }

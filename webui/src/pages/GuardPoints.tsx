@@ -89,7 +89,7 @@ export function RulesEditor({ rules, onChange, readOnly }: { rules: Rule[]; onCh
             <Stack gap={0}>
               <Text size="xs" fw={600}>Rule {i + 1} — {describeRule(r)}</Text>
               {everyone(r) && (
-                <Text size="xs" c={r.effect === "permit" ? "orange.9" : "dimmed"} data-testid="rule-everyone">
+                <Text size="xs" c={r.effect === "permit" ? "var(--sr-text-warning)" : "dimmed"} data-testid="rule-everyone">
                   Applies to every user and program: name users, groups, UIDs or executables to narrow it.
                 </Text>
               )}
@@ -258,7 +258,7 @@ function GuardPointEditor({ editing, opened, onClose }: { editing: GuardPoint | 
           {!readOnly && (
             <Group justify="flex-end">
               <Button variant="default" onClick={onClose}>Cancel</Button>
-              <Button type="submit" color="dark" loading={save.isPending}
+              <Button type="submit" color="ink" loading={save.isPending}
                       disabled={!draft.path.trim() || !draft.key || (draft.target === "group" ? !draft.host_group.trim() : !draft.host_id)}>
                 {editing ? "Save (new revision)" : "Create guard point"}</Button>
             </Group>
@@ -294,7 +294,7 @@ export function GuardPointsPage() {
   return (
     <Stack gap="md">
       <PageHeader title="Guard points" subtitle="Directories on hosts where applications see plaintext and the disk holds only ciphertext."
-        actions={manage && <Button color="dark" leftSection={<IconPlus size={16} />} data-testid="new-guard-point"
+        actions={manage && <Button color="ink" leftSection={<IconPlus size={16} />} data-testid="new-guard-point"
                                    onClick={() => { setEditing(null); setSession((n) => n + 1); setOpen(true); }}>New guard point</Button>} />
       <Alert variant="light" color="blue" icon={<IconInfoCircle size={18} />}>
         <Text size="sm"><b>Learn</b>: {MODE_HELP.learn} <b>Enforce</b>: {MODE_HELP.enforce} <b>Off</b>: encryption

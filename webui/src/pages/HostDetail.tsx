@@ -25,7 +25,7 @@ export function HostDetailPage() {
   if (host.error) {
     return (
       <Stack>
-        <Text size="sm"><Anchor component={Link} to="/hosts">Hosts</Anchor> / {hostId}</Text>
+        <Text size="sm"><Anchor component={Link} to="/hosts" underline="always">Hosts</Anchor> / {hostId}</Text>
         <ErrorAlert error={host.error} title="This host could not be loaded" />
       </Stack>
     );
@@ -52,7 +52,7 @@ function HostView({ h }: { h: Host }) {
   });
   return (
     <Stack gap="md">
-      <Text size="sm"><Anchor component={Link} to="/hosts">Hosts</Anchor> / {h.hostname}</Text>
+      <Text size="sm"><Anchor component={Link} to="/hosts" underline="always">Hosts</Anchor> / {h.hostname}</Text>
       <PageHeader
         title={<Group gap="sm"><span data-testid="host-name">{h.hostname}</span><HostStatusBadge status={status} /></Group>}
         subtitle={<>Group <Code>{h.host_group}</Code> · enrolled {fmtTime(h.enrolled_at)}</>}
@@ -156,7 +156,7 @@ function GuardPoints({ h, revoked }: { h: Host; revoked: boolean }) {
                 </Stack>
               ) : <GuardPointStateBadge state={g.state} />}
             </Table.Td>
-            <Table.Td><Text size="sm" c={g.state === "error" ? "red.8" : "dimmed"}>{g.detail || "—"}</Text>
+            <Table.Td><Text size="sm" c={g.state === "error" ? "var(--sr-text-danger)" : "dimmed"}>{g.detail || "—"}</Text>
               {g.rekey && <Text size="xs" c="dimmed" data-testid="rekey-progress">re-key {g.rekey.generation}: {g.rekey.done}/{g.rekey.total} files{g.rekey.finished ? ", finished" : ""}</Text>}
               {g.unprotect && <Text size="xs" c="dimmed" data-testid="unprotect-progress">unprotect {g.unprotect.generation}: {g.unprotect.done}/{g.unprotect.total} files{g.unprotect.finished ? ", finished" : ""}</Text>}</Table.Td>
           </Table.Tr>

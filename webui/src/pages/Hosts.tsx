@@ -53,7 +53,7 @@ export function HostsPage() {
     <Stack gap="md">
       <PageHeader title="Hosts"
                   subtitle="Storage hosts running the Strongroom agent, each identified by its own certificate from the internal CA"
-                  actions={<GuardedButton perm="hosts:enroll" mode="hide" color="dark" leftSection={<IconPlus size={16} />}
+                  actions={<GuardedButton perm="hosts:enroll" mode="hide" color="ink" leftSection={<IconPlus size={16} />}
                                           onClick={() => setEnrolling(true)} data-testid="enroll-host">
                     Enroll a host</GuardedButton>} />
       <Paper withBorder radius="md" p="sm">
@@ -107,7 +107,7 @@ function NoHostsYet({ onEnroll }: { onEnroll: () => void }) {
       </EmptyState>
       <Center>
         {can("hosts:enroll")
-          ? <Button color="dark" leftSection={<IconPlus size={16} />} onClick={onEnroll}>Enroll the first host</Button>
+          ? <Button color="ink" leftSection={<IconPlus size={16} />} onClick={onEnroll}>Enroll the first host</Button>
           : <Text size="sm" c="dimmed">Enrolling needs the hosts:enroll permission (operators and administrators).</Text>}
       </Center>
     </Stack>
@@ -149,7 +149,7 @@ function HostsTable({ hosts }: { hosts: Host[] }) {
                   {h.guard_points.length === 0 ? <Text span size="sm" c="dimmed">none</Text> : (
                     <Group gap={6} wrap="nowrap">
                       <Text span size="sm">{h.guard_points.length}</Text>
-                      {errors > 0 && <Text span size="xs" c="red.8" fw={600}>{errors} in error</Text>}
+                      {errors > 0 && <Text span size="xs" c="var(--sr-text-danger)" fw={600}>{errors} in error</Text>}
                     </Group>
                   )}
                 </Table.Td>

@@ -1,11 +1,11 @@
 import {
-  Anchor, Button, Code, Grid, Group, Modal, NumberInput, Paper, Select, SimpleGrid, Stack, Switch, Table, Text,
-  Textarea, Timeline, Title,
+  Alert, Anchor, Button, Code, Grid, Group, Modal, NumberInput, Paper, Select, SimpleGrid, Stack, Switch, Table, TagsInput,
+  Text, TextInput, Textarea, Timeline, Title,
 } from "@mantine/core";
 import { notifications } from "@mantine/notifications";
 import { IconRotateClockwise } from "@tabler/icons-react";
 import { useMutation, useQueries, useQueryClient } from "@tanstack/react-query";
-import { useState } from "react";
+import { useEffect, useState } from "react";
 import { Link, useParams } from "react-router";
 import { api, call, type Key, type RevokeReason } from "../api/client";
 import { useAuth } from "../auth";
@@ -16,7 +16,7 @@ import { CopyValue, EmptyState, Loading, OutcomeBadge, STATE_COLOR, StateBadge, 
 import { PageHeader } from "../components/PageHeader";
 import { HOST_GROUP_TAG } from "../hosts";
 import { qk, useKey } from "../queries";
-import { TagList } from "./Keys";
+import { TagList, parseTags } from "./Keys";
 
 const REASONS: { value: RevokeReason; label: string }[] = [
   { value: "key-compromise", label: "Key compromise (→ Compromised)" },
@@ -57,14 +57,14 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
   const rotate = useMutation(action("Rotated", () => call(api.POST("/api/v1/keys/{key_ref}/rotate", path))));
   const activate = useMutation(action("Activated", () => call(api.POST("/api/v1/keys/{key_ref}/activate", path))));
   const deactivate = useMutation(action("Deactivated", () => call(api.POST("/api/v1/keys/{key_ref}/deactivate", path))));
-  const [dialog, setDialog] = useState<null | "schedule" | "revoke" | "destroy" | "deactivate">(null);
+  const [dialog, setDialog] = useState<null | "edit" | "schedule" | "revoke" | "destroy" | "deactivate">(null);
   const destroyed = k.state === "destroyed" || k.state === "destroyed-compromised";
   const live = k.state === "active" || k.state === "pre-active";
   const actionError = rotate.error ?? activate.error;
 
   return (
     <Stack gap="md">
-      <Text size="sm"><Anchor component={Link} to="/keys">Keys</Anchor> / {k.name}</Text>
+      <Text size="sm"><Anchor component={Link} to="/keys" underline="always">Keys</Anchor> / {k.name}</Text>
       <PageHeader
         title={<Group gap="sm"><span data-testid="key-name">{k.name}</span><StateBadge state={k.state} /></Group>}
         subtitle={k.description || "No description"}
@@ -73,9 +73,11 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
             <GuardedButton perm="keys:activate" mode="hide" variant="default" loading={activate.isPending}
                            onClick={() => activate.mutate()}>Activate</GuardedButton>
           )}
-          <GuardedButton perm="keys:rotate" color="dark" leftSection={<IconRotateClockwise size={16} />}
+          <GuardedButton perm="keys:rotate" color="ink" leftSection={<IconRotateClockwise size={16} />}
                          loading={rotate.isPending} disabled={destroyed} onClick={() => rotate.mutate()}
                          data-testid="rotate-key">Rotate now</GuardedButton>
+          <GuardedButton perm="keys:update" variant="default" onClick={() => setDialog("edit")}
+                         data-testid="edit-key">Edit details</GuardedButton>
           {/* A destroyed key is never rotated again: nothing to schedule (the server refuses too). */}
           <GuardedButton perm="keys:update" variant="default" onClick={() => setDialog("schedule")}
                          disabled={destroyed} data-testid="edit-schedule">Rotation schedule</GuardedButton>
@@ -120,6 +122,7 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
         </Grid.Col>
       </Grid>
       {can("audit:read") && <KeyUsage k={k} />}
+      <EditDialog k={k} keyRef={keyRef} opened={dialog === "edit"} onClose={() => setDialog(null)} />
       <ScheduleDialog k={k} keyRef={keyRef} opened={dialog === "schedule"} onClose={() => setDialog(null)} />
       <RevokeDialog k={k} keyRef={keyRef} opened={dialog === "revoke"} onClose={() => setDialog(null)} />
       <DestroyDialog k={k} keyRef={keyRef} opened={dialog === "destroy"} onClose={() => setDialog(null)} />
@@ -152,7 +155,7 @@ export function VersionTimeline({ k }: { k: Key }) {
             {v.destroy_date && <> · destroyed {fmtTime(v.destroy_date)}</>}
           </Text>
           {v.revocation_reason && (
-            <Text size="xs" c="orange.8">revoked: {v.revocation_reason}{v.revocation_message ? ` — ${v.revocation_message}` : ""}</Text>
+            <Text size="xs" c="var(--sr-text-warning)">revoked: {v.revocation_reason}{v.revocation_message ? ` — ${v.revocation_message}` : ""}</Text>
           )}
           {v.wrapping_mechanism && (
             <Text size="xs" c="dimmed">wrapped by {v.wrapping_key_id} ({v.wrapping_mechanism})</Text>
@@ -207,6 +210,74 @@ function KeyUsage({ k }: { k: Key }) {
   );
 }
 
+const tagEntries = (tags: Record<string, string>) => Object.entries(tags).map(([n, v]) => (v ? `${n}=${v}` : n));
+
+/** The changes between two tag maps, as a person reads them. */
+export function tagChanges(before: Record<string, string>, after: Record<string, string>): string[] {
+  const out: string[] = [];
+  for (const [n, v] of Object.entries(after)) {
+    if (!(n in before)) out.push(`adds ${n}${v ? `=${v}` : ""}`);
+    else if (before[n] !== v) out.push(`changes ${n} from ${before[n] || "(empty)"} to ${v || "(empty)"}`);
+  }
+  for (const n of Object.keys(before)) if (!(n in after)) out.push(`removes ${n}`);
+  return out;
+}
+
+/** Description, owner and tags; only what changed is sent. The host-group tag decides
+ *  which hosts receive the key, so changing it says what it does to hosts. */
+function EditDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; opened: boolean; onClose: () => void }) {
+  const [description, setDescription] = useState(k.description);
+  const [owner, setOwner] = useState(k.owner);
+  const [tags, setTags] = useState<string[]>(tagEntries(k.tags));
+  const action = useKeyAction(k, keyRef);
+  const parsed = parseTags(tags);
+  const changes = tagChanges(k.tags, parsed);
+  const body: { description?: string; owner?: string; tags?: Record<string, string> } = {};
+  if (description !== k.description) body.description = description;
+  if (owner.trim() !== k.owner) body.owner = owner.trim();
+  if (changes.length) body.tags = parsed;
+  const save = useMutation(action("Details saved", () => call(api.PATCH("/api/v1/keys/{key_ref}", {
+    params: { path: { key_ref: k.id } }, body }))));
+  // Each opening starts from the key as it is now (it may have changed since the last one).
+  useEffect(() => {
+    if (opened) { setDescription(k.description); setOwner(k.owner); setTags(tagEntries(k.tags)); save.reset(); }
+  }, [opened]);
+  const close = () => onClose();
+  const groupBefore = k.tags[HOST_GROUP_TAG], groupAfter = parsed[HOST_GROUP_TAG];
+  const badTag = Object.keys(parsed).find((n) => n.length < 1 || n.length > 64) ?? Object.entries(parsed).find(([, v]) => v.length > 256)?.[0];
+  return (
+    <Modal opened={opened} onClose={close} title={`Edit ${k.name}`} centered size="lg">
+      <form aria-label="Edit key details" onSubmit={(e) => {
+        e.preventDefault();
+        if (Object.keys(body).length) save.mutate(undefined, { onSuccess: close });
+      }}>
+        <Stack gap="sm">
+          <Textarea label="Description" value={description} maxLength={2000} autosize minRows={2}
+                    onChange={(e) => setDescription(e.currentTarget.value)} data-autofocus />
+          <TextInput label="Owner" description="The person or team answerable for this key" value={owner} maxLength={128}
+                     onChange={(e) => setOwner(e.currentTarget.value)} />
+          <TagsInput label="Tags" description="name=value, press Enter after each; at most 50" value={tags} onChange={setTags}
+                     error={badTag !== undefined ? `Tag ${badTag || "(empty)"}: names are 1-64 characters, values at most 256` : undefined} />
+          {changes.length > 0 && <Text size="sm" data-testid="tag-changes">This {changes.join(", ")}.</Text>}
+          {groupBefore !== groupAfter && (
+            <Alert color="orange" variant="light" data-testid="host-group-change">
+              {groupBefore && <>Hosts of group <b>{groupBefore}</b> stop receiving this key through their group at their
+                next fetch (unless a guard point of theirs uses it): what they encrypted with it becomes unreadable to them. </>}
+              {groupAfter && <>Hosts of group <b>{groupAfter}</b> receive it from their next heartbeat.</>}
+            </Alert>
+          )}
+          <ErrorAlert error={save.error} title="Not saved" />
+          <Group justify="flex-end">
+            <Button variant="default" onClick={close}>Cancel</Button>
+            <Button type="submit" color="ink" loading={save.isPending} disabled={!Object.keys(body).length || badTag !== undefined}
+                    data-testid="save-key-details">Save</Button>
+          </Group>
+        </Stack>
+      </form>
+    </Modal>
+  );
+}
+
 function ScheduleDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; opened: boolean; onClose: () => void }) {
   const [enabled, setEnabled] = useState(!!k.rotation_period_days);
   const [days, setDays] = useState<number | string>(k.rotation_period_days ?? 90);
@@ -226,7 +297,7 @@ function ScheduleDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string
           <ErrorAlert error={save.error} />
           <Group justify="flex-end">
             <Button variant="default" onClick={onClose}>Cancel</Button>
-            <Button type="submit" color="dark" loading={save.isPending}>Save</Button>
+            <Button type="submit" color="ink" loading={save.isPending}>Save</Button>
           </Group>
         </Stack>
       </form>
@@ -250,7 +321,7 @@ function RevokeDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; 
               onChange={(v) => v && setReason(v as RevokeReason)} comboboxProps={{ withinPortal: true }} />
       <Textarea label="Message" description="Recorded with the revocation and in the audit log"
                 value={message} onChange={(e) => setMessage(e.currentTarget.value)} maxLength={1000} autosize minRows={2} />
-      <Text size="sm" c={compromise ? "red.8" : undefined}>
+      <Text size="sm" c={compromise ? "var(--sr-text-danger)" : undefined}>
         {compromise
           ? "Compromised versions can no longer decrypt anything. Data protected by them must be restored from other copies."
           : "The active version is deactivated: it still decrypts, but encrypts nothing new."}
@@ -271,7 +342,7 @@ export function DestroyDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: 
                         blockedBy={hasActive ? "The key has an active version: deactivate or revoke it first (the "
                                    + "server refuses to destroy an active key)." : null}
                         onConfirm={() => destroy.mutate(undefined, { onSuccess: onClose })}>
-      <Text size="sm" fw={600} c="red.8">This cannot be undone.</Text>
+      <Text size="sm" fw={600} c="var(--sr-text-danger)">This cannot be undone.</Text>
       <Text size="sm">The key material of all {k.versions.length} version(s) is erased. Anything still encrypted
         under this key becomes unreadable. The key's metadata and audit trail are kept.</Text>
     </TypedConfirmDialog>

@@ -45,7 +45,7 @@ export function KeysPage() {
     <Stack gap="md">
       <PageHeader title="Keys" subtitle="Managed AES-256 keys, wrapped under the HSM's key-encryption key"
                   actions={<GuardedButton perm="keys:create" mode="hide" leftSection={<IconPlus size={16} />}
-                                          color="dark" onClick={() => setCreating(true)} data-testid="create-key">
+                                          color="ink" onClick={() => setCreating(true)} data-testid="create-key">
                     Create key</GuardedButton>} />
       <Paper withBorder radius="md" p="sm">
         <Group gap="sm" align="flex-end">
@@ -103,7 +103,11 @@ export function KeysPage() {
           <Text size="sm" c="dimmed">
             {keys.data.offset + 1}–{keys.data.offset + keys.data.items.length} of {keys.data.total}
           </Text>
-          <Pagination total={pages} value={page} onChange={(p) => update({ page: String(p) })} size="sm" />
+          <Pagination total={pages} value={page} onChange={(p) => update({ page: String(p) })} size="sm"
+                      aria-label="Pages of keys"
+                      getItemProps={(p) => ({ "aria-label": `Page ${p}` })}
+                      getControlProps={(c) => ({ "aria-label": { first: "First page", previous: "Previous page",
+                                                                  next: "Next page", last: "Last page" }[c] })} />
         </Group>
       )}
       <CreateKeyDialog opened={creating} onClose={() => setCreating(false)} />
@@ -117,7 +121,7 @@ export function TagList({ tags }: { tags: Record<string, string> }) {
   return (
     <Group gap={4}>
       {entries.map(([k, v]) => (
-        <Text key={k} size="xs" ff="monospace" px={6} py={1} bg="gray.1" style={{ borderRadius: 3 }}>
+        <Text key={k} size="xs" ff="monospace" px={6} py={1} bg="var(--sr-tag-bg)" style={{ borderRadius: 3 }}>
           {v ? `${k}=${v}` : k}
         </Text>
       ))}
@@ -174,7 +178,7 @@ function CreateKeyDialog({ opened, onClose }: { opened: boolean; onClose: () => 
           <ErrorAlert error={create.error} title="Key not created" />
           <Group justify="flex-end">
             <Button variant="default" onClick={() => { reset(); onClose(); }}>Cancel</Button>
-            <Button type="submit" color="dark" loading={create.isPending} disabled={!name.trim()}>Create key</Button>
+            <Button type="submit" color="ink" loading={create.isPending} disabled={!name.trim()}>Create key</Button>
           </Group>
         </Stack>
       </form>

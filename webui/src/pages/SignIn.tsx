@@ -72,7 +72,7 @@ export function SignInPage() {
                        value={code} onChange={(e) => setCode(e.currentTarget.value.replace(/\D/g, ""))} />
           )}
           <ErrorAlert error={error} title="Sign-in failed" />
-          <Button type="submit" loading={busy} fullWidth color="dark">Sign in</Button>
+          <Button type="submit" loading={busy} fullWidth color="ink">Sign in</Button>
         </Stack>
       </form>
       {methods.data?.oidc && (
@@ -152,7 +152,7 @@ export function ChangePasswordPage() {
                          error={mismatch ? "The passwords do not match" : undefined}
                          value={again} onChange={(e) => setAgain(e.currentTarget.value)} />
           <ErrorAlert error={error} title="Password not changed" />
-          <Button type="submit" loading={busy} color="dark" disabled={mismatch || hasName}>Save password</Button>
+          <Button type="submit" loading={busy} color="ink" disabled={mismatch || hasName}>Save password</Button>
           <Button variant="subtle" color="gray" onClick={async () => { await signOut(); navigate("/sign-in"); }}>
             Sign out
           </Button>

@@ -12,6 +12,7 @@ import { Loading, fmtRelative, fmtTime } from "../components/bits";
 import { qk } from "../queries";
 
 type Kek = Schemas["KekPublic"];
+type Health = Schemas["SystemHealth"];
 type Rotation = Schemas["KekRotationPublic"];
 
 /** What a KEK wraps, by kind, in the words the server's refusals use. */
@@ -30,6 +31,75 @@ const KEK_STATE: Record<Kek["state"], { color: string; hint: string }> = {
 };
 
 const ROTATION_REFRESH_MS = 1000;
+const HEALTH_REFRESH_MS = 15_000;
+
+const HEALTH_STATUS: Record<Health["status"], { color: string; label: string }> = {
+  ok: { color: "teal", label: "Healthy" },
+  degraded: { color: "orange", label: "Degraded" },
+  unavailable: { color: "red", label: "Not ready" },
+};
+const CHECK_TITLES: Record<string, string> = { database: "Database", hsm: "HSM", audit_sinks: "Audit sinks" };
+
+function HealthSection({ h }: { h: Health }) {
+  const st = HEALTH_STATUS[h.status];
+  return (
+    <SimpleGrid cols={{ base: 1, md: 2 }} spacing="md" data-testid="system-health">
+      <Paper withBorder radius="md" p="md">
+        <Group justify="space-between" mb="xs">
+          <Title order={2} size="h4">Health</Title>
+          <Badge color={st.color} variant="light" radius="sm" data-status={h.status}>{st.label}</Badge>
+        </Group>
+        <Table fz="sm" verticalSpacing={4} withRowBorders={false}>
+          <Table.Tbody>
+            {h.checks.map((c) => (
+              <Table.Tr key={c.name} data-check={c.name}>
+                <Table.Td w={120}>{CHECK_TITLES[c.name] ?? c.name}</Table.Td>
+                <Table.Td><Badge color={c.ok ? "teal" : "red"} variant="light" radius="sm">{c.ok ? "ok" : "failing"}</Badge></Table.Td>
+                <Table.Td c={c.ok ? "dimmed" : undefined}>{c.ok ? (c.latency_ms !== null ? `${c.latency_ms} ms` : "") : c.detail}</Table.Td>
+              </Table.Tr>
+            ))}
+          </Table.Tbody>
+        </Table>
+        <Text size="xs" c="dimmed" mt="xs">
+          Answered by {h.hostname} (pid {h.pid}, {h.workers} worker{h.workers === 1 ? "" : "s"}), Strongroom {h.version},
+          {" "}{h.store === "embedded" ? "embedded store" : "PostgreSQL"}, up since {fmtTime(h.started_at)}
+        </Text>
+      </Paper>
+      <Paper withBorder radius="md" p="md">
+        <Title order={2} size="h4" mb="xs">Audit chain</Title>
+        <Table fz="sm" verticalSpacing={4} withRowBorders={false}>
+          <Table.Tbody>
+            <Table.Tr><Table.Td w={160} c="dimmed">Head</Table.Td><Table.Td>record {h.audit_head_seq.toLocaleString()}</Table.Td></Table.Tr>
+            <Table.Tr><Table.Td c="dimmed">Not yet chained</Table.Td><Table.Td>{h.audit_pending.toLocaleString()}</Table.Td></Table.Tr>
+            <Table.Tr><Table.Td c="dimmed">Last checkpoint</Table.Td><Table.Td>{h.audit_last_checkpoint_at ? fmtTime(h.audit_last_checkpoint_at) : "none yet"}</Table.Td></Table.Tr>
+            <Table.Tr><Table.Td c="dimmed">Verified up to</Table.Td><Table.Td>{h.audit_verified_seq ? `record ${h.audit_verified_seq.toLocaleString()}` : "never verified"}</Table.Td></Table.Tr>
+            <Table.Tr><Table.Td c="dimmed">When no sink accepts</Table.Td><Table.Td>{h.audit_fail_closed ? "key operations wait (fail-closed)" : "key operations go on"}</Table.Td></Table.Tr>
+          </Table.Tbody>
+        </Table>
+        {h.sinks.length === 0 ? (
+          <Text size="sm" c="dimmed" mt="xs">No audit sinks: the chain is only in this database. See docs/audit.md to copy it off the server.</Text>
+        ) : (
+          <Table fz="sm" verticalSpacing={4} mt="xs" data-testid="audit-sinks">
+            <Table.Thead><Table.Tr><Table.Th>Sink</Table.Th><Table.Th>State</Table.Th><Table.Th>Behind</Table.Th><Table.Th>Last delivery</Table.Th></Table.Tr></Table.Thead>
+            <Table.Tbody>
+              {h.sinks.map((k) => (
+                <Table.Tr key={k.name}>
+                  <Table.Td>{k.name} <Text span size="xs" c="dimmed">({k.kind})</Text></Table.Td>
+                  <Table.Td>
+                    <Badge color={k.healthy ? "teal" : "red"} variant="light" radius="sm">{k.healthy ? "delivering" : "failing"}</Badge>
+                    {k.last_error && !k.healthy && <Text size="xs" c="var(--sr-text-danger)">{k.last_error}</Text>}
+                  </Table.Td>
+                  <Table.Td>{k.backlog.toLocaleString()} records</Table.Td>
+                  <Table.Td>{k.delivered_at ? fmtRelative(k.delivered_at) : "never"}</Table.Td>
+                </Table.Tr>
+              ))}
+            </Table.Tbody>
+          </Table>
+        )}
+      </Paper>
+    </SimpleGrid>
+  );
+}
 
 function wrappedTotal(k: Kek): number {
   return Object.values(k.wrapped ?? {}).reduce((a, b) => a + b, 0);
@@ -92,6 +162,11 @@ export function SystemPage() {
     // While a rotation runs, follow it; otherwise the page is static.
     refetchInterval: (q) => (q.state.data?.last_rotation?.state === "running" ? ROTATION_REFRESH_MS : false),
   });
+  const health = useQuery({
+    queryKey: qk.health,
+    queryFn: () => call(api.GET("/api/v1/system/health")),
+    refetchInterval: HEALTH_REFRESH_MS,
+  });
   const [confirmRotate, setConfirmRotate] = useState(false);
   const [retiring, setRetiring] = useState<Kek | null>(null);
   const rotate = useMutation({
@@ -122,14 +197,16 @@ export function SystemPage() {
 
   return (
     <Stack gap="md">
-      <PageHeader title="KEK & HSM"
-        subtitle="The key-encryption keys in the HSM wrap every key stored in the database. Rotate to move everything under a new one; retire a superseded one to remove it from the token."
+      <PageHeader title="System"
+        subtitle="This replica's health and the audit chain; the key-encryption keys in the HSM, which wrap every key stored in the database. Rotate to move everything under a new KEK; retire a superseded one to remove it from the token."
         actions={can("system:kek") && (
-          <Button color="dark" leftSection={<IconRefresh size={16} />} onClick={() => setConfirmRotate(true)}
+          <Button color="ink" leftSection={<IconRefresh size={16} />} onClick={() => setConfirmRotate(true)}
                   disabled={running} data-testid="rotate-kek">
             {running ? "Rotation running…" : "Rotate KEK"}
           </Button>
         )} />
+      {health.error ? <ErrorAlert error={health.error} title="Health not available" />
+        : health.data ? <HealthSection h={health.data} /> : <Loading label="Checking health…" />}
       <SimpleGrid cols={{ base: 1, sm: 2 }} spacing="md">
         <Paper withBorder radius="md" p="md">
           <Title order={2} size="h4" mb="xs">HSM</Title>
@@ -205,7 +282,7 @@ export function SystemPage() {
           <ErrorAlert error={rotate.error} title="Rotation not started" />
           <Group justify="flex-end">
             <Button variant="default" onClick={() => setConfirmRotate(false)}>Cancel</Button>
-            <Button color="dark" loading={rotate.isPending} onClick={() => rotate.mutate()} data-testid="rotate-kek-confirm">Rotate KEK</Button>
+            <Button color="ink" loading={rotate.isPending} onClick={() => rotate.mutate()} data-testid="rotate-kek-confirm">Rotate KEK</Button>
           </Group>
         </Stack>
       </Modal>

@@ -54,7 +54,7 @@ export function TokensPage() {
   return (
     <Stack gap="md">
       <PageHeader title="API tokens" subtitle="For automation: scoped, revocable, shown once. Scopes can only narrow your role."
-        actions={<Button color="dark" leftSection={<IconPlus size={16} />} onClick={() => setCreating(true)}
+        actions={<Button color="ink" leftSection={<IconPlus size={16} />} onClick={() => setCreating(true)}
                          data-testid="create-token">Create token</Button>} />
       {can("tokens:all") && (
         <Switch label="Show every user's tokens" checked={allUsers} onChange={(e) => setAllUsers(e.currentTarget.checked)} />
@@ -135,7 +135,7 @@ function CreateTokenDialog({ opened, onClose, onCreated }: { opened: boolean; on
           <ErrorAlert error={create.error} title="Token not created" />
           <Group justify="flex-end">
             <Button variant="default" onClick={close}>Cancel</Button>
-            <Button type="submit" color="dark" loading={create.isPending} disabled={!name.trim()}>Create token</Button>
+            <Button type="submit" color="ink" loading={create.isPending} disabled={!name.trim()}>Create token</Button>
           </Group>
         </Stack>
       </form>

@@ -53,7 +53,7 @@ export function UsersPage() {
   return (
     <Stack gap="md">
       <PageHeader title="Users" subtitle="People who sign in to the console; each has one role"
-                  actions={<GuardedButton perm="users:manage" mode="hide" color="dark" leftSection={<IconPlus size={16} />}
+                  actions={<GuardedButton perm="users:manage" mode="hide" color="ink" leftSection={<IconPlus size={16} />}
                                           onClick={() => setCreating(true)} data-testid="create-user">Create user</GuardedButton>} />
       <ErrorAlert error={disabling || confirm ? null : reset.error ?? update.error} />
       <Paper withBorder radius="md">
@@ -70,7 +70,7 @@ export function UsersPage() {
                 {users.data.map((u) => (
                   <Table.Tr key={u.id}>
                     <Table.Td><Text size="sm" fw={600}>{u.username}</Text>{u.full_name && <Text size="xs" c="dimmed">{u.full_name}</Text>}</Table.Td>
-                    <Table.Td><Badge variant="light" color="dark" radius="sm">{u.role}</Badge></Table.Td>
+                    <Table.Td><Badge variant="light" color="ink" radius="sm">{u.role}</Badge></Table.Td>
                     <Table.Td>
                       <Group gap={4}>
                         {u.disabled ? <Badge color="red" variant="light" radius="sm">disabled</Badge>
@@ -172,7 +172,7 @@ function CreateUserDialog({ opened, onClose, onCreated }: { opened: boolean; onC
           <ErrorAlert error={create.error} title="User not created" />
           <Group justify="flex-end">
             <Button variant="default" onClick={close}>Cancel</Button>
-            <Button type="submit" color="dark" loading={create.isPending} disabled={username.trim().length < 2}>Create user</Button>
+            <Button type="submit" color="ink" loading={create.isPending} disabled={username.trim().length < 2}>Create user</Button>
           </Group>
         </Stack>
       </form>

@@ -20,6 +20,48 @@ const rotation = (state: string, done: number) => ({
               totp_secrets: { done: 0, total: 1 } },
 });
 
+const health = (over: Partial<Schemas["SystemHealth"]> = {}): Schemas["SystemHealth"] => ({
+  status: "ok", version: "0.2.0", hostname: "ks-1", pid: 4242, started_at: "2026-11-25T09:00:00Z", store: "postgresql",
+  workers: 2, checks: [{ name: "database", ok: true, detail: "ok", latency_ms: 0.8 }, { name: "hsm", ok: true, detail: "ok", latency_ms: 1.2 }],
+  audit_head_seq: 1234, audit_pending: 3, audit_last_checkpoint_at: "2026-11-25T09:59:00Z", audit_verified_seq: 1200,
+  audit_fail_closed: false, sinks: [], active_kek: "kek-2", kek_rotation_running: false, ...over,
+});
+
+describe("System page: health", () => {
+  it("names the replica, times each check, and shows the chain's head and backlog", async () => {
+    fakeApi({ "GET /api/v1/system/health": health(),
+              "GET /api/v1/system/kek": { keks: [kek("kek-2", "active", {})], last_rotation: null, hsm: HSM } });
+    renderWith(<SystemPage />, { me: meAs("auditor") });
+    const section = await screen.findByTestId("system-health");
+    expect(within(section).getByText("Healthy")).toBeInTheDocument();
+    expect(within(section).getByText("0.8 ms")).toBeInTheDocument();
+    expect(within(section).getByText(/Answered by ks-1 \(pid 4242, 2 workers\)/)).toBeInTheDocument();
+    expect(within(section).getByText("record 1,234")).toBeInTheDocument();
+    expect(within(section).getByText(/No audit sinks/)).toBeInTheDocument();
+  });
+
+  it("shows a failing HSM with the server's advice, and a failing sink with its error", async () => {
+    fakeApi({
+      "GET /api/v1/system/health": health({
+        status: "unavailable",
+        checks: [{ name: "database", ok: true, detail: "ok", latency_ms: 0.8 },
+                 { name: "hsm", ok: false, detail: "token 'strongroom' not found: run `keyserver init`", latency_ms: null },
+                 { name: "audit_sinks", ok: false, detail: "failing: siem: connection refused", latency_ms: null }],
+        sinks: [{ name: "siem", kind: "syslog", healthy: false, backlog: 420, delivered_seq: 814, delivered_at: null,
+                  last_error: "connection refused" }],
+      }),
+      "GET /api/v1/system/kek": { keks: [kek("kek-2", "active", {})], last_rotation: null, hsm: HSM },
+    });
+    renderWith(<SystemPage />, { me: meAs("admin") });
+    const section = await screen.findByTestId("system-health");
+    expect(within(section).getByText("Not ready")).toBeInTheDocument();
+    expect(within(section).getByText(/token 'strongroom' not found/)).toBeInTheDocument();
+    const sinks = within(section).getByTestId("audit-sinks");
+    expect(within(sinks).getByText("failing")).toBeInTheDocument();
+    expect(within(sinks).getByText("420 records")).toBeInTheDocument();
+  });
+});
+
 describe("KEK & HSM page", () => {
   it("shows a running rotation's progress per kind and follows it to the end", async () => {
     let polls = 0;
@@ -32,7 +74,7 @@ describe("KEK & HSM page", () => {
         last_rotation: rotation(done === 10 ? "completed" : "running", done), hsm: HSM,
       } as unknown as Status;
     };
-    fakeApi({ "GET /api/v1/system/kek": status });
+    fakeApi({ "GET /api/v1/system/kek": status, "GET /api/v1/system/health": health() });
     renderWith(<SystemPage />, { me: meAs("admin") });
     const card = await screen.findByTestId("kek-rotation");
     expect(within(card).getByText("4 of 10 re-wrapped (40 %)")).toBeInTheDocument();
@@ -46,6 +88,7 @@ describe("KEK & HSM page", () => {
 
   it("starts a rotation only after confirmation, and says when it waits for an approval", async () => {
     const api = fakeApi({
+      "GET /api/v1/system/health": health(),
       "GET /api/v1/system/kek": { keks: [kek("kek-1", "active", { key_versions: 3 })], last_rotation: null, hsm: HSM },
       "POST /api/v1/system/kek/rotate": () => json(202, { status: "pending", code: "approval_required",
         detail: "KEK rotation waits for another administrator's approval (request 42)", approval: {} }),
@@ -60,6 +103,7 @@ describe("KEK & HSM page", () => {
 
   it("retires a superseded KEK after its id is typed, and shows the server's list when it still wraps something", async () => {
     const api = fakeApi({
+      "GET /api/v1/system/health": health(),
       "GET /api/v1/system/kek": { keks: [kek("kek-1", "superseded", {}), kek("kek-2", "active", { key_versions: 5 })],
                                   last_rotation: rotation("completed", 10), hsm: HSM },
       "POST /api/v1/system/keks/:id/retire": () => problem(409, "kek_in_use",
@@ -79,7 +123,8 @@ describe("KEK & HSM page", () => {
 
   it("an auditor sees the state but no actions", async () => {
     fakeApi({ "GET /api/v1/system/kek": { keks: [kek("kek-1", "superseded", {}), kek("kek-2", "active", {})],
-                                          last_rotation: null, hsm: HSM } });
+                                          last_rotation: null, hsm: HSM },
+              "GET /api/v1/system/health": health() });
     renderWith(<SystemPage />, { me: meAs("auditor") });
     expect(await screen.findByTestId("active-kek")).toHaveTextContent("kek-2");
     expect(screen.queryByTestId("rotate-kek")).toBeNull();
