@@ -108,7 +108,8 @@ def _console_reads(svc: Any, out: dict[str, Any]) -> None:
                                  "p95_ms": round(lat[int(0.95 * (len(lat) - 1))], 1)}
             out["console_reads"] = results
             with svc.engine.connect() as conn:
-                out["rollup_rows"] = conn.execute(text("SELECT count(*) FROM audit_rollup")).scalar_one()
+                out["rollup_rows"] = conn.execute(text("SELECT (SELECT count(*) FROM audit_hourly) + "
+                                                       "(SELECT count(*) FROM audit_refusals_hourly)")).scalar_one()
     finally:
         server.should_exit = True
         thread.join(10)

@@ -103,12 +103,13 @@ def check_rollup_backfill(url: str) -> None:
         db.upgrade(url)
         from sqlalchemy.orm import Session
 
-        from keyserver.store.models import AuditRollup
+        from keyserver.store.models import AuditHourly, AuditRefusalsHourly
+        h10, h11 = t1.replace(minute=0), t2.replace(minute=0)
         with Session(engine) as s:
-            got = {(r.hour, r.actor, r.outcome, r.reason): r.count for r in s.query(AuditRollup)}
-        assert got == {(t1.replace(minute=0), "alice", "denied", "missing keys:create"): 2,
-                       (t2.replace(minute=0), "alice", "allowed", ""): 1,
-                       (t2.replace(minute=0), "bob", "error", "refused"): 1}
+            hourly = {(r.hour, r.outcome): r.count for r in s.query(AuditHourly)}
+            refused = {(r.hour, r.actor, r.reason): r.count for r in s.query(AuditRefusalsHourly)}
+        assert hourly == {(h10, "denied"): 2, (h11, "allowed"): 1, (h11, "error"): 1}
+        assert refused == {(h10, "alice", "missing keys:create"): 2, (h11, "bob", "refused"): 1}
     finally:
         engine.dispose()
 

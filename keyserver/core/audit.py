@@ -54,7 +54,15 @@ from hsm import HsmBackend, HsmError
 from keyserver.core.errors import InvalidInput, ServiceUnavailable, hsm_failure
 from keyserver.core.principal import RequestContext
 from keyserver.store.db import retry_on_disconnect
-from keyserver.store.models import AuditCheckpoint, AuditEvent, AuditHead, AuditInbox, AuditRollup, AuditVerified
+from keyserver.store.models import (
+    AuditCheckpoint,
+    AuditEvent,
+    AuditHead,
+    AuditHourly,
+    AuditInbox,
+    AuditRefusalsHourly,
+    AuditVerified,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,21 +106,28 @@ def rollup_reason(outcome: str, details: Any) -> str:
     return "refused" if details.get("refused") else ""
 
 
-def _count_into_rollup(conn: Connection, events: list[dict[str, Any]]) -> None:
+def _upsert_counts(conn: Connection, table: Any, keys: list[str], counts: dict[tuple[Any, ...], int]) -> None:
+    if not counts:
+        return
+    stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(table)
+    conn.execute(stmt.on_conflict_do_update(index_elements=[getattr(table, k) for k in keys],
+                                            set_={"count": table.count + stmt.excluded["count"]}),
+                 [{**dict(zip(keys, k, strict=True)), "count": n} for k, n in counts.items()])
+
+
+def _count_chained(conn: Connection, events: list[dict[str, Any]]) -> None:
     """Add a chained batch to the hourly counts, in the batch's own transaction: the
     counts never disagree with the chain."""
-    counts: dict[tuple[datetime, str, str, str, str], int] = {}
+    hourly: dict[tuple[Any, ...], int] = {}
+    refusals: dict[tuple[Any, ...], int] = {}
     for e in events:
-        k = (e["time"].astimezone(UTC).replace(minute=0, second=0, microsecond=0), e["action"], e["outcome"],
-             e["actor"], rollup_reason(e["outcome"], e["details"]))
-        counts[k] = counts.get(k, 0) + 1
-    rows = [{"hour": k[0], "action": k[1], "outcome": k[2], "actor": k[3], "reason": k[4], "count": n}
-            for k, n in counts.items()]
-    stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(AuditRollup)
-    conn.execute(stmt.on_conflict_do_update(
-        index_elements=[AuditRollup.hour, AuditRollup.action, AuditRollup.outcome, AuditRollup.actor,
-                        AuditRollup.reason],
-        set_={"count": AuditRollup.count + stmt.excluded["count"]}), rows)
+        hour = e["time"].astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+        hourly[(hour, e["outcome"])] = hourly.get((hour, e["outcome"]), 0) + 1
+        if e["outcome"] != "allowed":
+            k = (hour, e["actor"], e["action"], rollup_reason(e["outcome"], e["details"]))
+            refusals[k] = refusals.get(k, 0) + 1
+    _upsert_counts(conn, AuditHourly, ["hour", "outcome"], hourly)
+    _upsert_counts(conn, AuditRefusalsHourly, ["hour", "actor", "action", "reason"], refusals)
 
 
 def _iso(t: datetime) -> str:
@@ -536,7 +551,7 @@ class AuditService:
                 prev = self._mac(canonical_record(**fields))
                 events.append({**fields, "hash": prev})
             conn.execute(insert(AuditEvent), events)
-            _count_into_rollup(conn, events)
+            _count_chained(conn, events)
             conn.execute(delete(AuditInbox).where(AuditInbox.id.in_([r[0] for r in rows])))
             conn.execute(update(AuditHead).where(AuditHead.id == 1).values(seq=seq, hash=prev))
             self._maybe_checkpoint(conn, seq, prev, chained=len(rows) == CHAIN_BATCH)
@@ -630,7 +645,13 @@ class AuditService:
         if before_seq is not None:
             stmt = stmt.where(AuditEvent.seq < before_seq)
         with self._db() as s:
-            total = int(s.execute(count_stmt).scalar_one())
+            if flt == AuditFilter():
+                # Unfiltered, the total is the head's sequence number (the chain numbers its
+                # records 1, 2, 3, ...): no count of millions of rows for the first page.
+                head = s.get(AuditHead, 1)
+                total = head.seq if head is not None else 0
+            else:
+                total = int(s.execute(count_stmt).scalar_one())
             rows = list(s.execute(stmt.order_by(AuditEvent.seq.desc()).limit(limit)).scalars())
         return rows, total
 
@@ -654,21 +675,20 @@ class AuditService:
         step = timedelta(hours=1) if bucket == "hour" else timedelta(days=1)
         if (until - start) / step > MAX_ACTIVITY_BUCKETS:
             raise InvalidInput(f"at most {MAX_ACTIVITY_BUCKETS} buckets: ask for days over long ranges")
-        window = (AuditRollup.hour >= start, AuditRollup.hour < until)
-        refused = AuditRollup.outcome != "allowed"
-        total = func.sum(AuditRollup.count)
+        r = AuditRefusalsHourly
+        total = func.sum(r.count)
 
-        def ranked(column: Any) -> list[dict[str, Any]]:
-            rows = s.execute(select(column, total).where(*window, refused).group_by(column)
+        def ranked(s: Session, column: Any) -> list[dict[str, Any]]:
+            rows = s.execute(select(column, total).where(r.hour >= start, r.hour < until).group_by(column)
                              .order_by(total.desc(), column).limit(top)).all()
             return [{"name": name, "count": int(n)} for name, n in rows]
 
         with self._db() as s:
-            per_hour = s.execute(select(AuditRollup.hour, AuditRollup.outcome, total).where(*window)
-                                 .group_by(AuditRollup.hour, AuditRollup.outcome)).all()
-            result: dict[str, Any] = {"top_refused_actors": ranked(AuditRollup.actor),
-                                      "top_refused_actions": ranked(AuditRollup.action),
-                                      "top_refusal_reasons": ranked(AuditRollup.reason)}
+            per_hour = s.execute(select(AuditHourly.hour, AuditHourly.outcome, AuditHourly.count)
+                                 .where(AuditHourly.hour >= start, AuditHourly.hour < until)).all()
+            result: dict[str, Any] = {"top_refused_actors": ranked(s, r.actor),
+                                      "top_refused_actions": ranked(s, r.action),
+                                      "top_refusal_reasons": ranked(s, r.reason)}
         buckets: dict[datetime, dict[str, int]] = {}
         at = start
         while at < until:

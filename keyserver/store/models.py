@@ -178,17 +178,28 @@ class AuditEvent(Base):
     hash: Mapped[str] = mapped_column(String(64))
 
 
-class AuditRollup(Base):
-    """Chained audit records counted per hour, action, outcome, actor and refusal reason,
-    kept by the chainer in the transaction that chains them: the console's activity
-    charts and alerts read these rows, never millions of records (docs/audit.md)."""
+class AuditHourly(Base):
+    """Chained audit records counted per hour and outcome, kept by the chainer in the
+    transaction that chains them: the console's activity chart reads a few rows per hour,
+    never the records (docs/audit.md "Activity counts")."""
 
-    __tablename__ = "audit_rollup"
+    __tablename__ = "audit_hourly"
 
     hour: Mapped[datetime] = mapped_column(primary_key=True)
-    action: Mapped[str] = mapped_column(String(64), primary_key=True)
     outcome: Mapped[str] = mapped_column(String(16), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger)
+
+
+class AuditRefusalsHourly(Base):
+    """Refused and failed records counted per hour, actor, action and reason (the same
+    transaction): who and what was refused most. Allowed traffic, nearly all of the
+    records, is not broken down, so these rows stay few."""
+
+    __tablename__ = "audit_refusals_hourly"
+
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
     actor: Mapped[str] = mapped_column(String(200), primary_key=True)
+    action: Mapped[str] = mapped_column(String(64), primary_key=True)
     reason: Mapped[str] = mapped_column(String(64), primary_key=True)
     count: Mapped[int] = mapped_column(BigInteger)
 

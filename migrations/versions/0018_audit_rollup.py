@@ -1,5 +1,5 @@
-"""audit records counted per hour, action, outcome, actor and reason (the console's
-charts and alerts), filled from the records chained so far
+"""audit records counted per hour and outcome, and refusals per hour, actor, action and
+reason (the console's charts and alerts), filled from the records chained so far
 
 Revision ID: 0018
 Revises: 0017
@@ -34,21 +34,28 @@ def _reason(outcome: str, details: Any) -> str:
 
 
 def upgrade() -> None:
-    rollup = op.create_table(
-        'audit_rollup',
+    hourly = op.create_table(
+        'audit_hourly',
         sa.Column('hour', sa.DateTime(timezone=True), nullable=False),
-        sa.Column('action', sa.String(length=64), nullable=False),
         sa.Column('outcome', sa.String(length=16), nullable=False),
+        sa.Column('count', sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint('hour', 'outcome'),
+    )
+    refusals = op.create_table(
+        'audit_refusals_hourly',
+        sa.Column('hour', sa.DateTime(timezone=True), nullable=False),
         sa.Column('actor', sa.String(length=200), nullable=False),
+        sa.Column('action', sa.String(length=64), nullable=False),
         sa.Column('reason', sa.String(length=64), nullable=False),
         sa.Column('count', sa.BigInteger(), nullable=False),
-        sa.PrimaryKeyConstraint('hour', 'action', 'outcome', 'actor', 'reason'),
+        sa.PrimaryKeyConstraint('hour', 'actor', 'action', 'reason'),
     )
     events = sa.table('audit_events', sa.column('seq', sa.BigInteger), sa.column('time', sa.DateTime(timezone=True)),
                       sa.column('action', sa.String), sa.column('outcome', sa.String), sa.column('actor', sa.String),
                       sa.column('details', sa.JSON))
     bind = op.get_bind()
-    counts: Counter[tuple[Any, str, str, str, str]] = Counter()
+    per_hour: Counter[tuple[Any, str]] = Counter()
+    refused: Counter[tuple[Any, str, str, str]] = Counter()
     after = 0
     while True:  # in batches of seq: a chain of millions fits in memory as counts, not rows
         rows = bind.execute(sa.select(events.c.seq, events.c.time, events.c.action, events.c.outcome,
@@ -57,13 +64,18 @@ def upgrade() -> None:
         if not rows:
             break
         for _, t, action, outcome, actor, details in rows:
-            counts[(t.replace(minute=0, second=0, microsecond=0), action, outcome, actor,
-                    _reason(outcome, details))] += 1
+            hour = t.replace(minute=0, second=0, microsecond=0)
+            per_hour[(hour, outcome)] += 1
+            if outcome != "allowed":
+                refused[(hour, actor, action, _reason(outcome, details))] += 1
         after = rows[-1][0]
-    if counts:
-        op.bulk_insert(rollup, [{"hour": k[0], "action": k[1], "outcome": k[2], "actor": k[3], "reason": k[4],
-                                 "count": n} for k, n in counts.items()])
+    if per_hour:
+        op.bulk_insert(hourly, [{"hour": h, "outcome": o, "count": n} for (h, o), n in per_hour.items()])
+    if refused:
+        op.bulk_insert(refusals, [{"hour": h, "actor": a, "action": act, "reason": r, "count": n}
+                                  for (h, a, act, r), n in refused.items()])
 
 
 def downgrade() -> None:
-    op.drop_table('audit_rollup')
+    op.drop_table('audit_refusals_hourly')
+    op.drop_table('audit_hourly')

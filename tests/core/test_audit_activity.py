@@ -1,4 +1,4 @@
-"""The audit chain's hourly counts (audit_rollup) and the activity query built on them:
+"""The audit chain's hourly counts (audit_hourly, audit_refusals_hourly) and the activity query built on them:
 kept by the chainer in the same transaction as the records, equal to counting the records
 themselves, and refused ranges that would not make a chart. On a store of its own (exact
 counts), on the session's kind of store."""
@@ -18,7 +18,7 @@ from keyserver.core.audit import rollup_reason
 from keyserver.core.errors import InvalidInput
 from keyserver.core.principal import system_context
 from keyserver.services import Services
-from keyserver.store.models import AuditEvent, AuditRollup
+from keyserver.store.models import AuditEvent, AuditHourly, AuditRefusalsHourly
 from tests.conftest import own_store, services_on
 
 pytestmark = pytest.mark.store
@@ -44,10 +44,12 @@ def test_counts_follow_the_chain_and_rank_the_refusals(svc: Services) -> None:
 
     with svc.db() as s:
         chained = Counter(s.execute(select(AuditEvent.outcome)).scalars())
-        rolled = dict(s.execute(select(AuditRollup.outcome, func.sum(AuditRollup.count))
-                                .group_by(AuditRollup.outcome)).all())
+        rolled = dict(s.execute(select(AuditHourly.outcome, func.sum(AuditHourly.count))
+                                .group_by(AuditHourly.outcome)).all())
+        refusals = s.execute(select(func.sum(AuditRefusalsHourly.count))).scalar_one()
     # The counts are the chain, counted: nothing missed, nothing twice.
     assert {k: int(v) for k, v in rolled.items()} == dict(chained)
+    assert refusals == chained["denied"] + chained["error"]
 
     now = datetime.now(UTC)
     a = svc.audit.activity(since=now - timedelta(hours=3), until=now + timedelta(hours=1), bucket="hour")
