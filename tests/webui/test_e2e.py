@@ -42,6 +42,31 @@ WEBUI = REPO / "webui"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
 
+def _kmip_files_work(services: Services, out: Path, good: str, revoked: str) -> None:
+    from kmip.core import enums
+
+    from keyserver.kmip.server import build_listener
+    from tests.kmip.conftest import ClientFiles, make_client
+
+    listener = build_listener(services, port=0)
+    listener.start()
+    try:
+        def files(name: str) -> ClientFiles:
+            return ClientFiles(name, "", out / f"{name}-cert.pem", out / f"{name}-key.pem", out / f"{name}-ca.pem")
+
+        cert = x509.load_pem_x509_certificate(files(good).cert.read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert good in san.get_values_for_type(x509.DNSName)
+        with make_client(files(good), listener.port) as client:
+            uid = client.create(enums.CryptographicAlgorithm.AES, 256, name=f"from-console-{uuid.uuid4().hex[:6]}")
+            assert uid
+        with pytest.raises(Exception) as refused, make_client(files(revoked), listener.port) as client:
+            client.locate()
+        assert "PERMISSION_DENIED" in str(refused.value) or isinstance(refused.value, OSError | EOFError), refused.value
+    finally:
+        listener.stop()
+
+
 def _require_prerequisites(base_url: str) -> str:
     node = shutil.which("node")
     missing = []
@@ -157,6 +182,7 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
     ctx = system_context("tests")
     admin_user = f"e2e-admin-{uuid.uuid4().hex[:6]}"
     _, otp = services.identity.create_user(ctx, username=admin_user, role="admin")
+    kmip_client, kmip_revoked = (f"{n}-{uuid.uuid4().hex[:6]}.{DOMAIN}" for n in ("backup", "retired"))
     auditor_user = f"e2e-auditor-{uuid.uuid4().hex[:6]}"
     auditor_password = f"audit-only-{uuid.uuid4().hex}"
     services.identity.create_user(ctx, username=auditor_user, role="auditor", password=auditor_password)
@@ -171,6 +197,7 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
         "AUDITOR_USER": auditor_user, "AUDITOR_PASSWORD": auditor_password,
         "AGENT_URL": agent_url, "CA_FINGERPRINT": ca.fingerprint(hashes.SHA256()).hex(":").upper(),
         "HOST_GROUP": GROUP, "E2E_OUT": str(out), "SPARE_TOKEN": "_".join(spare.split("_")[:2]),
+        "KMIP_CLIENT": kmip_client, "KMIP_REVOKED": kmip_revoked,
         **{f"HOST_{name.upper()}": h.hostname for name, h in hosts.items()},
     }
     # As in production, the chainer appends audit records in the background.
@@ -189,7 +216,11 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
     assert sorted(p.name for p in shots.glob("*.png")) == sorted(
         f"{n}.png" for n in ("sign-in", "dashboard", "keys", "key-detail", "audit", "users", "tokens",
                              "hosts", "host-detail", "enroll", "guard-points", "guard-point-editor",
-                             "keys-375", "keys-768", "keys-1440", "kek-hsm", "host-detail-dark"))
+                             "keys-375", "keys-768", "keys-1440", "kek-hsm", "host-detail-dark", "kmip-issued",
+                             "kmip-clients"))
+    # The files the console handed out work with a stock KMIP client (PyKMIP) against a
+    # real listener of this server; the client revoked in the console is refused.
+    _kmip_files_work(services, out, kmip_client, kmip_revoked)
     # The token read from the console enrolls a real host, into the group chosen there.
     secret = (out / "enrollment-token.txt").read_text().strip()
     fresh = _enroll(tmp_path, agent_url, tmp_path / "ca.pem", secret, f"pg-03.{DOMAIN}")

@@ -37,6 +37,8 @@ const HOST = { db1: env("HOST_DB1"), db2: env("HOST_DB2"), web: env("HOST_WEB"),
 const E2E_OUT = env("E2E_OUT");
 const SPARE_TOKEN = env("SPARE_TOKEN"); // the prefix of an unused enrollment token, to revoke
 const KEY = `payments-db-${Date.now().toString(36)}`;
+const KMIP_CLIENT = env("KMIP_CLIENT");
+const KMIP_REVOKED = env("KMIP_REVOKED");
 const TOKEN = `rotation-bot-${Date.now().toString(36)}`;
 const TIMEOUT = 15_000;
 
@@ -468,6 +470,39 @@ test("System: health, the audit chain, the active KEK and what it wraps, the HSM
   assert.equal(r.status(), 409);
   assert.equal((await r.json()).code, "kek_active");
   await shot(page, "kek-hsm");
+  await done();
+});
+
+test("KMIP clients: issue two in the console, download their files, revoke one by typing its name", async () => {
+  const { page, done } = await open(STATE);
+  await page.goto("/#/");
+  await page.getByRole("link", { name: "KMIP clients" }).click();
+  await page.getByRole("heading", { name: "KMIP clients", level: 1 }).waitFor();
+  for (const [name, revoked] of [[KMIP_CLIENT, false], [KMIP_REVOKED, true]]) {
+    await page.getByTestId("create-kmip-client").click();
+    const form = page.getByRole("form", { name: "Create KMIP client" });
+    await form.getByRole("textbox", { name: /Name/ }).fill(name);
+    await form.getByTestId("create-kmip-client-submit").click();
+    const issued = page.getByTestId("kmip-issued");
+    await issued.getByText("The private key is shown this once").waitFor();
+    for (const file of ["cert", "key", "ca"]) {
+      const [dl] = await Promise.all([page.waitForEvent("download"), issued.getByRole("button", { name: `${name}-${file}.pem` }).click()]);
+      assert.equal(dl.suggestedFilename(), `${name}-${file}.pem`);
+      await dl.saveAs(join(E2E_OUT, `${name}-${file}.pem`));
+    }
+    if (!revoked) await shot(page, "kmip-issued");
+    await page.getByTestId("kmip-issued-done").click();
+    const row = page.getByTestId("kmip-clients-table").locator(`tr[data-client="${name}"]`);
+    await row.locator('[data-status="active"]').waitFor();
+    if (revoked) {
+      await row.getByRole("button", { name: `Revoke KMIP client ${name}` }).click();
+      assert.equal(await page.getByTestId("typed-confirm-submit").isDisabled(), true);
+      await page.getByTestId("typed-confirm-input").fill(name);
+      await page.getByTestId("typed-confirm-submit").click();
+      await row.locator('[data-status="revoked"]').waitFor();
+    }
+  }
+  await shot(page, "kmip-clients");
   await done();
 });
 

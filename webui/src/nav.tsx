@@ -1,4 +1,4 @@
-import { IconCpu, IconDashboard, IconKey, IconListDetails, IconServer2, IconShieldLock, IconTicket, IconUsers } from "@tabler/icons-react";
+import { IconCpu, IconDashboard, IconPlugConnected, IconKey, IconListDetails, IconServer2, IconShieldLock, IconTicket, IconUsers } from "@tabler/icons-react";
 import type { ComponentType } from "react";
 import type { Permission } from "./auth";
 
@@ -21,5 +21,6 @@ export const NAV: NavItem[] = [
   { to: "/audit", label: "Audit log", icon: IconListDetails, perm: "audit:read" },
   { to: "/users", label: "Users", icon: IconUsers, perm: "users:read" },
   { to: "/tokens", label: "API tokens", icon: IconTicket, perm: "tokens:own" },
+  { to: "/kmip-clients", label: "KMIP clients", icon: IconPlugConnected, perm: "kmip:clients" },
   { to: "/system", label: "System", icon: IconCpu, perm: "system:read" },
 ];

@@ -25,6 +25,7 @@ const AuditPage = lazyPage(() => import("./pages/Audit"), "AuditPage");
 const UsersPage = lazyPage(() => import("./pages/Users"), "UsersPage");
 const TokensPage = lazyPage(() => import("./pages/Tokens"), "TokensPage");
 const SystemPage = lazyPage(() => import("./pages/System"), "SystemPage");
+const KmipClientsPage = lazyPage(() => import("./pages/Kmip"), "KmipClientsPage");
 
 function Need({ perm, children }: { perm: Permission; children: ReactNode }) {
   const { can } = useAuth();
@@ -52,6 +53,7 @@ export const router = createHashRouter([
       { path: "users", element: <Need perm="users:read"><UsersPage /></Need> },
       { path: "tokens", element: <Need perm="tokens:own"><TokensPage /></Need> },
       { path: "system", element: <Need perm="system:read"><SystemPage /></Need> },
+      { path: "kmip-clients", element: <Need perm="kmip:clients"><KmipClientsPage /></Need> },
       { path: "*", element: <Navigate to="/" replace /> },
     ],
   },
