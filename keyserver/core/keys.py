@@ -37,6 +37,13 @@ REVOCATION_REASONS = frozenset({
 COMPROMISE_REASONS = frozenset({"key-compromise", "ca-compromise"})
 
 
+# What a key list can be sorted by (GET /keys?sort=…).
+SORTABLE: dict[str, Any] = {
+    "name": ManagedKey.name, "owner": ManagedKey.owner, "created_at": ManagedKey.created_at,
+    "updated_at": ManagedKey.updated_at, "next_rotation_at": ManagedKey.next_rotation_at,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class KeySpec:
     name: str
@@ -142,11 +149,18 @@ class KeyService:
     # --- reading -------------------------------------------------------------
     def list(
         self, ctx: RequestContext, *, q: str | None = None, state: str | None = None,
-        tag: str | None = None, limit: int = 50, offset: int = 0,
+        tag: str | None = None, limit: int = 50, offset: int = 0, sort: str = "name",
     ) -> tuple[list[ManagedKey], int]:
+        """A page of keys; `sort` is a column of SORTABLE, "-" first for descending (ties
+        by name, so pages never overlap)."""
         self._policy.require(ctx, Permission.KEYS_READ, action="key.list")
         if not 1 <= limit <= 500 or offset < 0:
             raise InvalidInput("limit must be 1-500 and offset >= 0")
+        column = SORTABLE.get(sort.removeprefix("-"))
+        if column is None:
+            raise InvalidInput(f"sort by one of {', '.join(SORTABLE)} (with '-' first for descending)")
+        # Keys without a scheduled rotation sort last either way.
+        order = [column.is_(None), column.desc() if sort.startswith("-") else column.asc(), ManagedKey.name]
         stmt: Select[Any] = select(ManagedKey)
         if q:
             like = f"%{q.lower()}%"
@@ -168,7 +182,7 @@ class KeyService:
             stmt = stmt.where(field == value if has_value else field.is_not(None))
         with self._db() as s:
             total = int(s.execute(select(func.count()).select_from(stmt.subquery())).scalar_one())
-            rows = list(s.execute(stmt.order_by(ManagedKey.name).limit(limit).offset(offset)).scalars())
+            rows = list(s.execute(stmt.order_by(*order).limit(limit).offset(offset)).scalars())
         return rows, total
 
     def get(self, ctx: RequestContext, ref: str) -> ManagedKey:

@@ -175,6 +175,30 @@ def test_list_filters_and_pages(admin: httpx.Client) -> None:
     assert admin.get("/api/v1/keys", params={"limit": 0}).status_code == 422
 
 
+def test_list_sorts_on_the_server_and_pages_stay_disjoint(admin: httpx.Client) -> None:
+    marker = unique("srt")
+    for i, (owner, period) in enumerate([("carol", 30), ("alice", None), ("bob", 7), ("alice", 90)]):
+        body: dict[str, object] = {"name": f"{marker}-{i}", "owner": owner}
+        if period:
+            body["rotation_period_days"] = period
+        assert admin.post("/api/v1/keys", json=body).status_code == 201
+
+    def names(sort: str, **extra: object) -> list[str]:
+        r = admin.get("/api/v1/keys", params={"q": marker, "sort": sort, **extra})
+        assert r.status_code == 200, r.text
+        return [k["name"] for k in r.json()["items"]]
+
+    assert names("name") == [f"{marker}-{i}" for i in range(4)]
+    assert names("-name") == [f"{marker}-{i}" for i in reversed(range(4))]
+    assert names("owner") == [f"{marker}-1", f"{marker}-3", f"{marker}-2", f"{marker}-0"]  # ties by name
+    # Soonest rotation first; a key with none scheduled last, in either direction.
+    assert names("next_rotation_at") == [f"{marker}-2", f"{marker}-0", f"{marker}-3", f"{marker}-1"]
+    assert names("-next_rotation_at") == [f"{marker}-3", f"{marker}-0", f"{marker}-2", f"{marker}-1"]
+    assert names("-created_at", limit=2) + names("-created_at", limit=2, offset=2) == names("-created_at")
+    r = admin.get("/api/v1/keys", params={"sort": "secret_material"})
+    assert r.status_code == 400 and "sort by one of name, owner" in r.json()["detail"]
+
+
 def _make_due(services: Services, name: str) -> None:
     with services.db.begin() as s:
         s.execute(update(ManagedKey).where(ManagedKey.name == name)

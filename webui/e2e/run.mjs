@@ -506,6 +506,33 @@ test("KMIP clients: issue two in the console, download their files, revoke one b
   await done();
 });
 
+test("keys: sort on the server by a column, rotate two selected keys with one typed confirmation", async () => {
+  const { page, context, done } = await open(STATE);
+  const csrf = (await context.cookies()).find((c) => c.name === "strongroom_csrf")?.value ?? "";
+  const batch = `bulk-${Date.now().toString(36)}`;
+  for (const n of ["a", "b"]) {
+    const r = await context.request.post("/api/v1/keys", { data: { name: `${batch}-${n}` }, headers: { "X-CSRF-Token": csrf } });
+    assert.equal(r.status(), 201);
+  }
+  await page.goto(`/#/keys?q=${batch}`);
+  await page.getByTestId("keys-table").locator(`tr[data-key="${batch}-a"]`).waitFor();
+  await page.getByRole("button", { name: "Sort by name" }).click(); // name is the default: now descending
+  await page.waitForURL(/sort=-name/);
+  await until(async () => (await page.getByTestId("keys-table").locator("tbody tr").first().getAttribute("data-key")) === `${batch}-b`,
+              () => "descending by name: b first");
+  await page.getByRole("checkbox", { name: "Select every key on this page" }).check();
+  await page.getByTestId("bulk-rotate").click();
+  await page.getByTestId("bulk-confirm-input").fill("rotate 2 keys");
+  await page.getByTestId("bulk-confirm-submit").click();
+  await page.getByText("2 of 2 done").waitFor();
+  await page.getByTestId("bulk-done").click();
+  for (const n of ["a", "b"]) {
+    const k = await (await context.request.get(`/api/v1/keys/${batch}-${n}`)).json();
+    assert.equal(k.current_version, 2, `${batch}-${n} was rotated`);
+  }
+  await done();
+});
+
 test("an auditor sees keys and hosts read-only: no rotate, no enroll or revoke, and the API refuses them", async () => {
   const { page, context, done } = await open(undefined);
   await signIn(page, AUDITOR_USER, AUDITOR_PASSWORD);

@@ -2,7 +2,9 @@
 import { useQuery } from "@tanstack/react-query";
 import { api, call, type KeyState } from "./api/client";
 
-export interface KeyFilter { q?: string; state?: KeyState; tag?: string; limit: number; offset: number }
+export type KeySort = "name" | "-name" | "owner" | "-owner" | "created_at" | "-created_at" | "updated_at" | "-updated_at"
+  | "next_rotation_at" | "-next_rotation_at";
+export interface KeyFilter { q?: string; state?: KeyState; tag?: string; limit: number; offset: number; sort?: KeySort }
 
 export const qk = {
   keys: (f: KeyFilter) => ["keys", "list", f] as const,
@@ -30,6 +32,7 @@ export function useKeys(f: KeyFilter, enabled = true) {
     queryKey: qk.keys(f),
     queryFn: () => call(api.GET("/api/v1/keys", { params: { query: {
       q: f.q || undefined, state: f.state || undefined, tag: f.tag || undefined, limit: f.limit, offset: f.offset,
+      sort: f.sort,
     } } })),
     placeholderData: (prev) => prev,
     enabled,

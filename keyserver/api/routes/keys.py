@@ -51,8 +51,11 @@ def list_keys(
     tag: Annotated[str | None, Query(max_length=200, description="tag name or name=value")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+    sort: Annotated[str, Query(max_length=32, description="name, owner, created_at, updated_at or next_rotation_at; "
+                                                          "'-' first for descending (keys with no rotation "
+                                                          "scheduled come last)")] = "name",
 ) -> Page[KeyPublic]:
-    rows, total = services.keys.list(ctx, q=q, state=state, tag=tag, limit=limit, offset=offset)
+    rows, total = services.keys.list(ctx, q=q, state=state, tag=tag, limit=limit, offset=offset, sort=sort)
     return Page(items=[key_public(k) for k in rows], total=total, limit=limit, offset=offset)
 
 

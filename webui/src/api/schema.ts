@@ -7109,6 +7109,8 @@ export interface operations {
                 offset?: number;
                 /** @description substring of name or description */
                 q?: string | null;
+                /** @description name, owner, created_at, updated_at or next_rotation_at; '-' first for descending (keys with no rotation scheduled come last) */
+                sort?: string;
                 /** @description state of the current version */
                 state?: string | null;
                 /** @description tag name or name=value */

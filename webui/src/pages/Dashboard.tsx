@@ -141,10 +141,10 @@ export function HostsSummary() {
 }
 
 function RotationsDue() {
-  // The API has no "due before" filter or sort: fetch a page and select here.
+  // Soonest first from the server (keys with no schedule come last): one short page.
   const q = useQuery({
-    queryKey: ["keys", "list", { limit: 500, offset: 0, state: "active" }],
-    queryFn: () => call(api.GET("/api/v1/keys", { params: { query: { state: "active", limit: 500 } } })),
+    queryKey: ["keys", "list", { limit: 8, offset: 0, state: "active", sort: "next_rotation_at" }],
+    queryFn: () => call(api.GET("/api/v1/keys", { params: { query: { state: "active", limit: 8, sort: "next_rotation_at" } } })),
   });
   const horizon = Date.now() + DUE_WINDOW_DAYS * 86_400_000;
   const due = (q.data?.items ?? [])

@@ -199,9 +199,10 @@ export function AttentionPanel() {
   const health = useQuery({ queryKey: qk.health, queryFn: () => call(api.GET("/api/v1/system/health")),
                             refetchInterval: 30_000, enabled: can("system:read") });
   const hosts = useHosts(can("hosts:read"));
+  // Overdue ones first (soonest rotation first, unscheduled last): a short page finds them.
   const keys = useQuery({
-    queryKey: ["keys", "list", { limit: 500, offset: 0, state: "active" }],
-    queryFn: () => call(api.GET("/api/v1/keys", { params: { query: { state: "active", limit: 500 } } })),
+    queryKey: ["keys", "list", { limit: 50, offset: 0, state: "active", sort: "next_rotation_at" }],
+    queryFn: () => call(api.GET("/api/v1/keys", { params: { query: { state: "active", limit: 50, sort: "next_rotation_at" } } })),
     enabled: can("keys:read"),
   });
   const activity = useActivity("24h", can("audit:read"));

@@ -1,19 +1,20 @@
 import {
-  Anchor, Button, Group, Modal, NumberInput, Pagination, Paper, Select, Stack, Switch, Table, TagsInput, Text,
-  TextInput, Textarea,
+  Alert, Anchor, Button, Checkbox, Group, List, Modal, NumberInput, Pagination, Paper, Progress, Select, Stack, Switch,
+  Table, TagsInput, Text, TextInput, Textarea, UnstyledButton,
 } from "@mantine/core";
 import { useDebouncedValue } from "@mantine/hooks";
 import { notifications } from "@mantine/notifications";
-import { IconPlus, IconSearch } from "@tabler/icons-react";
+import { IconArrowDown, IconArrowUp, IconArrowsSort, IconPlus, IconSearch } from "@tabler/icons-react";
 import { useMutation, useQueryClient } from "@tanstack/react-query";
 import { useEffect, useState } from "react";
 import { Link, useNavigate, useSearchParams } from "react-router";
-import { KEY_STATES, api, call, type KeyState } from "../api/client";
+import { ApiError, KEY_STATES, api, call, type Key, type KeyState, type RevokeReason } from "../api/client";
+import { useAuth } from "../auth";
 import { GuardedButton } from "../components/Guarded";
 import { ErrorAlert } from "../components/ErrorAlert";
 import { EmptyState, Loading, StateBadge, fmtRelative, fmtTime } from "../components/bits";
 import { PageHeader } from "../components/PageHeader";
-import { qk, useKeys } from "../queries";
+import { qk, useKeys, type KeySort } from "../queries";
 
 const PAGE = 25;
 
@@ -30,7 +31,19 @@ export function KeysPage() {
   const urlQ = params.get("q") ?? "";
   useEffect(() => { setQ(urlQ); }, [urlQ]);
   useEffect(() => { setTagInput(tag); }, [tag]);
-  const keys = useKeys({ q: debouncedQ, state, tag, limit: PAGE, offset: (page - 1) * PAGE });
+  const sort = (params.get("sort") as KeySort | null) ?? "name";
+  const keys = useKeys({ q: debouncedQ, state, tag, limit: PAGE, offset: (page - 1) * PAGE, sort });
+  const { can } = useAuth();
+  const bulk = can("keys:rotate") || can("keys:revoke");
+  const [selected, setSelected] = useState<Map<string, Key>>(new Map());
+  const [bulkAction, setBulkAction] = useState<BulkAction | null>(null);
+  const toggle = (k: Key) => setSelected((prev) => {
+    const next = new Map(prev);
+    if (next.has(k.id)) next.delete(k.id); else next.set(k.id, k);
+    return next;
+  });
+  const shown = keys.data?.items ?? [];
+  const allShown = shown.length > 0 && shown.every((k) => selected.has(k.id));
 
   const update = (changes: Record<string, string | undefined>) => {
     const next = new URLSearchParams(params);
@@ -39,6 +52,8 @@ export function KeysPage() {
     setParams(next, { replace: true });
   };
   const filtered = !!(debouncedQ || state || tag);
+  const sortBy = (column: string) => update({ sort: sort === column ? `-${column}` : column === "name" ? undefined : column,
+                                              page: undefined });
   const pages = keys.data ? Math.max(1, Math.ceil(keys.data.total / PAGE)) : 1;
 
   return (
@@ -63,6 +78,17 @@ export function KeysPage() {
             Clear filters</Button>}
         </Group>
       </Paper>
+      {selected.size > 0 && (
+        <Paper withBorder radius="md" p="xs" data-testid="bulk-bar">
+          <Group gap="sm">
+            <Text size="sm" fw={600}>{selected.size} key{selected.size === 1 ? "" : "s"} selected</Text>
+            {can("keys:rotate") && <Button size="xs" color="ink" onClick={() => setBulkAction("rotate")} data-testid="bulk-rotate">Rotate…</Button>}
+            {can("keys:revoke") && <Button size="xs" variant="outline" color="orange" onClick={() => setBulkAction("revoke")}
+                                            data-testid="bulk-revoke">Revoke…</Button>}
+            <Button size="xs" variant="subtle" color="gray" onClick={() => setSelected(new Map())}>Clear selection</Button>
+          </Group>
+        </Paper>
+      )}
       <Paper withBorder radius="md">
         {keys.error ? <ErrorAlert error={keys.error} /> : keys.isPending ? <Loading label="Loading keys…" /> :
           keys.data.items.length === 0 ? (
@@ -73,13 +99,28 @@ export function KeysPage() {
               <Table highlightOnHover fz="sm" verticalSpacing={8} data-testid="keys-table">
                 <Table.Thead>
                   <Table.Tr>
-                    <Table.Th>Name</Table.Th><Table.Th>State</Table.Th><Table.Th>Version</Table.Th>
-                    <Table.Th>Rotation</Table.Th><Table.Th>Tags</Table.Th><Table.Th>Updated</Table.Th>
+                    {bulk && <Table.Th w={36}>
+                      <Checkbox aria-label="Select every key on this page" checked={allShown}
+                                indeterminate={!allShown && shown.some((k) => selected.has(k.id))}
+                                onChange={() => setSelected((prev) => {
+                                  const next = new Map(prev);
+                                  for (const k of shown) { if (allShown) next.delete(k.id); else next.set(k.id, k); }
+                                  return next;
+                                })} />
+                    </Table.Th>}
+                    <SortHeader label="Name" column="name" sort={sort} onSort={sortBy} />
+                    <Table.Th>State</Table.Th><Table.Th>Version</Table.Th>
+                    <SortHeader label="Rotation" column="next_rotation_at" sort={sort} onSort={sortBy} />
+                    <Table.Th>Tags</Table.Th>
+                    <SortHeader label="Updated" column="updated_at" sort={sort} onSort={sortBy} />
                   </Table.Tr>
                 </Table.Thead>
                 <Table.Tbody>
                   {keys.data.items.map((k) => (
-                    <Table.Tr key={k.id}>
+                    <Table.Tr key={k.id} data-key={k.name}>
+                      {bulk && <Table.Td>
+                        <Checkbox aria-label={`Select ${k.name}`} checked={selected.has(k.id)} onChange={() => toggle(k)} />
+                      </Table.Td>}
                       <Table.Td>
                         <Anchor component={Link} to={`/keys/${encodeURIComponent(k.name)}`} fw={600} size="sm">{k.name}</Anchor>
                         {k.description && <Text size="xs" c="dimmed" lineClamp={1}>{k.description}</Text>}
@@ -111,7 +152,105 @@ export function KeysPage() {
         </Group>
       )}
       <CreateKeyDialog opened={creating} onClose={() => setCreating(false)} />
+      <BulkDialog action={bulkAction} keys={[...selected.values()]} onClose={(done) => {
+        setBulkAction(null);
+        if (done) setSelected(new Map());
+      }} />
     </Stack>
+  );
+}
+
+function SortHeader({ label, column, sort, onSort }: { label: string; column: string; sort: string; onSort: (c: string) => void }) {
+  const active = sort.replace(/^-/, "") === column;
+  const descending = active && sort.startsWith("-");
+  const Icon = !active ? IconArrowsSort : descending ? IconArrowDown : IconArrowUp;
+  return (
+    <Table.Th aria-sort={active ? (descending ? "descending" : "ascending") : "none"}>
+      <UnstyledButton onClick={() => onSort(column)} aria-label={`Sort by ${label.toLowerCase()}`}
+                      style={{ display: "inline-flex", alignItems: "center", gap: 4, fontWeight: 700, fontSize: "inherit" }}>
+        {label}<Icon size={14} stroke={1.8} aria-hidden />
+      </UnstyledButton>
+    </Table.Th>
+  );
+}
+
+type BulkAction = "rotate" | "revoke";
+interface BulkResult { key: Key; error?: string }
+
+/** Rotate or revoke the selected keys with one typed confirmation, one request per key
+ *  (each authorised and audited on its own), showing progress and what failed. */
+export function BulkDialog({ action, keys, onClose }: { action: BulkAction | null; keys: Key[]; onClose: (done: boolean) => void }) {
+  const qc = useQueryClient();
+  const [typed, setTyped] = useState("");
+  const [reason, setReason] = useState<RevokeReason>("superseded");
+  const [results, setResults] = useState<BulkResult[] | null>(null);
+  const [running, setRunning] = useState(false);
+  const phrase = `${action} ${keys.length} key${keys.length === 1 ? "" : "s"}`;
+  const close = () => { const done = results !== null; setTyped(""); setResults(null); setRunning(false); onClose(done); };
+  const run = async () => {
+    setRunning(true);
+    const out: BulkResult[] = [];
+    setResults(out);
+    for (const k of keys) {
+      const path = { params: { path: { key_ref: k.id } } };
+      try {
+        if (action === "rotate") await call(api.POST("/api/v1/keys/{key_ref}/rotate", path));
+        else await call(api.POST("/api/v1/keys/{key_ref}/revoke", { ...path, body: { reason } }));
+        out.push({ key: k });
+      } catch (e) {
+        out.push({ key: k, error: e instanceof ApiError ? e.detail : String(e) });
+      }
+      setResults([...out]);
+    }
+    setRunning(false);
+    void qc.invalidateQueries({ queryKey: qk.keysAll });
+    const failed = out.filter((r) => r.error).length;
+    notifications.show({ color: failed ? "orange" : "teal", title: `${action === "rotate" ? "Rotated" : "Revoked"} ${out.length - failed} of ${out.length}`,
+                         message: failed ? `${failed} refused: see the list` : "Each is in the audit log" });
+  };
+  const failed = results?.filter((r) => r.error) ?? [];
+  return (
+    <Modal opened={action !== null} onClose={running ? () => undefined : close} title={`${action === "rotate" ? "Rotate" : "Revoke"} ${keys.length} keys`}
+           centered size="lg" closeOnClickOutside={!running} withCloseButton={!running}>
+      <Stack gap="sm" data-testid="bulk-dialog">
+        {results === null ? (
+          <form onSubmit={(e) => { e.preventDefault(); if (typed === phrase) void run(); }}>
+            <Stack gap="sm">
+              <Text size="sm">{action === "rotate"
+                ? "Each key gets a new active version; data encrypted under older versions still decrypts."
+                : "Each key's current version stops encrypting and is marked revoked; with a compromise reason it becomes Compromised."}</Text>
+              <List size="sm" spacing={2} style={{ maxHeight: 160, overflowY: "auto" }}>
+                {keys.map((k) => <List.Item key={k.id}><Text span ff="monospace" size="sm">{k.name}</Text></List.Item>)}
+              </List>
+              {action === "revoke" && (
+                <Select label="Reason" data={["superseded", "cessation-of-operation", "key-compromise", "affiliation-changed",
+                                              "privilege-withdrawn", "unspecified"]} allowDeselect={false}
+                        value={reason} onChange={(v) => setReason((v ?? "superseded") as RevokeReason)} />
+              )}
+              <TextInput label={<>Type <Text span ff="monospace" fw={700}>{phrase}</Text> to confirm</>} value={typed}
+                         onChange={(e) => setTyped(e.currentTarget.value)} autoComplete="off" data-autofocus
+                         data-testid="bulk-confirm-input" />
+              <Group justify="flex-end">
+                <Button variant="default" onClick={close}>Cancel</Button>
+                <Button type="submit" color={action === "rotate" ? "ink" : "red"} disabled={typed !== phrase}
+                        data-testid="bulk-confirm-submit">{action === "rotate" ? "Rotate" : "Revoke"} {keys.length} keys</Button>
+              </Group>
+            </Stack>
+          </form>
+        ) : (
+          <>
+            <Text size="sm" fw={600}>{results.length} of {keys.length} done</Text>
+            <Progress value={(100 * results.length) / Math.max(keys.length, 1)} animated={running} aria-label="Done" />
+            {failed.length > 0 && (
+              <Alert color="orange" variant="light" title={`${failed.length} refused`} data-testid="bulk-failures">
+                <List size="sm">{failed.map((r) => <List.Item key={r.key.id}><b>{r.key.name}</b>: {r.error}</List.Item>)}</List>
+              </Alert>
+            )}
+            <Group justify="flex-end"><Button color="ink" onClick={close} disabled={running} data-testid="bulk-done">Done</Button></Group>
+          </>
+        )}
+      </Stack>
+    </Modal>
   );
 }
 
