@@ -589,8 +589,21 @@ for (const colorScheme of ["light", "dark"]) {
     await signedOut.page.getByRole("button", { name: "Sign in" }).waitFor();
     problems.push(...(await axeViolations(signedOut.page)).map((v) => `sign-in: ${v}`));
     await signedOut.done();
-    const { page, done } = await open(STATE, { colorScheme });
-    for (const path of ["/", "/keys", `/keys/${KEY}`, "/hosts", `/hosts?group=${HOST_GROUP}`, "/guard-points", "/audit",
+    const { page, context, done } = await open(STATE, { colorScheme });
+    // A key in each state, so every state's badge is on the pages axe reads.
+    const csrf = (await context.cookies()).find((c) => c.name === "strongroom_csrf")?.value ?? "";
+    const batch = `axe-${colorScheme}-${Date.now().toString(36)}`;
+    const post = async (path, data) => {
+      const r = await context.request.post(path, { data, headers: { "X-CSRF-Token": csrf } });
+      assert.ok(r.ok(), `${path}: ${r.status()} ${await r.text()}`);
+    };
+    await post("/api/v1/keys", { name: `${batch}-pre`, activate: false });
+    for (const [name, reason] of [["deactivated", "superseded"], ["compromised", "key-compromise"], ["destroyed", "superseded"]]) {
+      await post("/api/v1/keys", { name: `${batch}-${name}` });
+      await post(`/api/v1/keys/${batch}-${name}/revoke`, { reason });
+    }
+    await post(`/api/v1/keys/${batch}-destroyed/destroy`, { version: 1 });
+    for (const path of ["/", "/keys", `/keys?q=${batch}`, `/keys/${batch}-destroyed`, `/keys/${KEY}`, "/hosts", `/hosts?group=${HOST_GROUP}`, "/guard-points", "/audit",
                         "/users", "/tokens", "/system", "/kmip-clients"]) {
       await page.goto(`/#${path}`);
       await page.locator("#main-content h1").first().waitFor();
