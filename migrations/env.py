@@ -8,14 +8,14 @@ import os
 from alembic import context
 from sqlalchemy import create_engine, text
 
-from keyserver.store.models import Base
+from keyserver.store.models import Base, mapped_here
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or os.environ["STRONGROOM_DATABASE_URL"]
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=url, target_metadata=Base.metadata, literal_binds=True,
+    context.configure(url=url, target_metadata=Base.metadata, literal_binds=True, include_object=mapped_here,
                       render_as_batch=url.startswith("sqlite"))
     with context.begin_transaction():
         context.run_migrations()
@@ -31,7 +31,7 @@ MIGRATION_LOCK = 0x5354524F4E47  # "STRONG"
 def run_migrations_online() -> None:
     engine = create_engine(url)
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=Base.metadata,
+        context.configure(connection=connection, target_metadata=Base.metadata, include_object=mapped_here,
                           render_as_batch=url.startswith("sqlite"))
         with context.begin_transaction():
             if connection.dialect.name == "postgresql":

@@ -263,6 +263,20 @@ class AuditActivity(BaseModel):
     top_refusal_reasons: list[Ranked] = Field(description="the refusal's code or missing permission; '' unknown")
 
 
+class UsageBucket(BaseModel):
+    start: datetime
+    counts: dict[str, int] = Field(description="operations by action (e.g. datakey.generate); absent ones are zero")
+
+
+class KeyUsage(BaseModel):
+    bucket: Literal["hour", "day"]
+    buckets: list[UsageBucket] = Field(description="every bucket of the range, oldest first")
+    actions: list[Ranked] = Field(description="operations over the range by action, most first")
+    total: int
+    top: list[Ranked] = Field(description="for a key: the actors that used it most; for an actor: the keys "
+                                          "(UUIDs) it used most")
+
+
 class AuditStatusPublic(BaseModel):
     head_seq: int
     last_checkpoint: AuditCheckpointPublic | None

@@ -46,14 +46,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy import Connection, Engine, delete, func, insert, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmError
+from keyserver.core.audit_search import matching, record_terms, words_of
 from keyserver.core.errors import InvalidInput, ServiceUnavailable, hsm_failure
 from keyserver.core.principal import RequestContext
-from keyserver.store.db import retry_on_disconnect
+from keyserver.store.db import retry_on_disconnect, upsert_counts
 from keyserver.store.models import (
     AuditCheckpoint,
     AuditEvent,
@@ -61,6 +60,8 @@ from keyserver.store.models import (
     AuditHourly,
     AuditInbox,
     AuditRefusalsHourly,
+    AuditSearch,
+    AuditUsageHourly,
     AuditVerified,
 )
 
@@ -106,28 +107,40 @@ def rollup_reason(outcome: str, details: Any) -> str:
     return "refused" if details.get("refused") else ""
 
 
-def _upsert_counts(conn: Connection, table: Any, keys: list[str], counts: dict[tuple[Any, ...], int]) -> None:
-    if not counts:
-        return
-    stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(table)
-    conn.execute(stmt.on_conflict_do_update(index_elements=[getattr(table, k) for k in keys],
-                                            set_={"count": table.count + stmt.excluded["count"]}),
-                 [{**dict(zip(keys, k, strict=True)), "count": n} for k, n in counts.items()])
-
-
 def _count_chained(conn: Connection, events: list[dict[str, Any]]) -> None:
-    """Add a chained batch to the hourly counts, in the batch's own transaction: the
-    counts never disagree with the chain."""
+    """Add a chained batch to the hourly counts and the search index, in the batch's own
+    transaction: neither ever disagrees with the chain."""
     hourly: dict[tuple[Any, ...], int] = {}
     refusals: dict[tuple[Any, ...], int] = {}
+    used: dict[tuple[Any, ...], int] = {}
     for e in events:
         hour = e["time"].astimezone(UTC).replace(minute=0, second=0, microsecond=0)
         hourly[(hour, e["outcome"])] = hourly.get((hour, e["outcome"]), 0) + 1
+        if e["outcome"] == "allowed" and e["object_type"] == "key" and e["object_id"]:
+            k = (e["object_id"], hour, e["actor"], e["action"])
+            used[k] = used.get(k, 0) + 1
         if e["outcome"] != "allowed":
             k = (hour, e["actor"], e["action"], rollup_reason(e["outcome"], e["details"]))
             refusals[k] = refusals.get(k, 0) + 1
-    _upsert_counts(conn, AuditHourly, ["hour", "outcome"], hourly)
-    _upsert_counts(conn, AuditRefusalsHourly, ["hour", "actor", "action", "reason"], refusals)
+    upsert_counts(conn, AuditHourly, ["hour", "outcome"], hourly)
+    upsert_counts(conn, AuditRefusalsHourly, ["hour", "actor", "action", "reason"], refusals)
+    upsert_counts(conn, AuditUsageHourly, ["key_id", "hour", "actor", "action"], used)
+    conn.execute(insert(AuditSearch), [{"seq": e["seq"], "terms": record_terms(e)} for e in events])
+
+
+def _buckets_of(since: datetime, until: datetime, bucket: Literal["hour", "day"]) -> tuple[datetime, timedelta]:
+    """The first bucket's start and the buckets' length, for charts over [since, until)."""
+    if since.tzinfo is None or until.tzinfo is None:
+        raise InvalidInput("since and until need a time zone (e.g. 2026-11-25T10:00:00Z)")
+    start = since.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    if bucket == "day":
+        start = start.replace(hour=0)
+    if not start < until:
+        raise InvalidInput("until must be after since")
+    step = timedelta(hours=1) if bucket == "hour" else timedelta(days=1)
+    if (until - start) / step > MAX_ACTIVITY_BUCKETS:
+        raise InvalidInput(f"at most {MAX_ACTIVITY_BUCKETS} buckets: ask for days over long ranges")
+    return start, step
 
 
 def _iso(t: datetime) -> str:
@@ -196,6 +209,7 @@ class AuditFilter:
     outcome: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    q: str | None = None  # words every record must hold (keyserver.core.audit_search)
 
 
 @dataclass(frozen=True, slots=True)
@@ -665,16 +679,7 @@ class AuditService:
         bucket listed, empty ones as zeros), and the actors, actions and reasons with the
         most refusals — from the hourly counts, so it costs the same at a thousand records
         or at millions."""
-        if since.tzinfo is None or until.tzinfo is None:
-            raise InvalidInput("since and until need a time zone (e.g. 2026-11-25T10:00:00Z)")
-        start = since.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-        if bucket == "day":
-            start = start.replace(hour=0)
-        if not start < until:
-            raise InvalidInput("until must be after since")
-        step = timedelta(hours=1) if bucket == "hour" else timedelta(days=1)
-        if (until - start) / step > MAX_ACTIVITY_BUCKETS:
-            raise InvalidInput(f"at most {MAX_ACTIVITY_BUCKETS} buckets: ask for days over long ranges")
+        start, step = _buckets_of(since, until, bucket)
         r = AuditRefusalsHourly
         total = func.sum(r.count)
 
@@ -704,10 +709,58 @@ class AuditService:
         result["totals"] = {k: sum(c[k] for c in buckets.values()) for k in ("allowed", "denied", "error")}
         return result
 
-    @staticmethod
-    def _filtered(stmt: Any, flt: AuditFilter) -> Any:
+    def usage(self, *, since: datetime, until: datetime, bucket: Literal["hour", "day"],
+              key_id: str | None = None, actor: str | None = None, top: int = 5) -> dict[str, Any]:
+        """Allowed operations on keys per hour or day and action, for one key (with the
+        actors that used it most) or one actor — a host is `host:<hostname>`, a KMIP
+        client `kmip:<name>` — (with the keys it used most), from the hourly counts."""
+        if (key_id is None) == (actor is None):
+            raise InvalidInput("ask for the usage of one key or of one actor")
+        start, step = _buckets_of(since, until, bucket)
+        u = AuditUsageHourly
+        scope = (u.key_id == key_id) if key_id is not None else (u.actor == actor)
+        in_range = (u.hour >= start, u.hour < until)
+        total = func.sum(u.count)
+        other = u.actor if key_id is not None else u.key_id
+        with self._db() as s:
+            per_hour = s.execute(select(u.hour, u.action, total).where(scope, *in_range)
+                                 .group_by(u.hour, u.action)).all()
+            ranked = s.execute(select(other, total).where(scope, *in_range).group_by(other)
+                               .order_by(total.desc(), other).limit(top)).all()
+        buckets: dict[datetime, dict[str, int]] = {}
+        at = start
+        while at < until:
+            buckets[at] = {}
+            at += step
+        actions: dict[str, int] = {}
+        for hour, action, n in per_hour:
+            hour = hour.astimezone(UTC)
+            b = buckets.get(hour if bucket == "hour" else hour.replace(hour=0))
+            if b is not None:
+                b[action] = b.get(action, 0) + int(n)
+                actions[action] = actions.get(action, 0) + int(n)
+        return {"buckets": [{"start": t, "counts": c} for t, c in buckets.items()],
+                "actions": [{"name": a, "count": n} for a, n in sorted(actions.items(), key=lambda x: (-x[1], x[0]))],
+                "total": sum(actions.values()),
+                "top": [{"name": name, "count": int(n)} for name, n in ranked]}
+
+    def _field(self, stmt: Any, column: Any, value: str) -> Any:
+        """`value` exactly, or, ending in `*`, as a prefix: found through the word index
+        (the prefix's words), then compared exactly — case-sensitively on every store,
+        which SQLite's LIKE is not."""
+        if not value.endswith("*"):
+            return stmt.where(column == value)
+        prefix = value.rstrip("*")
+        if not words_of(prefix):
+            raise InvalidInput("a prefix needs at least one letter or digit", code="invalid_search")
+        return stmt.where(matching(self._engine.dialect.name, value),
+                          func.substr(column, 1, len(prefix)) == prefix)
+
+    def _filtered(self, stmt: Any, flt: AuditFilter) -> Any:
+        if flt.q:
+            stmt = stmt.where(matching(self._engine.dialect.name, flt.q))
         if flt.actor:
-            stmt = stmt.where(AuditEvent.actor == flt.actor)
+            stmt = self._field(stmt, AuditEvent.actor, flt.actor)
         if flt.action:
             # "keys." matches every key action; an exact name matches itself.
             if flt.action.endswith("."):
@@ -717,7 +770,7 @@ class AuditService:
         if flt.object_type:
             stmt = stmt.where(AuditEvent.object_type == flt.object_type)
         if flt.object_id:
-            stmt = stmt.where(AuditEvent.object_id == flt.object_id)
+            stmt = self._field(stmt, AuditEvent.object_id, flt.object_id)
         if flt.outcome:
             stmt = stmt.where(AuditEvent.outcome == flt.outcome)
         if flt.since:

@@ -21,7 +21,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from sqlalchemy import or_, select, update
+from sqlalchemy import Select, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmError, WrappedKey
@@ -34,7 +34,8 @@ from keyserver.core.permissions import Permission
 from keyserver.core.policy import Policy
 from keyserver.core.principal import ANONYMOUS, Principal, RequestContext
 from keyserver.core.states import DECRYPTABLE, KeyState
-from keyserver.store.models import EnrollmentToken, GuardPoint, Host, KeyVersion, ManagedKey
+from keyserver.store.db import upsert_counts
+from keyserver.store.models import EnrollmentToken, GuardPoint, Host, HostHeartbeatHourly, KeyVersion, ManagedKey
 from keyserver.store.notify import Notifier, Topic
 
 TOKEN_PREFIX = "sre_"  # noqa: S105 - a public prefix, not a secret
@@ -48,6 +49,22 @@ DENIAL_EVENTS = frozenset({"access.denied"})
 # A guard point's data plane answered an application EIO (a file that does not
 # authenticate) or ENOKEY (a key version the host does not hold).
 ERROR_EVENTS = frozenset({"guardpoint.integrity_error", "guardpoint.key_missing"})
+
+
+HOST_STATUSES = ("online", "offline", "revoked")
+# What a host list can be sorted by (GET /hosts?sort=…).
+HOST_SORTABLE: dict[str, Any] = {
+    "hostname": Host.hostname, "host_group": Host.host_group, "enrolled_at": Host.enrolled_at,
+    "last_heartbeat_at": Host.last_heartbeat_at, "agent_version": Host.agent_version,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HostPage:
+    hosts: list[Host]
+    total: int
+    counts: dict[str, int]  # per status, over the other filters
+    groups: list[str]  # every host group that has hosts
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,10 +224,43 @@ class HostService:
         return Enrollment(host, cert.public_bytes(serialization.Encoding.PEM), self._ca.certificate_pem())
 
     # --- hosts ----------------------------------------------------------------------------
-    def list_hosts(self, ctx: RequestContext) -> list[Host]:
+    def list_hosts(self, ctx: RequestContext, *, q: str | None = None, group: str | None = None,
+                   status: str | None = None, sort: str = "hostname", limit: int = 500,
+                   offset: int = 0) -> HostPage:
+        """A page of hosts: `q` is a substring of the hostname, group, last address or OS
+        (any case); `status` online, offline or revoked; `sort` a column of HOST_SORTABLE,
+        "-" first for descending (never-seen hosts last, ties by hostname). The counts per
+        status are over the other filters, for the status tabs."""
         self._policy.require(ctx, Permission.HOSTS_READ, action="host.list")
+        if not 1 <= limit <= 500 or offset < 0:
+            raise InvalidInput("limit must be 1-500 and offset >= 0")
+        column = HOST_SORTABLE.get(sort.removeprefix("-"))
+        if column is None:
+            raise InvalidInput(f"sort by one of {', '.join(HOST_SORTABLE)} (with '-' first for descending)")
+        if status not in (None, *HOST_STATUSES):
+            raise InvalidInput(f"status is one of {', '.join(HOST_STATUSES)}")
+        seen_since = self._now() - self._offline_after
+        online = (Host.state == "active") & (Host.last_heartbeat_at >= seen_since)
+        by_status = {"online": online, "revoked": Host.state == "revoked",
+                     "offline": (Host.state == "active") & or_(Host.last_heartbeat_at.is_(None),
+                                                                Host.last_heartbeat_at < seen_since)}
+        stmt: Select[Any] = select(Host)
+        if q:
+            like = f"%{q.lower()}%"
+            stmt = stmt.where(or_(*(func.lower(c).like(like) for c in (
+                Host.hostname, Host.host_group, Host.last_seen_ip, Host.os))))
+        if group:
+            stmt = stmt.where(Host.host_group == group)
         with self._db() as s:
-            return list(s.execute(select(Host).order_by(Host.hostname)).scalars())
+            counts = {name: int(s.execute(select(func.count()).select_from(stmt.where(cond).subquery()))
+                                .scalar_one()) for name, cond in by_status.items()}
+            if status:
+                stmt = stmt.where(by_status[status])
+            total = counts[status] if status else sum(counts.values())
+            order = [column.is_(None), column.desc() if sort.startswith("-") else column.asc(), Host.hostname]
+            rows = list(s.execute(stmt.order_by(*order).limit(limit).offset(offset)).scalars())
+            groups = list(s.execute(select(Host.host_group).distinct().order_by(Host.host_group)).scalars())
+        return HostPage(rows, total, counts, groups)
 
     def get_host(self, ctx: RequestContext, host_id: uuid.UUID) -> Host:
         self._policy.require(ctx, Permission.HOSTS_READ, action="host.read", object_type="host",
@@ -260,11 +310,35 @@ class HostService:
                                   "agent_version": agent_version[:64], "last_seen_ip": source_ip}
         if guard_points is not None:
             values["guard_points"] = guard_points
+        hour = values["last_heartbeat_at"].replace(minute=0, second=0, microsecond=0)
         with self._db.begin() as s:
             s.execute(update(Host).where(Host.id == host.id).values(**values))
+            upsert_counts(s, HostHeartbeatHourly, ["host_id", "hour"], {(host.id, hour): 1})
             fresh = s.get(Host, host.id)
             assert fresh is not None
         return fresh
+
+    def heartbeats(self, ctx: RequestContext, host_id: uuid.UUID, *, since: datetime,
+                   until: datetime) -> list[tuple[datetime, int]]:
+        """The host's heartbeats per hour over [since, until), every hour listed (an hour
+        with none: the host was not heard from)."""
+        host = self.get_host(ctx, host_id)
+        if since.tzinfo is None or until.tzinfo is None:
+            raise InvalidInput("since and until need a time zone (e.g. 2026-11-25T10:00:00Z)")
+        start = since.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+        if not start < until or until - start > timedelta(days=31):
+            raise InvalidInput("until must be after since, and at most 31 days later")
+        with self._db() as s:
+            seen = {h.astimezone(UTC): int(n) for h, n in s.execute(
+                select(HostHeartbeatHourly.hour, HostHeartbeatHourly.count).where(
+                    HostHeartbeatHourly.host_id == host.id, HostHeartbeatHourly.hour >= start,
+                    HostHeartbeatHourly.hour < until))}
+        hours = []
+        at = start
+        while at < until:
+            hours.append((at, seen.get(at, 0)))
+            at += timedelta(hours=1)
+        return hours
 
     def is_online(self, host: Host) -> bool:
         seen = host.last_heartbeat_at

@@ -14,7 +14,9 @@ from typing import Any, TypeVar
 import psycopg
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, event, inspect
+from sqlalchemy import Connection, create_engine, event, inspect
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.exc import TimeoutError as SATimeoutError
@@ -239,6 +241,17 @@ def retry_on_disconnect(fn: Callable[[], T]) -> T:
         if not exc.connection_invalidated:
             raise
         return fn()
+
+
+def upsert_counts(conn: Connection | Session, table: Any, keys: list[str], counts: dict[tuple[Any, ...], int]) -> None:
+    """Add `counts` (key columns' values → n) to a table of counters, one statement."""
+    if not counts:
+        return
+    dialect = conn.dialect if isinstance(conn, Connection) else conn.get_bind().dialect
+    stmt = (pg_insert if dialect.name == "postgresql" else sqlite_insert)(table)
+    conn.execute(stmt.on_conflict_do_update(index_elements=[getattr(table, k) for k in keys],
+                                            set_={"count": table.count + stmt.excluded["count"]}),
+                 [{**dict(zip(keys, k, strict=True)), "count": n} for k, n in counts.items()])
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -32,6 +32,13 @@ from keyserver.store.types import UTCDateTime
 BIGINT = BigInteger().with_variant(Integer, "sqlite")  # SQLite autoincrements INTEGER only
 
 
+def mapped_here(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """For Alembic's comparisons: what these models describe. The word index of
+    audit_search (migration 0019) is each store's own: an expression index on PostgreSQL,
+    an FTS5 virtual table with shadow tables of its own on SQLite."""
+    return not (name is not None and (name == "ix_audit_search_terms" or name.startswith("audit_search_fts")))
+
+
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime, dict[str, Any]: JSON, list[str]: JSON}
 
@@ -201,6 +208,33 @@ class AuditRefusalsHourly(Base):
     actor: Mapped[str] = mapped_column(String(200), primary_key=True)
     action: Mapped[str] = mapped_column(String(64), primary_key=True)
     reason: Mapped[str] = mapped_column(String(64), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger)
+
+
+class AuditSearch(Base):
+    """Each chained record's words, made by the chainer (keyserver.core.audit_search) in
+    the transaction that chains it: what the audit log's full-text search matches. The
+    word index is the store's own — a GIN index of `to_tsvector('simple', terms)` on
+    PostgreSQL, the FTS5 table `audit_search_fts` on SQLite — over the same words, so a
+    search finds the same records on both (migration 0019)."""
+
+    __tablename__ = "audit_search"
+
+    seq: Mapped[int] = mapped_column(BIGINT, primary_key=True, autoincrement=False)
+    terms: Mapped[str] = mapped_column(Text)
+
+
+class AuditUsageHourly(Base):
+    """Allowed operations on keys counted per hour, key, actor and action (the chainer's
+    transaction): the console's usage charts per key and per host or client."""
+
+    __tablename__ = "audit_usage_hourly"
+    __table_args__ = (Index("ix_audit_usage_hourly_actor", "actor", "hour"),)
+
+    key_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
+    actor: Mapped[str] = mapped_column(String(200), primary_key=True)
+    action: Mapped[str] = mapped_column(String(64), primary_key=True)
     count: Mapped[int] = mapped_column(BigInteger)
 
 
@@ -469,6 +503,17 @@ class Host(Base):
     # As the agent last reported them (heartbeat): where it calls from, its guard points.
     last_seen_ip: Mapped[str | None] = mapped_column(String(64))
     guard_points: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default="[]")
+
+
+class HostHeartbeatHourly(Base):
+    """Heartbeats per host and hour: the host's online timeline (an hour with none is an
+    hour the host was not heard from)."""
+
+    __tablename__ = "host_heartbeats_hourly"
+
+    host_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger)
 
 
 class GuardPoint(Base):

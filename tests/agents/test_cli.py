@@ -117,7 +117,7 @@ def test_the_daemon_beats_stops_on_sigterm_and_on_revocation(tmp_path: Path, adm
             assert proc.poll() is None and time.monotonic() < deadline, "the daemon did not heartbeat"
             time.sleep(0.2)
             # By group too: earlier tests enrolled (and left) other hosts of the same name.
-            host = next((h for h in admin.get("/api/v1/hosts").json()
+            host = next((h for h in admin.get("/api/v1/hosts", params={"group": group}).json()["items"]
                          if h["hostname"] == "cli.example.com" and h["host_group"] == group), None)
             if host and host["online"] and host["last_heartbeat_at"] != since:
                 return str(host["id"])

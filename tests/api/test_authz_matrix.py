@@ -198,6 +198,8 @@ CASES: dict[str, Case] = {
     "getAuditStatus": Case("GET", "/api/v1/audit/status", (P.AUDIT_READ,)),
     "getAuditActivity": Case("GET", "/api/v1/audit/activity?since=2026-11-01T00:00:00Z&until=2026-11-02T00:00:00Z",
                              (P.AUDIT_READ,)),
+    "getKeyUsage": Case("GET", "/api/v1/audit/usage?since=2026-11-01T00:00:00Z&until=2026-11-02T00:00:00Z"
+                        "&actor=host:authz", (P.AUDIT_READ,)),
     "listAuditCheckpoints": Case("GET", "/api/v1/audit/checkpoints", (P.AUDIT_READ,)),
     "listUsers": Case("GET", "/api/v1/users", (P.USERS_READ,)),
     "createUser": Case("POST", "/api/v1/users", (P.USERS_MANAGE,),
@@ -233,6 +235,8 @@ CASES: dict[str, Case] = {
                                   setup=enrollment_token),
     "listHosts": Case("GET", "/api/v1/hosts", (P.HOSTS_READ,)),
     "getHost": Case("GET", "/api/v1/hosts/{host}", (P.HOSTS_READ,), setup=enrolled_host),
+    "getHostHeartbeats": Case("GET", "/api/v1/hosts/{host}/heartbeats?since=2026-11-01T00:00:00Z"
+                              "&until=2026-11-02T00:00:00Z", (P.HOSTS_READ,), setup=enrolled_host),
     "revokeHost": Case("POST", "/api/v1/hosts/{host}/revoke", (P.HOSTS_REVOKE,), setup=enrolled_host),
     "listKmipClients": Case("GET", "/api/v1/kmip/clients", (P.KMIP_CLIENTS,)),
     "createKmipClient": Case("POST", "/api/v1/kmip/clients", (P.KMIP_CLIENTS,),

@@ -53,7 +53,7 @@ def test_enroll_deliver_and_revoke(tmp_path: Path, base_url: str, operator: http
     # One use only.
     again = enroll(base_url, secret, HostIdentity.load_or_create(tmp_path / "other"), "db02.example.com")
     assert again.status_code == 401 and again.json()["code"] == "enrollment_used"
-    hosts = operator.get("/api/v1/hosts").json()
+    hosts = operator.get("/api/v1/hosts", params={"group": group}).json()["items"]
     host = next(h for h in hosts if h["id"] == body["host_id"])
     assert host["host_group"] == group and host["state"] == "active" and host["os"] == "Debian 12"
 

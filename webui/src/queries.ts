@@ -6,6 +6,13 @@ export type KeySort = "name" | "-name" | "owner" | "-owner" | "created_at" | "-c
   | "next_rotation_at" | "-next_rotation_at";
 export interface KeyFilter { q?: string; state?: KeyState; tag?: string; limit: number; offset: number; sort?: KeySort }
 
+export type HostSort = "hostname" | "-hostname" | "host_group" | "-host_group" | "enrolled_at" | "-enrolled_at"
+  | "last_heartbeat_at" | "-last_heartbeat_at" | "agent_version" | "-agent_version";
+export type HostStatusFilter = "online" | "offline" | "revoked";
+export interface HostFilter {
+  q?: string; group?: string; status?: HostStatusFilter; sort?: HostSort; limit: number; offset: number;
+}
+
 export const qk = {
   keys: (f: KeyFilter) => ["keys", "list", f] as const,
   keysAll: ["keys"] as const,
@@ -16,7 +23,8 @@ export const qk = {
   tokens: (all: boolean) => ["tokens", all] as const,
   tokensAll: ["tokens"] as const,
   hostsAll: ["hosts"] as const,
-  hosts: ["hosts", "list"] as const,
+  hosts: (f: HostFilter) => ["hosts", "list", f] as const,
+  hostLists: ["hosts", "list"] as const,
   host: (id: string) => ["hosts", "one", id] as const,
   enrollmentTokens: ["enrollment-tokens"] as const,
   enrollmentInfo: ["enrollment-info"] as const,
@@ -46,10 +54,19 @@ export function useKey(ref: string) {
   });
 }
 
+/** The fleet at a glance (dashboard, pickers): the first 500 hosts by name, with the
+ *  counts per status of all of them. */
 export function useHosts(enabled = true) {
+  return useHostList({ limit: 500, offset: 0 }, enabled);
+}
+
+export function useHostList(f: HostFilter, enabled = true) {
   return useQuery({
-    queryKey: qk.hosts,
-    queryFn: () => call(api.GET("/api/v1/hosts")),
+    queryKey: qk.hosts(f),
+    queryFn: () => call(api.GET("/api/v1/hosts", { params: { query: {
+      q: f.q || undefined, group: f.group || undefined, status: f.status, sort: f.sort, limit: f.limit, offset: f.offset,
+    } } })),
+    placeholderData: (prev) => prev,
     refetchInterval: HOSTS_REFRESH_MS,
     enabled,
   });

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -15,6 +16,7 @@ from keyserver.api.schemas import (
     AuditPage,
     AuditStatusPublic,
     AuditVerifyRequest,
+    KeyUsage,
     VerifyResultPublic,
 )
 from keyserver.core.audit import AuditFilter, event_dict
@@ -25,15 +27,17 @@ router = APIRouter(prefix="/audit", tags=["audit"])
 
 
 def _filter(actor: str | None, action: str | None, object_type: str | None, object_id: str | None,
-            outcome: str | None, since: datetime | None, until: datetime | None) -> AuditFilter:
+            outcome: str | None, since: datetime | None, until: datetime | None, q: str | None) -> AuditFilter:
     return AuditFilter(actor=actor, action=action, object_type=object_type, object_id=object_id,
-                       outcome=outcome, since=since, until=until)
+                       outcome=outcome, since=since, until=until, q=q)
 
 
-Actor = Annotated[str | None, Query(max_length=200)]
+Actor = Annotated[str | None, Query(max_length=200, description="exact, or a prefix ending in '*'")]
 Action = Annotated[str | None, Query(max_length=64, description="exact, or a prefix ending in '.'")]
 ObjType = Annotated[str | None, Query(max_length=32)]
-ObjId = Annotated[str | None, Query(max_length=200)]
+ObjId = Annotated[str | None, Query(max_length=200, description="exact, or a prefix ending in '*'")]
+Search = Annotated[str | None, Query(max_length=200, description=(
+    "words every record must hold, in any field or detail; 'pay*' is a prefix (docs/audit.md \"Searching\")"))]
 OutcomeQ = Annotated[Literal["allowed", "denied", "error"] | None, Query()]
 When = Annotated[datetime | None, Query()]
 
@@ -42,12 +46,12 @@ When = Annotated[datetime | None, Query()]
 def list_events(
     ctx: Ctx, services: ServicesDep, actor: Actor = None, action: Action = None,
     object_type: ObjType = None, object_id: ObjId = None, outcome: OutcomeQ = None,
-    since: When = None, until: When = None,
+    since: When = None, until: When = None, q: Search = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     before_seq: Annotated[int | None, Query(ge=1, le=MAX_INT, description="cursor: records older than this")] = None,
 ) -> AuditPage:
     services.policy.require(ctx, Permission.AUDIT_READ, action="audit.read")
-    rows, total = services.audit.query(_filter(actor, action, object_type, object_id, outcome, since, until),
+    rows, total = services.audit.query(_filter(actor, action, object_type, object_id, outcome, since, until, q),
                                        limit=limit, before_seq=before_seq)
     return AuditPage(items=[AuditEventPublic(**event_dict(r)) for r in rows], total=total,
                      next_before_seq=rows[-1].seq if len(rows) == limit else None)
@@ -67,10 +71,10 @@ def get_event(seq: Annotated[int, Path(ge=1, le=MAX_INT)], ctx: Ctx, services: S
 def export(
     ctx: Ctx, services: ServicesDep, format: Annotated[Literal["csv", "jsonl"], Query()] = "jsonl",
     actor: Actor = None, action: Action = None, object_type: ObjType = None, object_id: ObjId = None,
-    outcome: OutcomeQ = None, since: When = None, until: When = None,
+    outcome: OutcomeQ = None, since: When = None, until: When = None, q: Search = None,
 ) -> StreamingResponse:
     services.policy.require(ctx, Permission.AUDIT_READ, action="audit.export")
-    flt = _filter(actor, action, object_type, object_id, outcome, since, until)
+    flt = _filter(actor, action, object_type, object_id, outcome, since, until, q)
     services.audit.record_now(ctx, action="audit.export", outcome="allowed", details={"format": format})
     media = "text/csv" if format == "csv" else "application/x-ndjson"
     return StreamingResponse(
@@ -109,6 +113,24 @@ def activity(
     (at most 400 buckets)."""
     services.policy.require(ctx, Permission.AUDIT_READ, action="audit.read")
     return AuditActivity(**services.audit.activity(since=since, until=until, bucket=bucket, top=top), bucket=bucket)
+
+
+@router.get("/usage", operation_id="getKeyUsage", response_model=KeyUsage)
+def usage(
+    ctx: Ctx, services: ServicesDep,
+    since: Annotated[datetime, Query(description="start, with a time zone; rounded down to the bucket")],
+    until: Annotated[datetime, Query(description="end (exclusive), with a time zone")],
+    key_id: Annotated[uuid.UUID | None, Query(description="one key's usage, with its top actors")] = None,
+    actor: Annotated[str | None, Query(max_length=200, description=(
+        "one actor's usage ('host:<hostname>', 'kmip:<client>', a user), with its top keys"))] = None,
+    bucket: Annotated[Literal["hour", "day"], Query()] = "hour",
+    top: Annotated[int, Query(ge=1, le=20)] = 5,
+) -> KeyUsage:
+    """Allowed operations on keys over time by action — for one key or one actor — from
+    hourly counts the chainer keeps (at most 400 buckets)."""
+    services.policy.require(ctx, Permission.AUDIT_READ, action="audit.read")
+    return KeyUsage(**services.audit.usage(since=since, until=until, bucket=bucket, top=top,
+                                           key_id=str(key_id) if key_id else None, actor=actor), bucket=bucket)
 
 
 @router.get("/status", operation_id="getAuditStatus", response_model=AuditStatusPublic)

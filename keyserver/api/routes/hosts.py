@@ -2,13 +2,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from keyserver.api.deps import Ctx, ServicesDep, client_ip
-from keyserver.api.schemas import Strict
+from keyserver.api.schemas import MAX_INT, Page, Strict
 from keyserver.core.hosts import TOKEN_PREFIX
 from keyserver.logs import request_id_var
 from keyserver.services import Services
@@ -89,6 +89,16 @@ class HostPublic(BaseModel):
     online: bool = Field(description="active, with a heartbeat within three heartbeat intervals")
 
 
+class HostPage(Page[HostPublic]):
+    counts: dict[str, int] = Field(description="hosts per status (online, offline, revoked) over the other filters")
+    groups: list[str] = Field(description="every host group with hosts")
+
+
+class HeartbeatHour(BaseModel):
+    hour: datetime
+    count: int
+
+
 def host_public(h: Host, services: Services) -> HostPublic:
     return HostPublic.model_validate({**{c: getattr(h, c) for c in _HOST_COLUMNS},
                                       "online": services.hosts.is_online(h)})
@@ -132,9 +142,31 @@ def enroll(body: EnrollRequest, request: Request, services: ServicesDep) -> Enro
                           certificate_pem=e.certificate_pem.decode(), ca_pem=e.ca_pem.decode())
 
 
-@router.get("/hosts", operation_id="listHosts", response_model=list[HostPublic])
-def list_hosts(ctx: Ctx, services: ServicesDep) -> list[HostPublic]:
-    return [host_public(h, services) for h in services.hosts.list_hosts(ctx)]
+@router.get("/hosts", operation_id="listHosts", response_model=HostPage)
+def list_hosts(
+    ctx: Ctx, services: ServicesDep,
+    q: Annotated[str | None, Query(max_length=128, description="substring of hostname, group, address or OS")] = None,
+    group: Annotated[str | None, Query(max_length=64)] = None,
+    status: Annotated[Literal["online", "offline", "revoked"] | None, Query()] = None,
+    sort: Annotated[str, Query(max_length=32, description="hostname, host_group, enrolled_at, last_heartbeat_at "
+                                                          "or agent_version; '-' first for descending")] = "hostname",
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+) -> HostPage:
+    page = services.hosts.list_hosts(ctx, q=q, group=group, status=status, sort=sort, limit=limit, offset=offset)
+    return HostPage(items=[host_public(h, services) for h in page.hosts], total=page.total, limit=limit,
+                    offset=offset, counts=page.counts, groups=page.groups)
+
+
+@router.get("/hosts/{host_id}/heartbeats", operation_id="getHostHeartbeats", response_model=list[HeartbeatHour])
+def host_heartbeats(
+    host_id: uuid.UUID, ctx: Ctx, services: ServicesDep,
+    since: Annotated[datetime, Query(description="start, with a time zone; rounded down to the hour")],
+    until: Annotated[datetime, Query(description="end (exclusive), at most 31 days after since")],
+) -> list[HeartbeatHour]:
+    """Heartbeats per hour, every hour of the range: the host's online timeline."""
+    return [HeartbeatHour(hour=h, count=n) for h, n in services.hosts.heartbeats(ctx, host_id, since=since,
+                                                                                  until=until)]
 
 
 @router.get("/hosts/{host_id}", operation_id="getHost", response_model=HostPublic)

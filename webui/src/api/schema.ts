@@ -287,6 +287,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/audit/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Usage
+         * @description Allowed operations on keys over time by action — for one key or one actor — from
+         *     hourly counts the chainer keeps (at most 400 buckets).
+         */
+        get: operations["getKeyUsage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/audit/verify": {
         parameters: {
             query?: never;
@@ -725,6 +746,26 @@ export interface paths {
         };
         /** Get Host */
         get: operations["getHost"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/hosts/{host_id}/heartbeats": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Host Heartbeats
+         * @description Heartbeats per hour, every hour of the range: the host's online timeline.
+         */
+        get: operations["getHostHeartbeats"];
         put?: never;
         post?: never;
         delete?: never;
@@ -2097,6 +2138,16 @@ export interface components {
             /** Ok */
             ok: boolean;
         };
+        /** HeartbeatHour */
+        HeartbeatHour: {
+            /** Count */
+            count: number;
+            /**
+             * Hour
+             * Format: date-time
+             */
+            hour: string;
+        };
         /** HeartbeatRequest */
         HeartbeatRequest: {
             /**
@@ -2164,6 +2215,29 @@ export interface components {
              */
             state: "mounted" | "off" | "unmounted" | "error" | "protecting" | "unprotecting";
             unprotect?: components["schemas"]["HostRekeyProgress"] | null;
+        };
+        /** HostPage */
+        HostPage: {
+            /**
+             * Counts
+             * @description hosts per status (online, offline, revoked) over the other filters
+             */
+            counts: {
+                [key: string]: number;
+            };
+            /**
+             * Groups
+             * @description every host group with hosts
+             */
+            groups: string[];
+            /** Items */
+            items: components["schemas"]["HostPublic"][];
+            /** Limit */
+            limit: number;
+            /** Offset */
+            offset: number;
+            /** Total */
+            total: number;
         };
         /** HostPublic */
         HostPublic: {
@@ -2422,6 +2496,31 @@ export interface components {
             tags?: {
                 [key: string]: string;
             } | null;
+        };
+        /** KeyUsage */
+        KeyUsage: {
+            /**
+             * Actions
+             * @description operations over the range by action, most first
+             */
+            actions: components["schemas"]["Ranked"][];
+            /**
+             * Bucket
+             * @enum {string}
+             */
+            bucket: "hour" | "day";
+            /**
+             * Buckets
+             * @description every bucket of the range, oldest first
+             */
+            buckets: components["schemas"]["UsageBucket"][];
+            /**
+             * Top
+             * @description for a key: the actors that used it most; for an actor: the keys (UUIDs) it used most
+             */
+            top: components["schemas"]["Ranked"][];
+            /** Total */
+            total: number;
         };
         /** KeyVersionPublic */
         KeyVersionPublic: {
@@ -2904,6 +3003,21 @@ export interface components {
              * @description base32, for authenticator apps that take it typed in; shown once
              */
             secret: string;
+        };
+        /** UsageBucket */
+        UsageBucket: {
+            /**
+             * Counts
+             * @description operations by action (e.g. datakey.generate); absent ones are zero
+             */
+            counts: {
+                [key: string]: number;
+            };
+            /**
+             * Start
+             * Format: date-time
+             */
+            start: string;
         };
         /** UserCreate */
         UserCreate: {
@@ -4085,13 +4199,17 @@ export interface operations {
             query?: {
                 /** @description exact, or a prefix ending in '.' */
                 action?: string | null;
+                /** @description exact, or a prefix ending in '*' */
                 actor?: string | null;
                 /** @description cursor: records older than this */
                 before_seq?: number | null;
                 limit?: number;
+                /** @description exact, or a prefix ending in '*' */
                 object_id?: string | null;
                 object_type?: string | null;
                 outcome?: ("allowed" | "denied" | "error") | null;
+                /** @description words every record must hold, in any field or detail; 'pay*' is a prefix (docs/audit.md "Searching") */
+                q?: string | null;
                 since?: string | null;
                 until?: string | null;
             };
@@ -4283,11 +4401,15 @@ export interface operations {
             query?: {
                 /** @description exact, or a prefix ending in '.' */
                 action?: string | null;
+                /** @description exact, or a prefix ending in '*' */
                 actor?: string | null;
                 format?: "csv" | "jsonl";
+                /** @description exact, or a prefix ending in '*' */
                 object_id?: string | null;
                 object_type?: string | null;
                 outcome?: ("allowed" | "denied" | "error") | null;
+                /** @description words every record must hold, in any field or detail; 'pay*' is a prefix (docs/audit.md "Searching") */
+                q?: string | null;
                 since?: string | null;
                 until?: string | null;
             };
@@ -4397,6 +4519,109 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["AuditStatusPublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getKeyUsage: {
+        parameters: {
+            query: {
+                /** @description one actor's usage ('host:<hostname>', 'kmip:<client>', a user), with its top keys */
+                actor?: string | null;
+                bucket?: "hour" | "day";
+                /** @description one key's usage, with its top actors */
+                key_id?: string | null;
+                /** @description start, with a time zone; rounded down to the bucket */
+                since: string;
+                top?: number;
+                /** @description end (exclusive), with a time zone */
+                until: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KeyUsage"];
                 };
             };
             /** @description Bad request */
@@ -6824,7 +7049,16 @@ export interface operations {
     };
     listHosts: {
         parameters: {
-            query?: never;
+            query?: {
+                group?: string | null;
+                limit?: number;
+                offset?: number;
+                /** @description substring of hostname, group, address or OS */
+                q?: string | null;
+                /** @description hostname, host_group, enrolled_at, last_heartbeat_at or agent_version; '-' first for descending */
+                sort?: string;
+                status?: ("online" | "offline" | "revoked") | null;
+            };
             header?: never;
             path?: never;
             cookie?: never;
@@ -6837,7 +7071,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["HostPublic"][];
+                    "application/json": components["schemas"]["HostPage"];
                 };
             };
             /** @description Bad request */
@@ -6932,6 +7166,105 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["HostPublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getHostHeartbeats: {
+        parameters: {
+            query: {
+                /** @description start, with a time zone; rounded down to the hour */
+                since: string;
+                /** @description end (exclusive), at most 31 days after since */
+                until: string;
+            };
+            header?: never;
+            path: {
+                host_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HeartbeatHour"][];
                 };
             };
             /** @description Bad request */

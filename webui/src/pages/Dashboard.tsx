@@ -94,9 +94,8 @@ export function hostAttention(h: Host): string | null {
 
 export function HostsSummary() {
   const q = useHosts();
-  const hosts = q.data ?? [];
-  const counts = { online: 0, offline: 0, revoked: 0 } as Record<HostStatus, number>;
-  for (const h of hosts) counts[hostStatus(h)] += 1;
+  const hosts = q.data?.items ?? [];
+  const counts = { online: 0, offline: 0, revoked: 0, ...q.data?.counts } as Record<HostStatus, number>;
   const attention = hosts.flatMap((h) => {
     const why = hostAttention(h);
     return why ? [{ h, why }] : [];

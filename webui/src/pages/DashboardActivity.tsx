@@ -207,7 +207,7 @@ export function AttentionPanel() {
   });
   const activity = useActivity("24h", can("audit:read"));
   const chain = useAuditStatus(can("audit:read"));
-  const items = attention({ health: health.data, hosts: hosts.data, keys: keys.data?.items, activity: activity.data,
+  const items = attention({ health: health.data, hosts: hosts.data?.items, keys: keys.data?.items, activity: activity.data,
                             chain: chain.data });
   const loading = [health, hosts, keys, activity, chain].some((q) => q.isLoading);
   return (

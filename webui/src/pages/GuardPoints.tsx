@@ -12,7 +12,7 @@ import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
 import { EmptyState, Loading, fmtRelative, fmtTime } from "../components/bits";
 import { PageHeader } from "../components/PageHeader";
-import { useKeys } from "../queries";
+import { useHosts, useKeys } from "../queries";
 
 export type GuardPoint = Schemas["GuardPointPublic"];
 export type Rule = Schemas["RuleModel"];
@@ -193,7 +193,7 @@ function GuardPointEditor({ editing, opened, onClose }: { editing: GuardPoint | 
   if (draft.key && !keyData.some((o) => o.value === draft.key) && editing?.key_id === draft.key) {
     keyData.unshift({ value: editing.key_id, label: editing.key_name });
   }
-  const hosts = useQuery({ queryKey: ["hosts"], queryFn: () => call(api.GET("/api/v1/hosts")), enabled: opened });
+  const hosts = useHosts(opened);
   const save = useMutation({
     mutationFn: () => editing
       ? call(api.PUT("/api/v1/guard-points/{gp_id}", { params: { path: { gp_id: editing.id } }, body: bodyFrom(draft) }))
@@ -218,7 +218,7 @@ function GuardPointEditor({ editing, opened, onClose }: { editing: GuardPoint | 
                        onChange={(e) => set({ host_group: e.currentTarget.value })} />
           ) : (
             <Select label="Host" required searchable disabled={readOnly} value={draft.host_id}
-                    data={(hosts.data ?? []).filter((h) => h.state === "active").map((h) => ({ value: h.id, label: `${h.hostname} (${h.host_group})` }))}
+                    data={(hosts.data?.items ?? []).filter((h) => h.state === "active").map((h) => ({ value: h.id, label: `${h.hostname} (${h.host_group})` }))}
                     onChange={(v) => set({ host_id: v })} />
           )}
           <TextInput label="Protected path" description="The directory applications use; files already there are protected in place"

@@ -43,7 +43,7 @@ function HostView({ h }: { h: Host }) {
     mutationFn: () => call(api.POST("/api/v1/hosts/{host_id}/revoke", { params: { path: { host_id: h.id } } })),
     onSuccess: (updated) => {
       qc.setQueryData(qk.host(h.id), updated);
-      void qc.invalidateQueries({ queryKey: qk.hosts });
+      void qc.invalidateQueries({ queryKey: qk.hostLists });
       // The audit chainer appends records a moment after the request commits.
       for (const ms of [0, 1200]) setTimeout(() => void qc.invalidateQueries({ queryKey: ["audit"] }), ms);
       notifications.show({ color: "teal", title: "Host revoked", message: `${h.hostname} is refused from its next call` });

@@ -1,11 +1,12 @@
 import {
-  Anchor, Button, Center, Group, Modal, Paper, SegmentedControl, Select, Stack, Switch, Table, Text, TextInput, Title,
+  Anchor, Button, Center, Group, Modal, Pagination, Paper, SegmentedControl, Select, Stack, Switch, Table, Text, TextInput,
+  Title,
 } from "@mantine/core";
 import { useDebouncedValue } from "@mantine/hooks";
 import { notifications } from "@mantine/notifications";
 import { IconPlus, IconSearch } from "@tabler/icons-react";
 import { useMutation, useQueryClient } from "@tanstack/react-query";
-import { useEffect, useMemo, useState } from "react";
+import { useEffect, useState } from "react";
 import { Link, useSearchParams } from "react-router";
 import { api, call, type EnrollmentToken, type Host } from "../api/client";
 import { useAuth } from "../auth";
@@ -16,38 +17,46 @@ import {
   EmptyState, HostStatusBadge, Loading, TokenStateBadge, fmtRelative, fmtTime,
 } from "../components/bits";
 import { HOST_STATUSES, hostStatus, tokenState, type HostStatus } from "../hosts";
-import { qk, useEnrollmentTokens, useHosts } from "../queries";
+import { SortHeader, nextSort } from "../components/SortHeader";
+import { qk, useEnrollmentTokens, useHostList, type HostSort } from "../queries";
 import { EnrollHostDialog } from "./EnrollHost";
+
+const PAGE = 50;
+const HOST_SORTS = ["hostname", "host_group", "enrolled_at", "last_heartbeat_at", "agent_version"];
 
 export function HostsPage() {
   const [params, setParams] = useSearchParams();
-  const hosts = useHosts();
   const [q, setQ] = useState(params.get("q") ?? "");
-  const [debouncedQ] = useDebouncedValue(q, 200);
+  const [debouncedQ] = useDebouncedValue(q, 250);
   const urlQ = params.get("q") ?? "";
   useEffect(() => { setQ(urlQ); }, [urlQ]);
   const group = params.get("group") ?? "";
   const statusParam = params.get("status") ?? "";
-  const status = (HOST_STATUSES as string[]).includes(statusParam) ? statusParam as HostStatus : null;
+  const status = (HOST_STATUSES as string[]).includes(statusParam) ? statusParam as HostStatus : undefined;
+  const sortParam = params.get("sort") ?? "hostname";
+  const sort = (HOST_SORTS.includes(sortParam.replace(/^-/, "")) ? sortParam : "hostname") as HostSort;
+  const page = Number(params.get("page") ?? "1") || 1;
+  const hosts = useHostList({ q: debouncedQ.trim(), group, status, sort, limit: PAGE, offset: (page - 1) * PAGE });
   const [enrolling, setEnrolling] = useState(false);
 
   const update = (changes: Record<string, string | undefined>) => {
     const next = new URLSearchParams(params);
     for (const [k, v] of Object.entries(changes)) { if (v) next.set(k, v); else next.delete(k); }
+    if (!("page" in changes)) next.delete("page");
     setParams(next, { replace: true });
   };
+  const sortBy = (column: string) => {
+    const next = nextSort(sort, column);
+    update({ sort: next === "hostname" ? undefined : next });
+  };
 
-  const all = useMemo(() => hosts.data ?? [], [hosts.data]);
-  const groups = useMemo(() => Array.from(new Set(all.map((h) => h.host_group))).sort(), [all]);
-  const counts = useMemo(() => {
-    const c: Record<HostStatus, number> = { online: 0, offline: 0, revoked: 0 };
-    for (const h of all) c[hostStatus(h)] += 1;
-    return c;
-  }, [all]);
-  const needle = debouncedQ.trim().toLowerCase();
-  const shown = all.filter((h) => (!group || h.host_group === group) && (!status || hostStatus(h) === status)
-    && (!needle || h.hostname.toLowerCase().includes(needle) || (h.last_seen_ip ?? "").includes(needle)));
-  const filtered = !!(needle || group || status);
+  const data = hosts.data;
+  const shown = data?.items ?? [];
+  const groups = data?.groups ?? [];
+  const counts = { online: 0, offline: 0, revoked: 0, ...data?.counts } as Record<HostStatus, number>;
+  const matching = counts.online + counts.offline + counts.revoked;
+  const filtered = !!(debouncedQ.trim() || group || status);
+  const pages = data ? Math.max(1, Math.ceil(data.total / PAGE)) : 1;
 
   return (
     <Stack gap="md">
@@ -58,7 +67,7 @@ export function HostsPage() {
                     Enroll a host</GuardedButton>} />
       <Paper withBorder radius="md" p="sm">
         <Group gap="sm" align="flex-end">
-          <TextInput label="Search" placeholder="Hostname or IP address" leftSection={<IconSearch size={14} />} w={240}
+          <TextInput label="Search" placeholder="Hostname, group, IP address or OS" leftSection={<IconSearch size={14} />} w={260}
                      value={q} onChange={(e) => { setQ(e.currentTarget.value); update({ q: e.currentTarget.value || undefined }); }} />
           <Select label="Group" placeholder="Any group" clearable searchable data={groups} value={group || null} w={200}
                   onChange={(v) => update({ group: v ?? undefined })} nothingFoundMessage="No such group" />
@@ -67,7 +76,7 @@ export function HostsPage() {
             <SegmentedControl aria-labelledby="host-status-label" size="sm" value={status ?? "all"}
                               onChange={(v) => update({ status: v === "all" ? undefined : v })}
                               data={[
-                                { value: "all", label: `All (${all.length})` },
+                                { value: "all", label: `All (${matching})` },
                                 { value: "online", label: `Online (${counts.online})` },
                                 { value: "offline", label: `Offline (${counts.offline})` },
                                 { value: "revoked", label: `Revoked (${counts.revoked})` },
@@ -80,15 +89,23 @@ export function HostsPage() {
       <Paper withBorder radius="md">
         {hosts.error ? <ErrorAlert error={hosts.error} title="Hosts could not be loaded" />
           : hosts.isPending ? <Loading label="Loading hosts…" />
-          : all.length === 0 ? <NoHostsYet onEnroll={() => setEnrolling(true)} />
+          : !filtered && data?.total === 0 ? <NoHostsYet onEnroll={() => setEnrolling(true)} />
           : shown.length === 0 ? <EmptyState title="No host matches these filters">Change or clear the filters.</EmptyState>
-          : <HostsTable hosts={shown} />}
+          : <HostsTable hosts={shown} sort={sort} onSort={sortBy} />}
       </Paper>
-      {hosts.data && all.length > 0 && (
-        <Text size="sm" c="dimmed" data-testid="hosts-total">
-          {shown.length === all.length ? `${all.length} hosts` : `${shown.length} of ${all.length} hosts`}
-          {" · "}offline means no heartbeat within three heartbeat intervals
-        </Text>
+      {data && data.total > 0 && (
+        <Group justify="space-between">
+          <Text size="sm" c="dimmed" data-testid="hosts-total">
+            {data.total <= PAGE ? `${data.total} hosts` : `${data.offset + 1}–${data.offset + shown.length} of ${data.total} hosts`}
+            {" · "}offline means no heartbeat within three heartbeat intervals
+          </Text>
+          {pages > 1 && (
+            <Pagination total={pages} value={page} onChange={(p) => update({ page: String(p) })} size="sm"
+                        aria-label="Pages of hosts" getItemProps={(p) => ({ "aria-label": `Page ${p}` })}
+                        getControlProps={(c) => ({ "aria-label": { first: "First page", previous: "Previous page",
+                                                                    next: "Next page", last: "Last page" }[c] })} />
+          )}
+        </Group>
       )}
       <EnrollmentTokensSection />
       <EnrollHostDialog opened={enrolling} onClose={() => setEnrolling(false)} groups={groups} />
@@ -114,15 +131,20 @@ function NoHostsYet({ onEnroll }: { onEnroll: () => void }) {
   );
 }
 
-function HostsTable({ hosts }: { hosts: Host[] }) {
+function HostsTable({ hosts, sort, onSort }: { hosts: Host[]; sort: string; onSort: (column: string) => void }) {
   return (
     <Table.ScrollContainer minWidth={900}>
       <Table highlightOnHover fz="sm" verticalSpacing={8} data-testid="hosts-table">
         <Table.Thead>
           <Table.Tr>
-            <Table.Th>Hostname</Table.Th><Table.Th>Status</Table.Th><Table.Th>Last heartbeat</Table.Th>
-            <Table.Th>Group</Table.Th><Table.Th>OS</Table.Th><Table.Th>Agent</Table.Th>
-            <Table.Th>Guard points</Table.Th><Table.Th>Enrolled</Table.Th>
+            <SortHeader label="Hostname" column="hostname" sort={sort} onSort={onSort} />
+            <Table.Th>Status</Table.Th>
+            <SortHeader label="Last heartbeat" column="last_heartbeat_at" sort={sort} onSort={onSort} />
+            <SortHeader label="Group" column="host_group" sort={sort} onSort={onSort} />
+            <Table.Th>OS</Table.Th>
+            <SortHeader label="Agent" column="agent_version" sort={sort} onSort={onSort} />
+            <Table.Th>Guard points</Table.Th>
+            <SortHeader label="Enrolled" column="enrolled_at" sort={sort} onSort={onSort} />
           </Table.Tr>
         </Table.Thead>
         <Table.Tbody>

@@ -1,10 +1,10 @@
 import {
   Alert, Anchor, Button, Checkbox, Group, List, Modal, NumberInput, Pagination, Paper, Progress, Select, Stack, Switch,
-  Table, TagsInput, Text, TextInput, Textarea, UnstyledButton,
+  Table, TagsInput, Text, TextInput, Textarea,
 } from "@mantine/core";
 import { useDebouncedValue } from "@mantine/hooks";
 import { notifications } from "@mantine/notifications";
-import { IconArrowDown, IconArrowUp, IconArrowsSort, IconPlus, IconSearch } from "@tabler/icons-react";
+import { IconPlus, IconSearch } from "@tabler/icons-react";
 import { useMutation, useQueryClient } from "@tanstack/react-query";
 import { useEffect, useState } from "react";
 import { Link, useNavigate, useSearchParams } from "react-router";
@@ -15,6 +15,7 @@ import { ErrorAlert } from "../components/ErrorAlert";
 import { EmptyState, Loading, StateBadge, fmtRelative, fmtTime } from "../components/bits";
 import { PageHeader } from "../components/PageHeader";
 import { qk, useKeys, type KeySort } from "../queries";
+import { SortHeader } from "../components/SortHeader";
 
 const PAGE = 25;
 
@@ -157,20 +158,6 @@ export function KeysPage() {
         if (done) setSelected(new Map());
       }} />
     </Stack>
-  );
-}
-
-function SortHeader({ label, column, sort, onSort }: { label: string; column: string; sort: string; onSort: (c: string) => void }) {
-  const active = sort.replace(/^-/, "") === column;
-  const descending = active && sort.startsWith("-");
-  const Icon = !active ? IconArrowsSort : descending ? IconArrowDown : IconArrowUp;
-  return (
-    <Table.Th aria-sort={active ? (descending ? "descending" : "ascending") : "none"}>
-      <UnstyledButton onClick={() => onSort(column)} aria-label={`Sort by ${label.toLowerCase()}`}
-                      style={{ display: "inline-flex", alignItems: "center", gap: 4, fontWeight: 700, fontSize: "inherit" }}>
-        {label}<Icon size={14} stroke={1.8} aria-hidden />
-      </UnstyledButton>
-    </Table.Th>
   );
 }
 

@@ -2,6 +2,7 @@ import { screen, within } from "@testing-library/react";
 import userEvent from "@testing-library/user-event";
 import { describe, expect, it } from "vitest";
 import type { Host, Key, Schemas } from "../api/client";
+import { hostPage } from "../test/hostPage";
 import { fakeApi } from "../test/fakeApi";
 import { meAs, renderWith } from "../test/render";
 import { AttentionPanel, AuditActivityPanel, BURST_MIN, attention } from "./DashboardActivity";
@@ -73,7 +74,7 @@ describe("dashboard panels", () => {
   it("says so when nothing needs attention", async () => {
     fakeApi({
       "GET /api/v1/system/health": { status: "ok", checks: [{ name: "database", ok: true, detail: "ok", latency_ms: 1 }] },
-      "GET /api/v1/hosts": [host({})],
+      "GET /api/v1/hosts": ({ url }) => hostPage([host({})], url),
       "GET /api/v1/keys": { items: [key({})], total: 1, limit: 500, offset: 0 },
       "GET /api/v1/audit/activity": hourly([1, 1, 1]),
       "GET /api/v1/audit/status": { head_seq: 10, verified: { checkpoint: 1, seq: 10, at: "2026-11-25T12:00:00Z" },

@@ -2,6 +2,7 @@ import { fireEvent, screen, waitFor, within } from "@testing-library/react";
 import userEvent from "@testing-library/user-event";
 import { useState } from "react";
 import { describe, expect, it } from "vitest";
+import { hostPage } from "../test/hostPage";
 import { fakeApi } from "../test/fakeApi";
 import { renderWith } from "../test/render";
 import { bodyFrom, describeRule, draftFrom, emptyRule, GuardPointsPage, RulesEditor, type GuardPoint,
@@ -69,7 +70,7 @@ describe("no traps in the editor", () => {
 
   it("a new guard point starts empty after a cancelled draft", async () => {
     fakeApi({ "GET /api/v1/guard-points": [gp], "GET /api/v1/keys": { items: [], total: 0, limit: 100, offset: 0 },
-              "GET /api/v1/hosts": [] });
+              "GET /api/v1/hosts": ({ url }) => hostPage([], url) });
     renderWith(<GuardPointsPage />);
     await userEvent.click(await screen.findByTestId("new-guard-point"));
     await userEvent.type(await screen.findByLabelText(/Protected path/), "/srv/draft");

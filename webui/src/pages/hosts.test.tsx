@@ -3,6 +3,7 @@ import userEvent from "@testing-library/user-event";
 import { describe, expect, it } from "vitest";
 import type { EnrollmentInfo, EnrollmentToken, Host, Key } from "../api/client";
 import { fakeApi, json, problem } from "../test/fakeApi";
+import { hostPage } from "../test/hostPage";
 import { meAs, renderWith } from "../test/render";
 import { hostStatus, installCommand, tokenState } from "../hosts";
 import { HostsSummary, hostAttention } from "./Dashboard";
@@ -91,7 +92,7 @@ describe("host and token rules", () => {
 
 describe("Hosts page", () => {
   it("lists every host with its status, last heartbeat, group and guard points", async () => {
-    const server = fakeApi({ "GET /api/v1/hosts": HOSTS, "GET /api/v1/enrollment-tokens": TOKENS });
+    const server = fakeApi({ "GET /api/v1/hosts": ({ url }) => hostPage(HOSTS, url), "GET /api/v1/enrollment-tokens": TOKENS });
     renderWith(<HostsPage />, { at: "/hosts", path: "/hosts" });
     const table = await screen.findByTestId("hosts-table");
     const rows = within(table).getAllByRole("row").slice(1);
@@ -111,7 +112,7 @@ describe("Hosts page", () => {
   });
 
   it("filters by status and group from the URL, and by search", async () => {
-    fakeApi({ "GET /api/v1/hosts": HOSTS, "GET /api/v1/enrollment-tokens": [] });
+    fakeApi({ "GET /api/v1/hosts": ({ url }) => hostPage(HOSTS, url), "GET /api/v1/enrollment-tokens": [] });
     renderWith(<HostsPage />, { at: "/hosts?status=offline&group=db", path: "/hosts" });
     const table = await screen.findByTestId("hosts-table");
     expect([...table.querySelectorAll("tbody tr")].map((r) => r.getAttribute("data-host")))
@@ -125,8 +126,25 @@ describe("Hosts page", () => {
     expect(await screen.findByText("No host matches these filters")).toBeInTheDocument();
   });
 
+  it("asks the server to search, sort and page, and keeps it all in the URL", async () => {
+    const server = fakeApi({ "GET /api/v1/hosts": ({ url }) => hostPage(HOSTS, url), "GET /api/v1/enrollment-tokens": [] });
+    renderWith(<HostsPage />, { at: "/hosts", path: "/hosts" });
+    await screen.findByTestId("hosts-table");
+    await userEvent.click(screen.getByRole("button", { name: "Sort by last heartbeat" }));
+    await waitFor(() => expect(server.calls("GET /api/v1/hosts").at(-1)?.url.searchParams.get("sort"))
+      .toBe("last_heartbeat_at"));
+    await userEvent.click(screen.getByRole("button", { name: "Sort by last heartbeat" }));
+    await waitFor(() => expect(server.calls("GET /api/v1/hosts").at(-1)?.url.searchParams.get("sort"))
+      .toBe("-last_heartbeat_at"));
+    expect(screen.getByRole("columnheader", { name: /Last heartbeat/ })).toHaveAttribute("aria-sort", "descending");
+    await userEvent.type(screen.getByLabelText("Search"), "10.0.4");
+    await waitFor(() => expect(server.calls("GET /api/v1/hosts").at(-1)?.url.searchParams.get("q")).toBe("10.0.4"));
+    // The status tabs count what the search found, from the server's counts.
+    expect(await screen.findByRole("radio", { name: /^All \(\d+\)$/ })).toBeInTheDocument();
+  });
+
   it("with no host yet, explains how to enroll the first one", async () => {
-    fakeApi({ "GET /api/v1/hosts": [], "GET /api/v1/enrollment-tokens": [] });
+    fakeApi({ "GET /api/v1/hosts": ({ url }) => hostPage([], url), "GET /api/v1/enrollment-tokens": [] });
     renderWith(<HostsPage />, { me: meAs("operator") });
     const empty = await screen.findByTestId("no-hosts");
     expect(empty).toHaveTextContent("No hosts enrolled yet");
@@ -135,7 +153,7 @@ describe("Hosts page", () => {
   });
 
   it("an auditor reads hosts and tokens but is offered no enroll or revoke", async () => {
-    fakeApi({ "GET /api/v1/hosts": [], "GET /api/v1/enrollment-tokens": TOKENS });
+    fakeApi({ "GET /api/v1/hosts": ({ url }) => hostPage([], url), "GET /api/v1/enrollment-tokens": TOKENS });
     renderWith(<HostsPage />, { me: meAs("auditor") });
     expect(await screen.findByTestId("no-hosts")).toHaveTextContent("needs the hosts:enroll permission");
     expect(screen.queryByRole("button", { name: /Enroll/ })).toBeNull();
@@ -158,7 +176,7 @@ describe("Hosts page", () => {
 
 describe("Enrollment tokens", () => {
   it("shows active tokens, the others on request, each with its state", async () => {
-    fakeApi({ "GET /api/v1/hosts": HOSTS, "GET /api/v1/enrollment-tokens": TOKENS });
+    fakeApi({ "GET /api/v1/hosts": ({ url }) => hostPage(HOSTS, url), "GET /api/v1/enrollment-tokens": TOKENS });
     renderWith(<HostsPage />);
     const table = await screen.findByTestId("enrollment-tokens-table");
     expect([...table.querySelectorAll("tbody tr")].map((r) => r.getAttribute("data-token"))).toEqual(["sre_abcdefgh"]);
@@ -172,7 +190,7 @@ describe("Enrollment tokens", () => {
 
   it("revokes a token after confirmation, and says hosts already enrolled stay", async () => {
     const server = fakeApi({
-      "GET /api/v1/hosts": HOSTS, "GET /api/v1/enrollment-tokens": TOKENS,
+      "GET /api/v1/hosts": ({ url }) => hostPage(HOSTS, url), "GET /api/v1/enrollment-tokens": TOKENS,
       "DELETE /api/v1/enrollment-tokens/:id": ({ params }) => ({ ...TOKENS[0], id: params.id, revoked_at: ago(0) }),
     });
     renderWith(<HostsPage />, { me: meAs("operator") });
@@ -191,7 +209,7 @@ describe("Enrollment tokens", () => {
 describe("Enroll a host", () => {
   function enrollServer(info: EnrollmentInfo | Response = INFO) {
     return fakeApi({
-      "GET /api/v1/hosts": HOSTS, "GET /api/v1/enrollment-tokens": [],
+      "GET /api/v1/hosts": ({ url }) => hostPage(HOSTS, url), "GET /api/v1/enrollment-tokens": [],
       "GET /api/v1/enrollment-info": () => info,
       "GET /api/v1/keys": ({ url }) => page(url.searchParams.get("tag") === "host-group=db" ? [key("payments-db")] : []),
       "POST /api/v1/enrollment-tokens": ({ body }) => json(201, {
@@ -412,7 +430,7 @@ describe("Host detail", () => {
 
 describe("Dashboard hosts panel", () => {
   it("counts hosts online, offline and revoked, and lists what needs attention", async () => {
-    fakeApi({ "GET /api/v1/hosts": HOSTS });
+    fakeApi({ "GET /api/v1/hosts": ({ url }) => hostPage(HOSTS, url) });
     renderWith(<HostsSummary />);
     await screen.findByTestId("hosts-online");
     expect(["online", "offline", "revoked"].map((s) => screen.getByTestId(`hosts-${s}`).getAttribute("data-count")))

@@ -1,0 +1,94 @@
+"""Full-text search of the audit log (docs/audit.md "Searching").
+
+The chainer turns each record into words: every run of letters and digits, lower-cased,
+in its actor, action, object, outcome, source address, request id and the values of its
+details (`host:db-1` → `host db 1`; a key's UUID → its five groups). The words go into
+`audit_search` in the transaction that chains the record, and each store indexes them with
+its own full-text engine (GIN on PostgreSQL, FTS5 on SQLite). Words are made here, not by
+the engines, so a search finds the same records on every store.
+
+A query is words, all of which a record must contain; a word ending in `*` is a prefix
+(`pay*` finds `payments`). Words are matched whole, so `db-1` finds records with the words
+`db` and `1`, in any order, in any field.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sqlalchemy import ColumnElement, bindparam, func, literal_column, select, text
+
+from keyserver.core.errors import InvalidInput
+from keyserver.store.models import AuditEvent, AuditSearch
+
+WORD = re.compile(r"[^\W_]+")  # letters and digits of any script; "_" separates, as in snake_case
+MAX_WORD = 64  # a longer run (a base64 blob) is cut: its start still matches a prefix
+MAX_WORDS = 256  # per record: details are bounded, but a record never costs more than this
+MAX_QUERY_WORDS = 8
+_FIELDS = ("actor", "action", "object_type", "object_id", "outcome", "source_ip", "request_id")
+
+
+def _values(value: Any, out: list[str], depth: int = 0) -> None:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, int | float):
+        out.append(str(value))
+    elif depth < 3 and isinstance(value, dict):
+        for v in value.values():
+            _values(v, out, depth + 1)
+    elif depth < 3 and isinstance(value, list | tuple):
+        for v in value[:64]:
+            _values(v, out, depth + 1)
+
+
+def words_of(text_: str) -> list[str]:
+    return [w[:MAX_WORD] for w in WORD.findall(text_.lower())]
+
+
+def record_terms(event: dict[str, Any]) -> str:
+    """The words of one record (a dict with the audit_events columns), space-separated,
+    each once, in the order first seen."""
+    strings = [str(event[f]) for f in _FIELDS if event.get(f)]
+    _values(event.get("details"), strings)
+    seen: dict[str, None] = {}
+    for s in strings:
+        for w in words_of(s):
+            seen.setdefault(w, None)
+            if len(seen) >= MAX_WORDS:
+                return " ".join(seen)
+    return " ".join(seen)
+
+
+def parse_query(q: str) -> list[tuple[str, bool]]:
+    """The query's words as (word, is_prefix). A query word that holds several words
+    (`db-1`, a UUID) asks for each of them; `*` after it makes its last one a prefix."""
+    terms: list[tuple[str, bool]] = []
+    for token in q.split():
+        prefix = token.endswith("*")
+        words = words_of(token.rstrip("*"))
+        terms.extend((w, prefix and i == len(words) - 1) for i, w in enumerate(words))
+    if not terms:
+        raise InvalidInput("search for at least one word of letters or digits", code="invalid_search")
+    if len(terms) > MAX_QUERY_WORDS:
+        raise InvalidInput(f"search for at most {MAX_QUERY_WORDS} words", code="invalid_search")
+    return list(dict.fromkeys(terms))
+
+
+def matching(dialect: str, q: str) -> ColumnElement[bool]:
+    """A condition on AuditEvent: the record holds every word of `q`. The words are
+    letters and digits only, so they are safe inside either engine's query syntax."""
+    terms = parse_query(q)
+    if dialect == "postgresql":
+        tsquery = " & ".join(f"{w}:*" if prefix else w for w, prefix in terms)
+        # The same expression as the GIN index of migration 0019, or the index is not used.
+        simple: ColumnElement[Any] = literal_column("'simple'::regconfig")
+        vector = func.to_tsvector(simple, AuditSearch.terms)
+        hits = select(AuditSearch.seq).where(vector.op("@@")(func.to_tsquery(simple, bindparam("q", tsquery))))
+        return AuditEvent.seq.in_(hits)
+    match = " ".join(f'"{w}"*' if prefix else f'"{w}"' for w, prefix in terms)
+    fts = text("SELECT rowid FROM audit_search_fts WHERE audit_search_fts MATCH :audit_match").bindparams(
+        audit_match=match)
+    return AuditEvent.seq.in_(fts)
