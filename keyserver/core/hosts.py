@@ -408,5 +408,6 @@ class HostService:
         except HsmError as exc:
             raise hsm_failure("re-wrap the key for the host", exc) from exc
         self._audit.record_now(ctx, action="key.deliver", outcome="allowed", object_type="key",
-                               object_id=str(key.id), details={"host": str(host.id), "version": v.version})
+                               object_id=str(key.id), details={"name": key.name, "host": str(host.id),
+                                                               "version": v.version})
         return DeliveredKey(key.id, key.name, v.version, v.state, wrapped)

@@ -35,6 +35,7 @@ const CA_FINGERPRINT = env("CA_FINGERPRINT");
 const HOST_GROUP = env("HOST_GROUP");
 const HOST = { db1: env("HOST_DB1"), db2: env("HOST_DB2"), web: env("HOST_WEB"), old: env("HOST_OLD") };
 const E2E_OUT = env("E2E_OUT");
+const DOMAIN_OF = (hostname) => hostname.split(".").slice(1).join(".");
 const SPARE_TOKEN = env("SPARE_TOKEN"); // the prefix of an unused enrollment token, to revoke
 const KEY = `payments-db-${Date.now().toString(36)}`;
 const KMIP_CLIENT = env("KMIP_CLIENT");
@@ -281,6 +282,29 @@ test("hosts: status in the list, a host's detail, revoke with its hostname typed
   await events.getByText("host.enroll").waitFor();
   await shot(page, "host-detail");
 
+  // The host that fetched its key: heard from this hour, its use of the key drawn.
+  await page.goto("/#/hosts");
+  await row(HOST.db1).getByRole("link", { name: HOST.db1 }).click();
+  const beats = page.getByTestId("heartbeat-timeline");
+  await beats.waitFor();
+  assert.ok(Number(await beats.getAttribute("data-heard")) >= 1, "the current hour shows its heartbeats");
+  const used = page.getByTestId("usage-chart");
+  await used.getByTestId("usage-top").getByRole("link", { name: "pg-main" }).waitFor();
+  assert.match(await used.getByRole("img", { name: /^Operations per/ }).getAttribute("aria-label"), /\d+ key\.deliver/);
+  await beats.scrollIntoViewIfNeeded();
+  await shot(page, "host-activity");
+
+  // Search and sort on the server: this run's hosts, latest heartbeat first; the host
+  // never heard from comes last either way.
+  await page.goto(`/#/hosts?q=${DOMAIN_OF(HOST.db1)}`);
+  await row(HOST.db1).waitFor();
+  await page.getByRole("button", { name: "Sort by last heartbeat" }).click();
+  await page.getByRole("button", { name: "Sort by last heartbeat" }).click();
+  await page.waitForURL(/sort=-last_heartbeat_at/);
+  await until(async () => (await table.locator("tbody tr").last().getAttribute("data-host")) === HOST.web
+    && (await page.getByRole("columnheader", { name: /last heartbeat/i }).getAttribute("aria-sort")) === "descending",
+    () => "the never-seen host is last, sorted by latest heartbeat");
+
   await page.getByRole("link", { name: "Hosts", exact: true }).first().click();
   await row(HOST.db1).waitFor();
   await shot(page, "hosts");
@@ -335,6 +359,15 @@ test("create a key, see it in the list, rotate it", async () => {
   assert.equal(await timeline.locator('[data-state="deactivated"]').count(), 1);
   await page.getByTestId("key-usage").getByText("key.rotate").first().waitFor();
   await shot(page, "key-detail");
+  // Its use over time: what was done to it and by whom (counted as the chain grows).
+  await until(async () => {
+    await page.reload();
+    const chart = page.getByTestId("usage-chart");
+    await chart.or(page.getByText("No use in the last 24 hours")).waitFor();
+    return (await chart.count()) === 1 && /key\.rotate/.test(await chart.getByRole("img", { name: /^Operations per/ }).getAttribute("aria-label"));
+  }, () => "the key's usage chart shows its rotation");
+  await page.getByTestId("usage-chart").scrollIntoViewIfNeeded();
+  await shot(page, "key-usage");
 
   await page.goto("/");
   await page.getByTestId("chain-status").waitFor();
@@ -377,7 +410,21 @@ test("audit log: filter, open a record, verify the chain", async () => {
   await page.keyboard.press("Escape");
   await record.waitFor({ state: "detached" });
 
+  // Full-text search and a prefix of the actor: what this run's database hosts did.
   await page.getByLabel("Action").fill("");
+  await page.getByLabel("Actor").fill("host:pg-0*");
+  await page.getByTestId("audit-search").fill("pg* main");
+  await page.getByRole("button", { name: "Apply" }).click();
+  await page.waitForURL(/q=pg\*\+main/);
+  let actors = [];
+  await until(async () => {
+    actors = await table.locator("tbody tr td:nth-child(3)").allTextContents();
+    return actors.length > 0 && actors.every((a) => a.startsWith("host:pg-0"));
+  }, () => `the search never showed only this run's database hosts; last seen: ${actors}`);
+  assert.ok((await table.locator("tbody tr td:nth-child(4)").allTextContents()).includes("key.deliver"));
+
+  await page.getByLabel("Actor").fill("");
+  await page.getByTestId("audit-search").fill("");
   await page.getByRole("button", { name: "Apply" }).click();
   await page.getByTestId("verify-chain").click();
   const result = page.getByTestId("verify-result");

@@ -2,7 +2,7 @@ import {
   Anchor, Button, Code, Drawer, Group, Menu, Modal, Paper, ScrollArea, Select, SimpleGrid, Stack, Table, Text,
   TextInput, UnstyledButton,
 } from "@mantine/core";
-import { IconDownload, IconShieldCheck } from "@tabler/icons-react";
+import { IconDownload, IconSearch, IconShieldCheck } from "@tabler/icons-react";
 import { useMutation, useQuery } from "@tanstack/react-query";
 import { Fragment, useState } from "react";
 import { useSearchParams } from "react-router";
@@ -14,7 +14,7 @@ import { CopyValue, EmptyState, Loading, OutcomeBadge, fmtTime } from "../compon
 import { PageHeader } from "../components/PageHeader";
 import { VerifyResultView } from "./Dashboard";
 
-const FILTERS = ["actor", "action", "object_id", "outcome", "since", "until"] as const;
+const FILTERS = ["q", "actor", "action", "object_id", "outcome", "since", "until"] as const;
 type FilterName = (typeof FILTERS)[number];
 const PAGE = 50;
 
@@ -33,6 +33,7 @@ export function AuditPage() {
   const [cursors, setCursors] = useState<number[]>([]); // before_seq of each page after the first
   const before = cursors.at(-1);
   const filters = {
+    q: get("q").trim() || undefined,
     actor: get("actor") || undefined,
     action: get("action") || undefined,
     object_id: get("object_id") || undefined,
@@ -93,9 +94,14 @@ export function AuditPage() {
       <Paper withBorder radius="md" p="sm">
         <form onSubmit={apply} aria-label="Audit filters">
           <Group gap="xs" align="flex-end">
-            <TextInput label="Actor" placeholder="username" value={draft.actor} onChange={set("actor")} w={130} />
+            <TextInput label="Search" placeholder="words, pay* for a prefix" value={draft.q} onChange={set("q")} w={210}
+                       leftSection={<IconSearch size={14} />} data-testid="audit-search"
+                       description="Every word, in any field or detail" inputWrapperOrder={["label", "input", "description"]} />
+            <TextInput label="Actor" placeholder="alice or host:db-*" value={draft.actor} onChange={set("actor")} w={140}
+                       description="* at the end: prefix" inputWrapperOrder={["label", "input", "description"]} />
             <TextInput label="Action" placeholder="key. or key.rotate" value={draft.action} onChange={set("action")} w={150} />
-            <TextInput label="Object ID" placeholder="key UUID, user id…" value={draft.object_id} onChange={set("object_id")} w={170} />
+            <TextInput label="Object ID" placeholder="key UUID, user id…" value={draft.object_id} onChange={set("object_id")} w={170}
+                       description="* at the end: prefix" inputWrapperOrder={["label", "input", "description"]} />
             <Select label="Outcome" placeholder="Any" clearable data={["allowed", "denied", "error"]} w={100}
                     value={draft.outcome || null} onChange={(v) => setDraft((d) => ({ ...d, outcome: v ?? "" }))} />
             <TextInput label="From (UTC)" type="datetime-local" value={draft.since} onChange={set("since")} w={168} />

@@ -18,12 +18,12 @@ import { Panel } from "../components/Panel";
 type Activity = Schemas["AuditActivity"];
 type Health = Schemas["SystemHealth"];
 
-const RANGES = {
+export const RANGES = {
   "24h": { label: "24 hours", hours: 24, bucket: "hour" },
   "7d": { label: "7 days", hours: 24 * 7, bucket: "hour" },
   "30d": { label: "30 days", hours: 24 * 30, bucket: "day" },
 } as const;
-type Range = keyof typeof RANGES;
+export type Range = keyof typeof RANGES;
 const ACTIVITY_REFRESH_MS = 60_000;
 
 /** The audit page's `since`/`until` filters take UTC minutes. */
@@ -44,7 +44,7 @@ export function useActivity(range: Range, enabled = true) {
   });
 }
 
-function label(start: string, bucket: "hour" | "day"): string {
+export function label(start: string, bucket: "hour" | "day"): string {
   const d = new Date(start);
   const p = (n: number) => String(n).padStart(2, "0");
   return bucket === "hour" ? `${p(d.getUTCDate())}/${p(d.getUTCMonth() + 1)} ${p(d.getUTCHours())}:00`

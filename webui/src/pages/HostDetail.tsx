@@ -15,6 +15,7 @@ import {
 } from "../components/bits";
 import { hostActor, hostGroupTag, hostStatus } from "../hosts";
 import { qk, useHost, useKeys } from "../queries";
+import { ActorUsagePanel, HeartbeatTimeline } from "./Usage";
 
 const KEYS_SHOWN = 50;
 const EVENTS_SHOWN = 25;
@@ -110,6 +111,8 @@ function HostView({ h }: { h: Host }) {
           </Paper>
         </Grid.Col>
       </Grid>
+      <HeartbeatTimeline hostId={h.id} />
+      {can("audit:read") && <ActorUsagePanel actor={hostActor(h.hostname)} />}
       {can("keys:read") && <GroupKeys h={h} />}
       {can("audit:read") && <HostEvents h={h} />}
       <TypedConfirmDialog opened={confirming} onClose={() => { setConfirming(false); revoke.reset(); }}

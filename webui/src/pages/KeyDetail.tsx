@@ -16,6 +16,7 @@ import { CopyValue, EmptyState, Loading, OutcomeBadge, STATE_COLOR, StateBadge, 
 import { PageHeader } from "../components/PageHeader";
 import { HOST_GROUP_TAG } from "../hosts";
 import { qk, useKey } from "../queries";
+import { KeyUsagePanel } from "./Usage";
 import { TagList, parseTags } from "./Keys";
 
 const REASONS: { value: RevokeReason; label: string }[] = [
@@ -121,6 +122,7 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
           </Paper>
         </Grid.Col>
       </Grid>
+      {can("audit:read") && <KeyUsagePanel keyId={k.id} />}
       {can("audit:read") && <KeyUsage k={k} />}
       <EditDialog k={k} keyRef={keyRef} opened={dialog === "edit"} onClose={() => setDialog(null)} />
       <ScheduleDialog k={k} keyRef={keyRef} opened={dialog === "schedule"} onClose={() => setDialog(null)} />
@@ -183,7 +185,7 @@ function KeyUsage({ k }: { k: Key }) {
   return (
     <Paper withBorder radius="md" p="md">
       <Group justify="space-between" mb="sm">
-        <Title order={2} size="h5">Who used this key</Title>
+        <Title order={2} size="h5">Recent records</Title>
         <Anchor component={Link} to={`/audit?object_id=${encodeURIComponent(k.id)}`} size="sm">Open in audit log</Anchor>
       </Group>
       {error ? <ErrorAlert error={error} /> : results.some((r) => r.isPending) ? <Loading /> : events.length === 0 ? (

@@ -3,6 +3,7 @@ import userEvent from "@testing-library/user-event";
 import { describe, expect, it } from "vitest";
 import { fakeApi } from "../test/fakeApi";
 import { meAs, renderWith } from "../test/render";
+import { AuditPage } from "./Audit";
 import { ChainStatus } from "./Dashboard";
 
 const ago = (seconds: number) => new Date(Date.now() - seconds * 1000).toISOString();
@@ -43,5 +44,31 @@ describe("the dashboard's audit chain panel", () => {
     expect(await screen.findByText("Not verified yet")).toBeInTheDocument();
     expect(screen.getByText("none yet")).toBeInTheDocument();
     expect(screen.queryByRole("button", { name: "Verify now" })).toBeNull();
+  });
+});
+
+describe("the audit log's search", () => {
+  const record = (seq: number, actor: string) => ({
+    seq, time: ago(seq), actor, actor_type: "host", action: "datakey.generate", object_type: "key",
+    object_id: "0b6f3c1e-7d4a-4c2b-9e1f-5a8d2c3b4e6f", outcome: "allowed", source_ip: "10.0.0.7", request_id: "r",
+    details: {}, prev_hash: "0".repeat(64), hash: "1".repeat(64),
+  });
+
+  it("sends the words and prefixes from a shared link, and new ones typed into the search box", async () => {
+    const server = fakeApi({
+      "GET /api/v1/audit/events": ({ url }) => ({
+        items: url.searchParams.get("q") === "nothing" ? [] : [record(7, "host:db-1")], total: 1, next_before_seq: null }),
+    });
+    renderWith(<AuditPage />, { at: "/audit?q=pay*+generate&actor=host:db-*", path: "/audit", me: meAs("auditor") });
+    expect(await screen.findByTestId("audit-table")).toHaveTextContent("host:db-1");
+    const first = server.calls("GET /api/v1/audit/events")[0].url.searchParams;
+    expect(first.get("q")).toBe("pay* generate");
+    expect(first.get("actor")).toBe("host:db-*");
+    expect(screen.getByTestId("audit-search")).toHaveValue("pay* generate");
+    await userEvent.clear(screen.getByTestId("audit-search"));
+    await userEvent.type(screen.getByTestId("audit-search"), "nothing");
+    await userEvent.click(screen.getByRole("button", { name: "Apply" }));
+    expect(await screen.findByText("No records match")).toBeInTheDocument();
+    expect(server.calls("GET /api/v1/audit/events").at(-1)?.url.searchParams.get("q")).toBe("nothing");
   });
 });
