@@ -34,6 +34,7 @@ from keyserver.core.kmip_clients import KmipClientService
 from keyserver.core.kmip_objects import KmipObjectService
 from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
+from keyserver.core.replicas import ReplicaRegistry
 from keyserver.core.scheduler import Scheduler
 from keyserver.oidc import OidcClient, OidcConfig
 from keyserver.settings import Settings
@@ -98,6 +99,7 @@ class Services:
     datakeys: DataKeyService
     identity: IdentityService
     scheduler: Scheduler
+    replicas: ReplicaRegistry
     notifier: Notifier
     ca: CertificateAuthority
     kmip_clients: KmipClientService
@@ -179,6 +181,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
     keys = KeyService(session_factory, backend, audit, policy, keks, notifier, approvals=approvals)
     ca = CertificateAuthority(session_factory, backend, keks, notifier=notifier)
     gcm = GcmBudget(autocommit)  # shared by every AES-GCM encryption under managed key versions
+    replicas = ReplicaRegistry(session_factory, policy, interval_seconds=settings.scheduler_interval_seconds,
+                               store="embedded" if url.startswith("sqlite") else "postgresql")
     objects = KmipObjectService(session_factory, backend, audit, policy, autocommit_engine=autocommit,
                                 notifier=notifier, current_kek=keks.current, approvals=approvals)
     services = Services(
@@ -204,7 +208,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
             current_kek=keks.current,
             approvals=approvals,
         ),
-        scheduler=Scheduler(keys, keks, interval_seconds=settings.scheduler_interval_seconds),
+        scheduler=Scheduler(keys, keks, interval_seconds=settings.scheduler_interval_seconds, replicas=replicas),
+        replicas=replicas,
         notifier=notifier,
         ca=ca,
         kmip_clients=KmipClientService(session_factory, audit, policy, ca,

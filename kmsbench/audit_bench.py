@@ -10,8 +10,10 @@ On a scratch PostgreSQL database with its own SoftHSM2 token:
 * the audit cost per data key: a data key's latency with its record (the inbox INSERT
   is part of the request) and the chainer's CPU per record (in the background);
 * the console's reads at that size, over HTTP: the activity charts (GET /audit/activity,
-  24 hours and 7 days by hour, 30 days by day) and the audit log's pages (GET
-  /audit/events unfiltered, by actor, denied only), p50 and p95.
+  24 hours and 7 days by hour, 30 days by day), the audit log's pages (GET
+  /audit/events unfiltered, by actor, denied only), its searches (words, prefixes, an
+  actor's prefix) and the usage charts of a key and of an actor (GET /audit/usage), p50
+  and p95.
 
 The records look like a month of a real deployment: spread over the last 30 days, 200
 actors, a dozen actions, 95 % allowed, 4 % denied and 1 % failed with their reasons.
@@ -48,20 +50,27 @@ ACTIONS = ["datakey.generate", "datakey.decrypt", "key.read", "key.rotate", "key
            "host.heartbeat", "key.deliver", "auth.login", "token.create", "guardpoint.update"]
 REASONS = ["missing datakeys:decrypt", "missing keys:create", "context_mismatch", "key_not_active", "host_revoked"]
 READS = 50  # requests per console read measured
+KEYS = [str(uuid.UUID(int=k + 1)) for k in range(50)]
+KEY_NAMES = [f"app-{k:02d}-db" for k in range(len(KEYS))]
 
 
 def _payload(i: int, n: int, now: datetime, base: dict[str, Any]) -> dict[str, Any]:
     """The i-th of n records: time spread evenly over the last SPREAD_DAYS, actor, action
-    and outcome from fixed cycles (repeatable, no randomness)."""
+    and outcome from fixed cycles (repeatable, no randomness); each actor uses one of
+    KEYS keys, and each record has its own request id."""
     t = now - timedelta(days=SPREAD_DAYS) * (1 - i / n)
     roll = i % 100
     outcome = "allowed" if roll < 95 else "denied" if roll < 99 else "error"
-    details = base["details"] if outcome == "allowed" else {"reason": REASONS[i % len(REASONS)]}
-    return {**base, "time": t.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "actor": ACTORS[(i * 7) % len(ACTORS)],
-            "action": ACTIONS[(i * 13) % len(ACTIONS)], "outcome": outcome, "details": details}
+    actor = (i * 7) % len(ACTORS)
+    key = actor % len(KEYS)
+    details = {"name": KEY_NAMES[key], "version": 3, "bytes": 32} if outcome == "allowed" else {
+        "reason": REASONS[i % len(REASONS)]}
+    return {**base, "time": t.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "actor": ACTORS[actor],
+            "action": ACTIONS[(i * 13) % len(ACTIONS)], "outcome": outcome, "details": details,
+            "object_id": KEYS[key], "request_id": f"{i:032x}"}
 
 
-def _console_reads(svc: Any, out: dict[str, Any]) -> None:
+def _console_reads(svc: Any, out: dict[str, Any], records: int) -> None:
     """The console's reads over HTTP against the filled store: p50/p95 of READS each."""
     import httpx
     import uvicorn
@@ -91,6 +100,21 @@ def _console_reads(svc: Any, out: dict[str, Any]) -> None:
         "audit log, first page": ("/api/v1/audit/events", {"limit": 50}),
         "audit log, one actor": ("/api/v1/audit/events", {"limit": 50, "actor": ACTORS[3]}),
         "audit log, denied only": ("/api/v1/audit/events", {"limit": 50, "outcome": "denied"}),
+        "search, one record's request id": ("/api/v1/audit/events", {"limit": 50, "q": f"{records // 2:032x}"}),
+        "search, a key's name (2 % of records)": ("/api/v1/audit/events", {"limit": 50, "q": KEY_NAMES[7]}),
+        "search, a word in 8 % of records": ("/api/v1/audit/events", {"limit": 50, "q": "generate"}),
+        "search, a prefix (5 % of records)": ("/api/v1/audit/events", {"limit": 50, "q": "svc-01*"}),
+        "search, two words (0.7 % of records)": ("/api/v1/audit/events", {"limit": 50, "q": "generate app-07*"}),
+        "audit log, actor prefix (5 %)": ("/api/v1/audit/events", {"limit": 50, "actor": "svc-01*"}),
+        "usage, one key, 24 hours by hour": ("/api/v1/audit/usage", {"key_id": KEYS[7], "bucket": "hour",
+                                                                      "since": (now - timedelta(hours=24)).isoformat(),
+                                                                      "until": now.isoformat()}),
+        "usage, one key, 30 days by day": ("/api/v1/audit/usage", {"key_id": KEYS[7], "bucket": "day",
+                                                                    "since": (now - timedelta(days=30)).isoformat(),
+                                                                    "until": now.isoformat()}),
+        "usage, one actor, 7 days by hour": ("/api/v1/audit/usage", {"actor": ACTORS[3], "bucket": "hour",
+                                                                      "since": (now - timedelta(days=7)).isoformat(),
+                                                                      "until": now.isoformat()}),
     }
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
@@ -110,6 +134,14 @@ def _console_reads(svc: Any, out: dict[str, Any]) -> None:
             with svc.engine.connect() as conn:
                 out["rollup_rows"] = conn.execute(text("SELECT (SELECT count(*) FROM audit_hourly) + "
                                                        "(SELECT count(*) FROM audit_refusals_hourly)")).scalar_one()
+                out["usage_rows"] = conn.execute(text("SELECT count(*) FROM audit_usage_hourly")).scalar_one()
+                out["sizes_mb"] = {t: round(conn.execute(text(f"SELECT pg_total_relation_size('{t}')")).scalar_one()
+                                            / 2**20, 1)
+                                   for t in ("audit_events", "audit_search", "audit_usage_hourly")}
+            # What a search returns, so the table says how selective each one was.
+            for name, (path, params) in reads.items():
+                if path.endswith("/events"):
+                    results[name]["matched"] = c.get(path, params=params).json()["total"]
     finally:
         server.should_exit = True
         thread.join(10)
@@ -188,7 +220,7 @@ def run(*, postgres: str, records: int, output: Path | None, json_out: Path | No
                               details={"name": "bench-datakeys", "version": 1, "bytes": 32})
             out["inbox_insert_us"] = round((time.perf_counter() - t) / 2000 * 1e6, 1)
         svc.audit.flush()
-        _console_reads(svc, out)
+        _console_reads(svc, out, records)
         svc.close()
     finally:
         os.environ.update(saved)
@@ -231,11 +263,13 @@ def render(r: dict[str, Any]) -> str:
         "",
         f"The console's reads at {r['verified_records']:,} records over HTTP ({READS} requests each; the records "
         f"spread over {SPREAD_DAYS} days, {len(ACTORS)} actors, {len(ACTIONS)} actions, 5 % refused; "
-        f"{r['rollup_rows']:,} rows of hourly counts):",
+        f"{r['rollup_rows']:,} rows of hourly counts, {r['usage_rows']:,} of key usage counts; "
+        f"on disk: " + ", ".join(f"{t} {mb:,} MiB" for t, mb in r["sizes_mb"].items()) + "):",
         "",
-        "| read | p50 ms | p95 ms |",
-        "|---|--:|--:|",
-        *(f"| {name} | {v['p50_ms']} | {v['p95_ms']} |" for name, v in r["console_reads"].items()),
+        "| read | records matched | p50 ms | p95 ms |",
+        "|---|--:|--:|--:|",
+        *(f"| {name} | {v['matched']:,} | {v['p50_ms']} | {v['p95_ms']} |" if "matched" in v
+          else f"| {name} | | {v['p50_ms']} | {v['p95_ms']} |" for name, v in r["console_reads"].items()),
     ])
 
 

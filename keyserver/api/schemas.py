@@ -418,6 +418,18 @@ class SinkHealth(BaseModel):
     last_error: str | None
 
 
+class ReplicaPublic(BaseModel):
+    id: str = Field(description="hostname:pid:start time")
+    hostname: str
+    pid: int
+    version: str
+    store: str = Field(description="embedded or postgresql")
+    started_at: datetime
+    last_seen_at: datetime
+    live: bool = Field(description="heard from within three scheduler intervals; a replica that stopped or was "
+                                   "killed stays listed as not live for a day")
+
+
 class SystemHealth(BaseModel):
     status: Literal["ok", "degraded", "unavailable"] = Field(
         description="unavailable: not ready (database or HSM); degraded: ready, but a sink fails")
@@ -436,6 +448,8 @@ class SystemHealth(BaseModel):
     sinks: list[SinkHealth]
     active_kek: str | None
     kek_rotation_running: bool
+    replicas: list[ReplicaPublic] = Field(description="every key server process heard from in the last day, "
+                                                      "newest first")
 
 
 class Problem(BaseModel):

@@ -11,14 +11,17 @@ from keyserver.core.errors import CoreError
 from keyserver.core.kek import KekService
 from keyserver.core.keys import KeyService
 from keyserver.core.principal import system_context
+from keyserver.core.replicas import ReplicaRegistry
 
 log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, keys: KeyService, keks: KekService, *, interval_seconds: float) -> None:
+    def __init__(self, keys: KeyService, keks: KekService, *, interval_seconds: float,
+                 replicas: ReplicaRegistry | None = None) -> None:
         self._keys = keys
         self._keks = keks
+        self._replicas = replicas
         self._interval = interval_seconds
         self._stop = threading.Event()
         self._kick = threading.Event()
@@ -51,6 +54,8 @@ class Scheduler:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
+                if self._replicas is not None:
+                    self._replicas.beat()
                 self.run_once()
             except CoreError as exc:
                 log.warning("scheduler run postponed: %s", exc.message)

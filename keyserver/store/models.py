@@ -238,6 +238,21 @@ class AuditUsageHourly(Base):
     count: Mapped[int] = mapped_column(BigInteger)
 
 
+class Replica(Base):
+    """A key server process, as it reports itself every scheduler interval
+    (keyserver.core.replicas): what the System page lists."""
+
+    __tablename__ = "replicas"
+
+    id: Mapped[str] = mapped_column(String(240), primary_key=True)  # hostname:pid:start
+    hostname: Mapped[str] = mapped_column(String(253))
+    pid: Mapped[int] = mapped_column(Integer)
+    version: Mapped[str] = mapped_column(String(64))
+    store: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[datetime]
+    last_seen_at: Mapped[datetime] = mapped_column(index=True)
+
+
 class AuditHead(Base):
     """One row: the chain's last sequence number and hash. Locking it serialises only
     the chainer, never the requests."""

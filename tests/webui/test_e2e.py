@@ -200,8 +200,10 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
         "KMIP_CLIENT": kmip_client, "KMIP_REVOKED": kmip_revoked,
         **{f"HOST_{name.upper()}": h.hostname for name, h in hosts.items()},
     }
-    # As in production, the chainer appends audit records in the background.
+    # As in production, the chainer appends audit records in the background, and the
+    # replica reports itself (its scheduler would, every interval).
     services.audit.start(poll_seconds=0.1)
+    services.replicas.beat()
     try:
         with _heartbeating([hosts["db1"], hosts["db2"]]):
             proc = subprocess.run([node, "e2e/run.mjs"], cwd=WEBUI, env=env, capture_output=True, text=True,

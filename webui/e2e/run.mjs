@@ -504,6 +504,8 @@ test("System: health, the audit chain, the active KEK and what it wraps, the HSM
   await page.getByRole("heading", { name: "System", level: 1 }).waitFor();
   await page.getByTestId("system-health").locator('[data-status="ok"]').waitFor();
   for (const check of ["database", "hsm"]) await page.locator(`tr[data-check="${check}"]`).getByText("ok", { exact: true }).waitFor();
+  // The replica serving this page reported itself (the test made it report before starting).
+  await page.getByTestId("replicas").locator('tr[data-live="true"]').getByText("answered this page").waitFor();
   const active = ((await page.getByTestId("active-kek").textContent()) ?? "").trim();
   assert.ok(active.length > 0, "the active KEK is named");
   const row = page.getByTestId("kek-table").locator(`tr[data-kek="${active}"]`);

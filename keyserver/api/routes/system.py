@@ -17,6 +17,7 @@ from keyserver.api.schemas import (
     KekPublic,
     KekRotationPublic,
     KekStatus,
+    ReplicaPublic,
     SinkHealth,
     SystemHealth,
 )
@@ -85,6 +86,9 @@ def health(ctx: Ctx, services: ServicesDep) -> SystemHealth:
         audit_fail_closed=services.settings.audit_fail_closed, sinks=sinks,
         active_kek=next((k["kek_id"] for k in kek["keks"] if k["state"] == "active"), None),  # type: ignore[attr-defined]
         kek_rotation_running=rotation is not None and rotation.state == "running",  # type: ignore[attr-defined]
+        replicas=[ReplicaPublic(id=r.id, hostname=r.hostname, pid=r.pid, version=r.version, store=r.store,
+                                started_at=r.started_at, last_seen_at=r.last_seen_at, live=live)
+                  for r, live in services.replicas.list(ctx)],
     )
 
 

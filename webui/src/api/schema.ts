@@ -2788,6 +2788,40 @@ export interface components {
             /** Total */
             total: number;
         };
+        /** ReplicaPublic */
+        ReplicaPublic: {
+            /** Hostname */
+            hostname: string;
+            /**
+             * Id
+             * @description hostname:pid:start time
+             */
+            id: string;
+            /**
+             * Last Seen At
+             * Format: date-time
+             */
+            last_seen_at: string;
+            /**
+             * Live
+             * @description heard from within three scheduler intervals; a replica that stopped or was killed stays listed as not live for a day
+             */
+            live: boolean;
+            /** Pid */
+            pid: number;
+            /**
+             * Started At
+             * Format: date-time
+             */
+            started_at: string;
+            /**
+             * Store
+             * @description embedded or postgresql
+             */
+            store: string;
+            /** Version */
+            version: string;
+        };
         /** RevokeRequest */
         RevokeRequest: {
             /** Compromise Date */
@@ -2907,6 +2941,11 @@ export interface components {
             kek_rotation_running: boolean;
             /** Pid */
             pid: number;
+            /**
+             * Replicas
+             * @description every key server process heard from in the last day, newest first
+             */
+            replicas: components["schemas"]["ReplicaPublic"][];
             /** Sinks */
             sinks: components["schemas"]["SinkHealth"][];
             /**

@@ -97,7 +97,47 @@ function HealthSection({ h }: { h: Health }) {
           </Table>
         )}
       </Paper>
+      <Replicas h={h} />
     </SimpleGrid>
+  );
+}
+
+/** Every key server process heard from in the last day: during a rolling upgrade, which
+ *  still run the old version; after a crash, which one is gone. */
+function Replicas({ h }: { h: Health }) {
+  const versions = new Set(h.replicas.filter((r) => r.live).map((r) => r.version));
+  return (
+    <Paper withBorder radius="md" p="md" style={{ gridColumn: "1 / -1" }}>
+      <Group justify="space-between" mb="xs">
+        <Title order={2} size="h4">Replicas</Title>
+        {versions.size > 1 && (
+          <Badge color="orange" variant="light" radius="sm" data-testid="mixed-versions">
+            {versions.size} versions running</Badge>
+        )}
+      </Group>
+      {h.replicas.length === 0 ? (
+        <Text size="sm" c="dimmed">No replica has reported yet: each reports every scheduler interval (30 s by default).</Text>
+      ) : (
+        <Table.ScrollContainer minWidth={640}>
+          <Table fz="sm" verticalSpacing={4} data-testid="replicas">
+            <Table.Thead><Table.Tr><Table.Th>Host</Table.Th><Table.Th>State</Table.Th><Table.Th>Version</Table.Th>
+              <Table.Th>Started</Table.Th><Table.Th>Last report</Table.Th></Table.Tr></Table.Thead>
+            <Table.Tbody>
+              {h.replicas.map((r) => (
+                <Table.Tr key={r.id} data-replica={r.id} data-live={r.live}>
+                  <Table.Td>{r.hostname} <Text span size="xs" c="dimmed">pid {r.pid}</Text>
+                    {r.hostname === h.hostname && r.pid === h.pid && <Text span size="xs" c="dimmed"> · answered this page</Text>}</Table.Td>
+                  <Table.Td><Badge color={r.live ? "teal" : "gray"} variant="light" radius="sm">{r.live ? "live" : "gone"}</Badge></Table.Td>
+                  <Table.Td>{r.version}</Table.Td>
+                  <Table.Td title={fmtTime(r.started_at)}>{fmtRelative(r.started_at)}</Table.Td>
+                  <Table.Td title={fmtTime(r.last_seen_at)}>{fmtRelative(r.last_seen_at)}</Table.Td>
+                </Table.Tr>
+              ))}
+            </Table.Tbody>
+          </Table>
+        </Table.ScrollContainer>
+      )}
+    </Paper>
   );
 }
 

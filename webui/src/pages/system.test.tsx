@@ -24,7 +24,11 @@ const health = (over: Partial<Schemas["SystemHealth"]> = {}): Schemas["SystemHea
   status: "ok", version: "0.2.0", hostname: "ks-1", pid: 4242, started_at: "2026-11-25T09:00:00Z", store: "postgresql",
   workers: 2, checks: [{ name: "database", ok: true, detail: "ok", latency_ms: 0.8 }, { name: "hsm", ok: true, detail: "ok", latency_ms: 1.2 }],
   audit_head_seq: 1234, audit_pending: 3, audit_last_checkpoint_at: "2026-11-25T09:59:00Z", audit_verified_seq: 1200,
-  audit_fail_closed: false, sinks: [], active_kek: "kek-2", kek_rotation_running: false, ...over,
+  audit_fail_closed: false, sinks: [], active_kek: "kek-2", kek_rotation_running: false, replicas: [], ...over,
+});
+const replica = (id: string, version: string, live: boolean) => ({
+  id, hostname: id.split(":")[0], pid: Number(id.split(":")[1]), version, store: "postgresql", live,
+  started_at: "2026-11-25T09:00:00Z", last_seen_at: "2026-11-25T10:00:00Z",
 });
 
 describe("System page: health", () => {
@@ -38,6 +42,19 @@ describe("System page: health", () => {
     expect(within(section).getByText(/Answered by ks-1 \(pid 4242, 2 workers\)/)).toBeInTheDocument();
     expect(within(section).getByText("record 1,234")).toBeInTheDocument();
     expect(within(section).getByText(/No audit sinks/)).toBeInTheDocument();
+  });
+
+  it("lists the replicas, live or gone, and warns while two versions run side by side", async () => {
+    fakeApi({ "GET /api/v1/system/health": health({ replicas: [
+                replica("ks-1:4242:1", "0.2.0", true), replica("ks-2:77:1", "0.1.0", true),
+                replica("ks-3:99:1", "0.2.0", false)] }),
+              "GET /api/v1/system/kek": { keks: [kek("kek-2", "active", {})], last_rotation: null, hsm: HSM } });
+    renderWith(<SystemPage />, { me: meAs("auditor") });
+    const table = await screen.findByTestId("replicas");
+    const state = (id: string) => table.querySelector(`[data-replica="${id}"]`)?.getAttribute("data-live");
+    expect([state("ks-1:4242:1"), state("ks-2:77:1"), state("ks-3:99:1")]).toEqual(["true", "true", "false"]);
+    expect(within(table).getByText(/answered this page/)).toBeInTheDocument();
+    expect(screen.getByTestId("mixed-versions")).toHaveTextContent("2 versions running");
   });
 
   it("shows a failing HSM with the server's advice, and a failing sink with its error", async () => {
