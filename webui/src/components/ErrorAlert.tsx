@@ -23,7 +23,10 @@ export function hintFor(err: ApiError): string | null {
       return "The current password is not correct.";
     case "key_exists":
     case "user_exists":
+    case "kmip_client_exists":
       return "Choose another name: names are unique.";
+    case "invalid_search":
+      return "Search for words of letters or digits (at most eight); end one with * for a prefix.";
     case "last_admin":
       return "Create or enable another administrator first.";
     case "hsm_unavailable":

@@ -27,7 +27,11 @@ export const KEY_EXPORT: Record<KeyExport, { label: string; help: string }> = {
   none: { label: "none", help: "no key material leaves: the client uses keys only through server-side operations" },
 };
 // A DNS name: labels of letters, digits and hyphens (the certificate's SAN).
-const DNS_NAME = /^(?=.{1,64}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$/i;
+/** As `openssl x509 -noout -fingerprint -sha256` prints it (the server sends plain hex). */
+export const opensslFingerprint = (hex: string) => (hex.toUpperCase().match(/../g) ?? []).join(":");
+
+// As the server checks it (keyserver/core/kmip_clients.py CLIENT_NAME_RE): lower case only.
+const DNS_NAME = /^(?=.{1,64}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$/;
 
 export function clientStatus(c: Client, now = Date.now()): { label: string; color: string } {
   if (c.revoked_at) return { label: "revoked", color: "red" };
@@ -92,8 +96,9 @@ export function KmipClientsPage() {
                       </Table.Td>
                       <Table.Td>
                         <Group gap={2} wrap="nowrap">
-                          <Code fz="xs" title={c.fingerprint_sha256}>{c.fingerprint_sha256.slice(0, 23)}…</Code>
-                          <CopyValue value={c.fingerprint_sha256} label={`Copy the SHA-256 fingerprint of ${c.name}`} />
+                          <Code fz="xs" title={opensslFingerprint(c.fingerprint_sha256)}>
+                            {opensslFingerprint(c.fingerprint_sha256).slice(0, 23)}…</Code>
+                          <CopyValue value={opensslFingerprint(c.fingerprint_sha256)} label={`Copy the SHA-256 fingerprint of ${c.name}`} />
                         </Group>
                         <Text size="xs" c="dimmed">serial {c.serial}</Text>
                       </Table.Td>
@@ -140,7 +145,7 @@ function CreateDialog({ opened, onClose, onIssued }: { opened: boolean; onClose:
   const [role, setRole] = useState("kmip-client");
   const [keyExport, setKeyExport] = useState<KeyExport>("plaintext");
   const [csr, setCsr] = useState("");
-  const nameError = name && !DNS_NAME.test(name.trim()) ? "A DNS name such as backup-01.example.com (letters, digits, hyphens, dots)" : null;
+  const nameError = name && !DNS_NAME.test(name.trim()) ? "A DNS name in lower case, such as backup-01.example.com (letters, digits, hyphens, dots)" : null;
   const csrError = csr.trim() && !csr.includes("BEGIN CERTIFICATE REQUEST") ? "A PEM certificate request (-----BEGIN CERTIFICATE REQUEST-----)" : null;
   const create = useMutation({
     mutationFn: () => call(api.POST("/api/v1/kmip/clients", { body: {
@@ -205,7 +210,7 @@ port=5696
 certfile=/etc/pykmip/${name}-cert.pem
 keyfile=/etc/pykmip/${name}-key.pem
 ca_certs=/etc/pykmip/${name}-ca.pem`}</Code>
-          <Text size="xs" c="dimmed">Certificate {issued.client.fingerprint_sha256} · valid until {fmtTime(issued.client.not_after)}</Text>
+          <Text size="xs" c="dimmed">Certificate SHA-256 {opensslFingerprint(issued.client.fingerprint_sha256)} · valid until {fmtTime(issued.client.not_after)}</Text>
           <Group justify="flex-end">
             <Button color="ink" onClick={onClose} data-testid="kmip-issued-done">I have saved the files</Button>
           </Group>

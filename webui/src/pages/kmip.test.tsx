@@ -4,13 +4,13 @@ import { describe, expect, it } from "vitest";
 import type { Schemas } from "../api/client";
 import { fakeApi, json, problem } from "../test/fakeApi";
 import { meAs, renderWith } from "../test/render";
-import { KmipClientsPage, clientStatus } from "./Kmip";
+import { KmipClientsPage, clientStatus, opensslFingerprint } from "./Kmip";
 
 type Client = Schemas["KmipClientPublic"];
 const inDays = (d: number) => new Date(Date.now() + d * 86_400_000).toISOString();
 const client = (over: Partial<Client>): Client => ({
   id: "11111111-1111-4111-8111-111111111111", name: "backup-01.example.com", role: "kmip-client", serial: "5A1F",
-  fingerprint_sha256: "AB:CD:EF:01:23:45:67:89:AB:CD:EF:01:23:45:67:89:AB:CD:EF:01:23:45:67:89:AB:CD:EF:01:23:45:67:89",
+  fingerprint_sha256: "abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789",
   not_after: inDays(365), created_at: inDays(-2), created_by: "admin", revoked_at: null, key_export: "plaintext", ...over,
 });
 const CLIENTS = [client({}), client({ id: "2", name: "tde.db.example.com", not_after: inDays(10), key_export: "wrapped" }),
@@ -41,7 +41,11 @@ describe("KMIP clients page", () => {
     await userEvent.click(await screen.findByTestId("create-kmip-client"));
     const form = await screen.findByRole("form", { name: "Create KMIP client" });
     await userEvent.type(within(form).getByRole("textbox", { name: /Name/ }), "not a dns name!");
-    expect(within(form).getByText(/A DNS name such as/)).toBeInTheDocument();
+    expect(within(form).getByText(/A DNS name in lower case/)).toBeInTheDocument();
+    expect(within(form).getByTestId("create-kmip-client-submit")).toBeDisabled();
+    // The server takes lower case only: refused here, before a request that would fail.
+    await userEvent.clear(within(form).getByRole("textbox", { name: /Name/ }));
+    await userEvent.type(within(form).getByRole("textbox", { name: /Name/ }), "Backup-02.example.com");
     expect(within(form).getByTestId("create-kmip-client-submit")).toBeDisabled();
     await userEvent.clear(within(form).getByRole("textbox", { name: /Name/ }));
     await userEvent.type(within(form).getByRole("textbox", { name: /Name/ }), "backup-02.example.com");
@@ -101,6 +105,10 @@ describe("KMIP clients page", () => {
     await userEvent.click(screen.getByTestId("key-export-save"));
     await waitFor(() => expect(api.calls("PATCH /api/v1/kmip/clients/:id")).toHaveLength(1));
     expect(api.calls("PATCH /api/v1/kmip/clients/:id")[0].body).toEqual({ key_export: "none" });
+  });
+
+  it("fingerprints read as openssl prints them", () => {
+    expect(opensslFingerprint("abcdef0123")).toBe("AB:CD:EF:01:23");
   });
 
   it("statuses: revoked, expired, active", () => {
