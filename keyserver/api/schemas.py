@@ -428,6 +428,8 @@ class ReplicaPublic(BaseModel):
     last_seen_at: datetime
     live: bool = Field(description="heard from within three scheduler intervals; a replica that stopped or was "
                                    "killed stays listed as not live for a day")
+    scheduler_error: str | None = Field(description="what failed in its scheduler's last run (due rotations, KEK "
+                                                    "re-wrapping), which it retries each interval; null if it ran")
 
 
 class SystemHealth(BaseModel):

@@ -36,17 +36,19 @@ class ReplicaRegistry:
         self.started_at = now()
         self.id = f"{socket.gethostname()[:200]}:{os.getpid()}:{int(self.started_at.timestamp())}"
 
-    def beat(self) -> None:
-        """This replica is alive: its row, written (or made) now; the long gone forgotten."""
+    def beat(self, *, scheduler_error: str | None = None) -> None:
+        """This replica is alive, and its scheduler has just run (`scheduler_error`: what
+        failed): its row, written (or made) now; the long gone forgotten."""
         now = self._now()
+        error = scheduler_error[:500] if scheduler_error else None
         with self._db.begin() as s:
             row = s.get(Replica, self.id)
             if row is None:
                 s.add(Replica(id=self.id, hostname=socket.gethostname()[:253], pid=os.getpid(),
                               version=product_version()[:64], store=self._store, started_at=self.started_at,
-                              last_seen_at=now))
+                              last_seen_at=now, scheduler_error=error))
             else:
-                row.last_seen_at = now
+                row.last_seen_at, row.scheduler_error = now, error
             s.execute(delete(Replica).where(Replica.last_seen_at < now - FORGET_AFTER))
 
     def list(self, ctx: RequestContext) -> list[tuple[Replica, bool]]:

@@ -53,13 +53,19 @@ class Scheduler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            error = None
             try:
-                if self._replicas is not None:
-                    self._replicas.beat()
                 self.run_once()
             except CoreError as exc:
+                error = exc.message
                 log.warning("scheduler run postponed: %s", exc.message)
-            except Exception:
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
                 log.exception("scheduler run failed; retrying at the next interval")
+            if self._replicas is not None:
+                try:
+                    self._replicas.beat(scheduler_error=error)
+                except Exception as exc:  # the database is away: the next interval reports
+                    log.warning("could not report this replica: %s", exc)
             self._kick.wait(timeout=self._interval)
             self._kick.clear()

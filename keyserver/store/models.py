@@ -251,6 +251,8 @@ class Replica(Base):
     store: Mapped[str] = mapped_column(String(16))
     started_at: Mapped[datetime]
     last_seen_at: Mapped[datetime] = mapped_column(index=True)
+    # Its scheduler's last run (due rotations, KEK re-wrapping): when, and what failed.
+    scheduler_error: Mapped[str | None] = mapped_column(String(500))
 
 
 class AuditHead(Base):

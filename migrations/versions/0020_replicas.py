@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column('store', sa.String(length=16), nullable=False),
         sa.Column('started_at', sa.DateTime(timezone=True), nullable=False),
         sa.Column('last_seen_at', sa.DateTime(timezone=True), nullable=False),
+        sa.Column('scheduler_error', sa.String(length=500), nullable=True),
         sa.PrimaryKeyConstraint('id'),
     )
     op.create_index('ix_replicas_last_seen_at', 'replicas', ['last_seen_at'])

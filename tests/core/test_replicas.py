@@ -3,6 +3,7 @@ from for three intervals is shown as gone, then forgotten after a day."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -36,8 +37,9 @@ def test_live_gone_and_forgotten(services: Services) -> None:
     new.beat()
     assert {r.id: live for r, live in new.list(ctx)} == {old.id: False, new.id: True}
     clock[0] += timedelta(days=1)
-    new.beat()  # the old one is forgotten by whoever reports next
-    assert [r.id for r, _ in new.list(ctx)] == [new.id]
+    new.beat(scheduler_error="hsm_unavailable: the HSM did not answer")  # the old one is forgotten
+    assert [(r.id, r.scheduler_error) for r, _ in new.list(ctx)] == [
+        (new.id, "hsm_unavailable: the HSM did not answer")]
 
 
 def test_health_lists_the_replicas(services: Services, admin: httpx.Client) -> None:
@@ -46,3 +48,28 @@ def test_health_lists_the_replicas(services: Services, admin: httpx.Client) -> N
     assert r.status_code == 200, r.text
     me = [x for x in r.json()["replicas"] if x["id"] == services.replicas.id]
     assert len(me) == 1 and me[0]["live"] and me[0]["version"] == r.json()["version"]
+
+
+def test_the_scheduler_reports_its_replica_and_what_failed(services: Services) -> None:
+    from keyserver.core.errors import ServiceUnavailable
+    from keyserver.core.scheduler import Scheduler
+
+    class Keys:
+        def run_due(self, ctx: object) -> dict[str, int]:
+            raise ServiceUnavailable("the HSM did not answer", code="hsm_unavailable")
+
+    registry = ReplicaRegistry(services.db, services.policy, interval_seconds=0.05, store="postgresql")
+    registry.id += ":scheduler-test"
+    scheduler = Scheduler(Keys(), services.keks, interval_seconds=0.05, replicas=registry)  # type: ignore[arg-type]
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            rows = {r.id: r for r, _ in registry.list(system_context("tests"))}
+            if registry.id in rows:
+                break
+            assert time.monotonic() < deadline, "the scheduler never reported its replica"
+            time.sleep(0.05)
+    finally:
+        scheduler.stop()
+    assert rows[registry.id].scheduler_error == "the HSM did not answer"

@@ -87,7 +87,8 @@ def health(ctx: Ctx, services: ServicesDep) -> SystemHealth:
         active_kek=next((k["kek_id"] for k in kek["keks"] if k["state"] == "active"), None),  # type: ignore[attr-defined]
         kek_rotation_running=rotation is not None and rotation.state == "running",  # type: ignore[attr-defined]
         replicas=[ReplicaPublic(id=r.id, hostname=r.hostname, pid=r.pid, version=r.version, store=r.store,
-                                started_at=r.started_at, last_seen_at=r.last_seen_at, live=live)
+                                started_at=r.started_at, last_seen_at=r.last_seen_at, live=live,
+                                scheduler_error=r.scheduler_error)
                   for r, live in services.replicas.list(ctx)],
     )
 

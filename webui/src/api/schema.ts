@@ -2810,6 +2810,11 @@ export interface components {
             /** Pid */
             pid: number;
             /**
+             * Scheduler Error
+             * @description what failed in its scheduler's last run (due rotations, KEK re-wrapping), which it retries each interval; null if it ran
+             */
+            scheduler_error: string | null;
+            /**
              * Started At
              * Format: date-time
              */

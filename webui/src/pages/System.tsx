@@ -121,7 +121,7 @@ function Replicas({ h }: { h: Health }) {
         <Table.ScrollContainer minWidth={640}>
           <Table fz="sm" verticalSpacing={4} data-testid="replicas">
             <Table.Thead><Table.Tr><Table.Th>Host</Table.Th><Table.Th>State</Table.Th><Table.Th>Version</Table.Th>
-              <Table.Th>Started</Table.Th><Table.Th>Last report</Table.Th></Table.Tr></Table.Thead>
+              <Table.Th>Started</Table.Th><Table.Th>Last report</Table.Th><Table.Th>Scheduler</Table.Th></Table.Tr></Table.Thead>
             <Table.Tbody>
               {h.replicas.map((r) => (
                 <Table.Tr key={r.id} data-replica={r.id} data-live={r.live}>
@@ -131,6 +131,11 @@ function Replicas({ h }: { h: Health }) {
                   <Table.Td>{r.version}</Table.Td>
                   <Table.Td title={fmtTime(r.started_at)}>{fmtRelative(r.started_at)}</Table.Td>
                   <Table.Td title={fmtTime(r.last_seen_at)}>{fmtRelative(r.last_seen_at)}</Table.Td>
+                  <Table.Td data-testid="replica-scheduler">
+                    {r.scheduler_error
+                      ? <Text size="sm" c="var(--sr-text-danger)">failing, retried each interval: {r.scheduler_error}</Text>
+                      : <Text size="sm" c="dimmed">ran at the last report</Text>}
+                  </Table.Td>
                 </Table.Tr>
               ))}
             </Table.Tbody>

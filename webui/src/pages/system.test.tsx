@@ -26,9 +26,9 @@ const health = (over: Partial<Schemas["SystemHealth"]> = {}): Schemas["SystemHea
   audit_head_seq: 1234, audit_pending: 3, audit_last_checkpoint_at: "2026-11-25T09:59:00Z", audit_verified_seq: 1200,
   audit_fail_closed: false, sinks: [], active_kek: "kek-2", kek_rotation_running: false, replicas: [], ...over,
 });
-const replica = (id: string, version: string, live: boolean) => ({
+const replica = (id: string, version: string, live: boolean, scheduler_error: string | null = null) => ({
   id, hostname: id.split(":")[0], pid: Number(id.split(":")[1]), version, store: "postgresql", live,
-  started_at: "2026-11-25T09:00:00Z", last_seen_at: "2026-11-25T10:00:00Z",
+  started_at: "2026-11-25T09:00:00Z", last_seen_at: "2026-11-25T10:00:00Z", scheduler_error,
 });
 
 describe("System page: health", () => {
@@ -46,7 +46,8 @@ describe("System page: health", () => {
 
   it("lists the replicas, live or gone, and warns while two versions run side by side", async () => {
     fakeApi({ "GET /api/v1/system/health": health({ replicas: [
-                replica("ks-1:4242:1", "0.2.0", true), replica("ks-2:77:1", "0.1.0", true),
+                replica("ks-1:4242:1", "0.2.0", true),
+                replica("ks-2:77:1", "0.1.0", true, "the HSM did not answer"),
                 replica("ks-3:99:1", "0.2.0", false)] }),
               "GET /api/v1/system/kek": { keks: [kek("kek-2", "active", {})], last_rotation: null, hsm: HSM } });
     renderWith(<SystemPage />, { me: meAs("auditor") });
@@ -55,6 +56,8 @@ describe("System page: health", () => {
     expect([state("ks-1:4242:1"), state("ks-2:77:1"), state("ks-3:99:1")]).toEqual(["true", "true", "false"]);
     expect(within(table).getByText(/answered this page/)).toBeInTheDocument();
     expect(screen.getByTestId("mixed-versions")).toHaveTextContent("2 versions running");
+    expect(table.querySelector('[data-replica="ks-2:77:1"] [data-testid="replica-scheduler"]'))
+      .toHaveTextContent("failing, retried each interval: the HSM did not answer");
   });
 
   it("shows a failing HSM with the server's advice, and a failing sink with its error", async () => {
