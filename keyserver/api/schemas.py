@@ -481,6 +481,8 @@ class EncryptRequest(Strict):
 
 class EncryptResult(BaseModel):
     key_id: str = Field(description="the object used: a key version's KMIP identifier")
+    version: int | None = Field(default=None, description="the managed key's version that encrypted: give it "
+                                                          "to decrypt once the key has been rotated")
     ciphertext: str = Field(description="base64")
     iv: str | None = Field(description="base64 IV (AES)")
     tag: str | None = Field(description="base64 GCM tag")

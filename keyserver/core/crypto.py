@@ -81,6 +81,7 @@ class Ciphered:
     data: bytes = field(repr=False)
     iv: bytes = b""
     tag: bytes = b""
+    version: int | None = None  # the managed key's version that encrypted (decrypt names it after a rotation)
 
 
 class CryptoService:
@@ -149,7 +150,8 @@ class CryptoService:
             raise hsm_failure("encrypt", exc) from exc
         self._record(ctx, "encrypt", obj, {"mechanism": mode, "bytes": len(data), "iv_chosen_by": (
             "client" if iv is not None else "token")})
-        return Ciphered(data=result.data, iv=result.iv, tag=result.tag)
+        return Ciphered(data=result.data, iv=result.iv, tag=result.tag,
+                        version=obj.version.version if isinstance(obj, VersionObject) else None)
 
     def decrypt(self, ctx: RequestContext, uid: str, data: bytes, *, mode: str | None = None,
                 iv: bytes | None = None, aad: bytes = b"", tag: bytes = b"", oaep_hash: str = "SHA-1") -> bytes:

@@ -49,10 +49,12 @@ def test_encrypt_and_decrypt_across_a_rotation(admin: httpx.Client, services: Se
     assert len(unb64(gcm["iv"])) == 12 and len(unb64(gcm["tag"])) == 16 and len(unb64(gcm["ciphertext"])) == 5000
     cbc = post(admin, f"/keys/{key['name']}/encrypt", plaintext=b64(data), mode="AES-CBC-PAD")
     assert cbc["tag"] is None and len(unb64(cbc["ciphertext"])) == 5008  # PKCS#7 padding to a block
+    assert gcm["version"] == cbc["version"] == 1  # what to keep beside the ciphertext
     post(admin, f"/keys/{key['name']}/rotate")
+    assert post(admin, f"/keys/{key['name']}/encrypt", plaintext=b64(b"x"))["version"] == 2
     # the rotated-out version (Deactivated) still decrypts, named by its version
     back = post(admin, f"/keys/{key['name']}/decrypt", ciphertext=gcm["ciphertext"], iv=gcm["iv"], tag=gcm["tag"],
-                aad=b64(b"row 7"), version=1)
+                aad=b64(b"row 7"), version=gcm["version"])
     assert unb64(back["plaintext"]) == data
     back = post(admin, f"/keys/{key['name']}/decrypt", ciphertext=cbc["ciphertext"], iv=cbc["iv"],
                 mode="AES-CBC-PAD", version=1)
@@ -62,7 +64,8 @@ def test_encrypt_and_decrypt_across_a_rotation(admin: httpx.Client, services: Se
         "ciphertext": gcm["ciphertext"], "iv": gcm["iv"], "tag": gcm["tag"], "aad": b64(b"row 8"), "version": 1})
     assert r.status_code == 422 and r.json()["code"] == "integrity_failure"
     recorded = events(services, "key.encrypt", key["id"])
-    assert [(e.details["version"], e.details["mechanism"]) for e in recorded] == [(1, "AES-GCM"), (1, "AES-CBC-PAD")]
+    assert [(e.details["version"], e.details["mechanism"]) for e in recorded] == [
+        (1, "AES-GCM"), (1, "AES-CBC-PAD"), (2, "AES-GCM")]
     decrypts = events(services, "key.decrypt", key["id"])
     assert [e.outcome for e in decrypts] == ["allowed", "allowed", "error"]
     assert all("plaintext" not in str(e.details) and b64(data)[:16] not in str(e.details) for e in decrypts)

@@ -42,8 +42,8 @@ def encrypt(key_ref: KeyRef, body: EncryptRequest, ctx: Ctx, services: ServicesD
     uid = services.kmip_objects.uid_of(key_ref)
     out = services.crypto.encrypt(ctx, uid, body.plaintext, mode=_mode(body.mode), iv=body.iv, aad=body.aad,
                                   oaep_hash=body.oaep_hash)
-    return EncryptResult(key_id=uid, ciphertext=_b64(out.data), iv=_b64(out.iv) if out.iv else None,
-                         tag=_b64(out.tag) if out.tag else None)
+    return EncryptResult(key_id=uid, version=out.version, ciphertext=_b64(out.data),
+                         iv=_b64(out.iv) if out.iv else None, tag=_b64(out.tag) if out.tag else None)
 
 
 @router.post("/keys/{key_ref}/decrypt", operation_id="decryptWithKey", response_model=DecryptResult,

@@ -1813,6 +1813,11 @@ export interface components {
              * @description base64 GCM tag
              */
             tag: string | null;
+            /**
+             * Version
+             * @description the managed key's version that encrypted: give it to decrypt once the key has been rotated
+             */
+            version?: number | null;
         };
         /** EnrollmentInfo */
         EnrollmentInfo: {
