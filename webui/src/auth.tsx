@@ -5,7 +5,7 @@ import { ApiError, api, call, onAuthProblem, readCookie, type Me } from "./api/c
 
 export type Permission =
   | "keys:read" | "keys:create" | "keys:update" | "keys:rotate" | "keys:activate" | "keys:revoke"
-  | "keys:destroy" | "datakeys:generate" | "datakeys:decrypt" | "audit:read" | "audit:verify"
+  | "keys:destroy" | "keys:encrypt" | "keys:decrypt" | "keys:verify" | "datakeys:generate" | "datakeys:decrypt" | "audit:read" | "audit:verify"
   | "users:read" | "users:manage" | "tokens:own" | "tokens:all" | "system:read" | "system:kek"
   | "keys:export" | "keys:export-wrapped" | "kmip:clients" | "hosts:read" | "hosts:enroll" | "hosts:revoke" | "guardpoints:manage";
 

@@ -16,6 +16,7 @@ import { CopyValue, EmptyState, Loading, OutcomeBadge, STATE_COLOR, StateBadge, 
 import { PageHeader } from "../components/PageHeader";
 import { HOST_GROUP_TAG } from "../hosts";
 import { qk, useKey } from "../queries";
+import { KeyCryptoPanel } from "./KeyCrypto";
 import { KeyUsagePanel } from "./Usage";
 import { TagList, parseTags } from "./Keys";
 
@@ -122,6 +123,7 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
           </Paper>
         </Grid.Col>
       </Grid>
+      <KeyCryptoPanel k={k} />
       {can("audit:read") && <KeyUsagePanel keyId={k.id} />}
       {can("audit:read") && <KeyUsage k={k} />}
       <EditDialog k={k} keyRef={keyRef} opened={dialog === "edit"} onClose={() => setDialog(null)} />

@@ -10,15 +10,15 @@ import { theme } from "../theme";
 // As keyserver/core/policy.py's ROLE_PERMISSIONS grants them.
 export const ROLE_PERMS: Record<string, string[]> = {
   admin: ["keys:read", "keys:create", "keys:update", "keys:rotate", "keys:activate", "keys:revoke", "keys:destroy",
-          "keys:export", "keys:export-wrapped", "datakeys:generate", "datakeys:decrypt", "audit:read", "audit:verify", "users:read",
+          "keys:encrypt", "keys:decrypt", "keys:verify", "keys:export", "keys:export-wrapped", "datakeys:generate", "datakeys:decrypt", "audit:read", "audit:verify", "users:read",
           "users:manage", "tokens:own", "tokens:all", "system:read", "system:kek", "kmip:clients", "hosts:read",
           "hosts:enroll", "hosts:revoke", "guardpoints:manage"],
   "key-officer": ["keys:read", "keys:create", "keys:update", "keys:rotate", "keys:activate", "keys:revoke",
-                  "keys:destroy", "keys:export", "keys:export-wrapped", "datakeys:generate", "datakeys:decrypt", "audit:read",
+                  "keys:destroy", "keys:encrypt", "keys:decrypt", "keys:verify", "keys:export", "keys:export-wrapped", "datakeys:generate", "datakeys:decrypt", "audit:read",
                   "audit:verify", "tokens:own", "system:read", "hosts:read", "guardpoints:manage"],
-  operator: ["keys:read", "keys:rotate", "keys:export", "keys:export-wrapped", "datakeys:generate", "datakeys:decrypt", "tokens:own",
+  operator: ["keys:read", "keys:rotate", "keys:encrypt", "keys:decrypt", "keys:verify", "keys:export", "keys:export-wrapped", "datakeys:generate", "datakeys:decrypt", "tokens:own",
              "system:read", "hosts:read", "hosts:enroll", "hosts:revoke"],
-  auditor: ["keys:read", "audit:read", "audit:verify", "users:read", "tokens:own", "system:read", "hosts:read"],
+  auditor: ["keys:read", "keys:verify", "audit:read", "audit:verify", "users:read", "tokens:own", "system:read", "hosts:read"],
 };
 
 export function meAs(role: keyof typeof ROLE_PERMS): Me {
