@@ -195,7 +195,8 @@ class AuditEventPublic(BaseModel):
 
 class AuditPage(BaseModel):
     items: list[AuditEventPublic]
-    total: int
+    total: int = Field(description="matching records; with `total_exact` false, at least this many")
+    total_exact: bool = Field(description="false when a search by words or prefixes stopped counting at 10,000")
     next_before_seq: int | None
 
 

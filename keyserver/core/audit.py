@@ -45,7 +45,7 @@ from typing import Any, Literal
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, delete, func, insert, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmError
@@ -210,6 +210,14 @@ class AuditFilter:
     since: datetime | None = None
     until: datetime | None = None
     q: str | None = None  # words every record must hold (keyserver.core.audit_search)
+
+
+SEARCH_COUNT_CAP = 10_000  # a search counts its matches this far (AuditLog.query)
+
+
+def _searches(flt: AuditFilter) -> bool:
+    """Whether the filter goes through the word index: words, or an actor or object prefix."""
+    return bool(flt.q or (flt.actor or "").endswith("*") or (flt.object_id or "").endswith("*"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -650,24 +658,43 @@ class AuditService:
 
     def query(
         self, flt: AuditFilter, *, limit: int = 50, before_seq: int | None = None
-    ) -> tuple[list[AuditEvent], int]:
-        """Newest first; returns the page and the total number of matching records."""
+    ) -> tuple[list[AuditEvent], int, bool]:
+        """Newest first; returns the page, the number of matching records and whether that
+        number is exact. A search by words or prefixes counts to SEARCH_COUNT_CAP and no
+        further (the console shows "10,000+"): counting every record holding a common word
+        costs more than the page."""
         if not 1 <= limit <= 1000:
             raise InvalidInput("limit must be between 1 and 1000")
-        stmt = self._filtered(select(AuditEvent), flt)
-        count_stmt = self._filtered(select(func.count()).select_from(AuditEvent), flt)
-        if before_seq is not None:
-            stmt = stmt.where(AuditEvent.seq < before_seq)
+        searching = _searches(flt)
         with self._db() as s:
             if flt == AuditFilter():
                 # Unfiltered, the total is the head's sequence number (the chain numbers its
                 # records 1, 2, 3, ...): no count of millions of rows for the first page.
                 head = s.get(AuditHead, 1)
-                total = head.seq if head is not None else 0
-            else:
-                total = int(s.execute(count_stmt).scalar_one())
-            rows = list(s.execute(stmt.order_by(AuditEvent.seq.desc()).limit(limit)).scalars())
-        return rows, total
+                return self._page(s, flt, limit, before_seq), head.seq if head is not None else 0, True
+            if not searching:
+                total = int(s.execute(self._filtered(select(func.count()).select_from(AuditEvent), flt)).scalar_one())
+                return self._page(s, flt, limit, before_seq), total, True
+            self._custom_plans(s)
+            found = self._filtered(select(AuditEvent.seq), flt).limit(SEARCH_COUNT_CAP + 1).subquery()
+            total = int(s.execute(select(func.count()).select_from(found)).scalar_one())
+            # Few matches: take them from the word index, then order them. Many: the newest
+            # fifty are near the head of the log, and the planner walks to them.
+            rows = self._page(s, flt, limit, before_seq, materialize=total <= SEARCH_COUNT_CAP)
+            return rows, min(total, SEARCH_COUNT_CAP), total <= SEARCH_COUNT_CAP
+
+    def _page(self, s: Session, flt: AuditFilter, limit: int, before_seq: int | None, *,
+              materialize: bool = False) -> list[AuditEvent]:
+        stmt = self._filtered(select(AuditEvent), flt, materialize=materialize)
+        if before_seq is not None:
+            stmt = stmt.where(AuditEvent.seq < before_seq)
+        return list(s.execute(stmt.order_by(AuditEvent.seq.desc()).limit(limit)).scalars())
+
+    def _custom_plans(self, s: Session) -> None:
+        """Plans made for this transaction's search words, not a generic plan cached from
+        earlier ones (keyserver.core.audit_search)."""
+        if self._engine.dialect.name == "postgresql":
+            s.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
 
     def get(self, seq: int) -> AuditEvent | None:
         with self._db() as s:
@@ -744,7 +771,7 @@ class AuditService:
                 "total": sum(actions.values()),
                 "top": [{"name": name, "count": int(n)} for name, n in ranked]}
 
-    def _field(self, stmt: Any, column: Any, value: str) -> Any:
+    def _field(self, stmt: Any, column: Any, value: str, materialize: bool) -> Any:
         """`value` exactly, or, ending in `*`, as a prefix: found through the word index
         (the prefix's words), then compared exactly — case-sensitively on every store,
         which SQLite's LIKE is not."""
@@ -753,14 +780,14 @@ class AuditService:
         prefix = value.rstrip("*")
         if not words_of(prefix):
             raise InvalidInput("a prefix needs at least one letter or digit", code="invalid_search")
-        return stmt.where(matching(self._engine.dialect.name, value),
+        return stmt.where(matching(self._engine.dialect.name, value, materialize=materialize),
                           func.substr(column, 1, len(prefix)) == prefix)
 
-    def _filtered(self, stmt: Any, flt: AuditFilter) -> Any:
+    def _filtered(self, stmt: Any, flt: AuditFilter, *, materialize: bool = False) -> Any:
         if flt.q:
-            stmt = stmt.where(matching(self._engine.dialect.name, flt.q))
+            stmt = stmt.where(matching(self._engine.dialect.name, flt.q, materialize=materialize))
         if flt.actor:
-            stmt = self._field(stmt, AuditEvent.actor, flt.actor)
+            stmt = self._field(stmt, AuditEvent.actor, flt.actor, materialize)
         if flt.action:
             # "keys." matches every key action; an exact name matches itself.
             if flt.action.endswith("."):
@@ -770,7 +797,7 @@ class AuditService:
         if flt.object_type:
             stmt = stmt.where(AuditEvent.object_type == flt.object_type)
         if flt.object_id:
-            stmt = self._field(stmt, AuditEvent.object_id, flt.object_id)
+            stmt = self._field(stmt, AuditEvent.object_id, flt.object_id, materialize)
         if flt.outcome:
             stmt = stmt.where(AuditEvent.outcome == flt.outcome)
         if flt.since:
@@ -789,7 +816,12 @@ class AuditService:
             yield buf.getvalue()
         while True:
             with self._db() as s:
-                stmt = self._filtered(select(AuditEvent), flt).where(AuditEvent.seq > last)
+                # A search's matches come from the word index on every page (a common word
+                # costs a little more per page; a rare one is not hunted through the log).
+                searching = _searches(flt)
+                if searching:
+                    self._custom_plans(s)
+                stmt = self._filtered(select(AuditEvent), flt, materialize=searching).where(AuditEvent.seq > last)
                 rows = list(s.execute(stmt.order_by(AuditEvent.seq).limit(1000)).scalars())
             if not rows:
                 return

@@ -630,6 +630,14 @@ def _pg_restore(url: str, dump: Path) -> None:
                         f"--dbname={conninfo}", str(dump)], env=env, capture_output=True, text=True, check=False)
     if r.returncode != 0:
         raise OpsError(f"pg_restore failed ({tool}): {r.stderr.strip()}; the database was left empty")
+    # A dump carries no planner statistics: until autovacuum gets round to the restored
+    # tables, PostgreSQL would plan the audit log's searches blind (whole-table joins).
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("ANALYZE"))
+    finally:
+        engine.dispose()
 
 
 def _verify_restored(services: Services, manifest: dict[str, Any], archive: Path,

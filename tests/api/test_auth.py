@@ -93,7 +93,7 @@ def test_bad_credentials_and_lockout(base_url: str, services: Services) -> None:
     _, r = login(base_url, "nobody-" + name, "whatever password")
     assert r.status_code == 401 and r.json()["detail"] == "wrong username or password"
     services.audit.flush()
-    rows, _ = services.audit.query(__import__("keyserver.core.audit", fromlist=["AuditFilter"])
+    rows, _, _ = services.audit.query(__import__("keyserver.core.audit", fromlist=["AuditFilter"])
                                    .AuditFilter(action="auth.login", object_id=name, outcome="denied"), limit=20)
     assert len(rows) == services.settings.login_max_failures + 1
     assert rows[0].details["reason"] == "locked"

@@ -36,8 +36,8 @@ def svc(services: Services, tmp_path: Path, hsm_backend: HsmBackend) -> Iterator
 
 
 def seqs(svc: Services, **flt: str) -> list[int]:
-    rows, total = svc.audit.query(AuditFilter(**flt), limit=1000)
-    assert total == len(rows)
+    rows, total, exact = svc.audit.query(AuditFilter(**flt), limit=1000)
+    assert exact and total == len(rows)
     return sorted(r.seq for r in rows)
 
 
@@ -93,8 +93,43 @@ def test_search_finds_the_same_records_on_every_store(svc: Services) -> None:
     assert seqs(svc, actor="HOST:db-*") == []  # case-sensitive, as the exact filter is
     assert seqs(svc, object_id="Paym*") == [d]
     assert seqs(svc, object_id=KEY[:8] + "*") == [a, c]
+    # Words and both prefixes in one search: each goes through the word index on its own.
+    assert seqs(svc, q="generate", actor="host:db*", object_id=KEY[:4] + "*") == [a]
     with pytest.raises(InvalidInput):
         svc.audit.query(AuditFilter(actor="**"))
+
+
+def test_a_search_counts_to_a_cap_and_pages_the_same_either_way(
+        svc: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past SEARCH_COUNT_CAP matches the total is a lower bound and the page is found by
+    walking the log from its head; below it, from the word index first. Both give the
+    newest matches, and repeating a search (past psycopg's prepare threshold, where
+    PostgreSQL may switch to a generic plan) gives the same answer."""
+    import keyserver.core.audit as audit_module
+
+    host = system_context("host:web-7")
+    for i in range(12):
+        svc.audit.record_now(host, action="datakey.generate", outcome="allowed", object_type="key",
+                             object_id=KEY if i % 3 == 0 else OTHER, details={"key_name": f"shard-{i % 3}"})
+    svc.audit.flush()
+    with svc.db() as s:
+        web = list(s.execute(select(AuditEvent.seq).where(AuditEvent.actor == "host:web-7")
+                             .order_by(AuditEvent.seq.desc())).scalars())
+    shard0 = [q for i, q in enumerate(reversed(web)) if i % 3 == 0][::-1]
+    monkeypatch.setattr(audit_module, "SEARCH_COUNT_CAP", 5)
+    for _ in range(7):
+        rows, total, exact = svc.audit.query(AuditFilter(q="web 7"), limit=4)  # 12 matches: past the cap
+        assert ([r.seq for r in rows], total, exact) == (web[:4], 5, False)
+        rows, total, exact = svc.audit.query(AuditFilter(q="shard-0"), limit=3)  # 4 matches: below it
+        assert ([r.seq for r in rows], total, exact) == (shard0[:3], 4, True)
+        rows, total, exact = svc.audit.query(AuditFilter(actor="host:web*"), limit=50, before_seq=web[9])
+        assert ([r.seq for r in rows], total, exact) == (web[10:], 5, False)
+    # Filters that do not search count exactly, however many records match.
+    _, total, exact = svc.audit.query(AuditFilter(actor="host:web-7"), limit=1)
+    assert (total, exact) == (12, True)
+    # An export of a search walks every match, however many.
+    exported = "".join(svc.audit.export(AuditFilter(q="web"), fmt="jsonl")).splitlines()
+    assert len(exported) == 12
 
 
 def test_usage_per_key_and_per_actor_counts_the_records(svc: Services) -> None:

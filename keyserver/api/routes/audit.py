@@ -51,9 +51,9 @@ def list_events(
     before_seq: Annotated[int | None, Query(ge=1, le=MAX_INT, description="cursor: records older than this")] = None,
 ) -> AuditPage:
     services.policy.require(ctx, Permission.AUDIT_READ, action="audit.read")
-    rows, total = services.audit.query(_filter(actor, action, object_type, object_id, outcome, since, until, q),
+    rows, total, exact = services.audit.query(_filter(actor, action, object_type, object_id, outcome, since, until, q),
                                        limit=limit, before_seq=before_seq)
-    return AuditPage(items=[AuditEventPublic(**event_dict(r)) for r in rows], total=total,
+    return AuditPage(items=[AuditEventPublic(**event_dict(r)) for r in rows], total=total, total_exact=exact,
                      next_before_seq=rows[-1].seq if len(rows) == limit else None)
 
 

@@ -1587,8 +1587,16 @@ export interface components {
             items: components["schemas"]["AuditEventPublic"][];
             /** Next Before Seq */
             next_before_seq: number | null;
-            /** Total */
+            /**
+             * Total
+             * @description matching records; with `total_exact` false, at least this many
+             */
             total: number;
+            /**
+             * Total Exact
+             * @description false when a search by words or prefixes stopped counting at 10,000
+             */
+            total_exact: boolean;
         };
         /** AuditStatusPublic */
         AuditStatusPublic: {

@@ -144,7 +144,9 @@ export function AuditPage() {
       </Paper>
       {list.data && list.data.total > 0 && (
         <Group justify="space-between">
-          <Text size="sm" c="dimmed" data-testid="audit-total">{list.data.total} matching records</Text>
+          <Text size="sm" c="dimmed" data-testid="audit-total">
+            {list.data.total.toLocaleString("en-US")}{list.data.total_exact ? "" : "+"} matching records
+          </Text>
           <Group gap="xs">
             <Button size="xs" variant="default" disabled={!cursors.length} onClick={() => setCursors((c) => c.slice(0, -1))}>Newer</Button>
             <Button size="xs" variant="default" disabled={list.data.next_before_seq == null}

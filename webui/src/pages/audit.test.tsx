@@ -57,7 +57,8 @@ describe("the audit log's search", () => {
   it("sends the words and prefixes from a shared link, and new ones typed into the search box", async () => {
     const server = fakeApi({
       "GET /api/v1/audit/events": ({ url }) => ({
-        items: url.searchParams.get("q") === "nothing" ? [] : [record(7, "host:db-1")], total: 1, next_before_seq: null }),
+        items: url.searchParams.get("q") === "nothing" ? [] : [record(7, "host:db-1")], total: 1, total_exact: true,
+        next_before_seq: null }),
     });
     renderWith(<AuditPage />, { at: "/audit?q=pay*+generate&actor=host:db-*", path: "/audit", me: meAs("auditor") });
     expect(await screen.findByTestId("audit-table")).toHaveTextContent("host:db-1");
@@ -70,5 +71,14 @@ describe("the audit log's search", () => {
     await userEvent.click(screen.getByRole("button", { name: "Apply" }));
     expect(await screen.findByText("No records match")).toBeInTheDocument();
     expect(server.calls("GET /api/v1/audit/events").at(-1)?.url.searchParams.get("q")).toBe("nothing");
+  });
+
+  it("says a search's count is a lower bound when the server stopped counting", async () => {
+    fakeApi({
+      "GET /api/v1/audit/events": () => ({ items: [record(9, "host:db-1")], total: 10000, total_exact: false,
+        next_before_seq: 9 }),
+    });
+    renderWith(<AuditPage />, { at: "/audit?q=generate", path: "/audit", me: meAs("auditor") });
+    expect(await screen.findByTestId("audit-total")).toHaveTextContent("10,000+ matching records");
   });
 });

@@ -312,7 +312,7 @@ describe("Host detail", () => {
         ?? problem(404, "host_not_found", `no host ${params.id}`),
       "GET /api/v1/keys": () => page([key("payments-db"), key("ledger", { state: "deactivated" })]),
       "GET /api/v1/audit/events": ({ url }) => ({
-        total: 1, next_before_seq: null,
+        total: 1, total_exact: true, next_before_seq: null,
         items: url.searchParams.get("actor") === `host:${H.hostname}`
           ? [{ seq: 42, time: ago(30), actor: `host:${H.hostname}`, actor_type: "host", action: "key.deliver",
                object_type: "key", object_id: "payments-db-id", outcome: "allowed", source_ip: "10.0.4.22",
@@ -354,7 +354,7 @@ describe("Host detail", () => {
     fakeApi({
       "GET /api/v1/hosts/:id": { ...R, guard_points: [{ path: "/srv/pgdata", key: "payments-db", state: "mounted", detail: "" }] },
       "GET /api/v1/keys": () => page([]),
-      "GET /api/v1/audit/events": { total: 0, next_before_seq: null, items: [] },
+      "GET /api/v1/audit/events": { total: 0, total_exact: true, next_before_seq: null, items: [] },
       "GET /api/v1/guard-points": [],
     });
     renderWith(<HostDetailPage />, { at: `/hosts/${R.id}`, path: "/hosts/:hostId", me: meAs("auditor") });
@@ -454,7 +454,7 @@ describe("Key detail", () => {
   it("a key tagged for a host group links to that group's hosts", async () => {
     fakeApi({
       "GET /api/v1/keys/:ref": () => key("payments-db"),
-      "GET /api/v1/audit/events": { items: [], total: 0, next_before_seq: null },
+      "GET /api/v1/audit/events": { items: [], total: 0, total_exact: true, next_before_seq: null },
     });
     renderWith(<KeyDetailPage />, { at: "/keys/payments-db", path: "/keys/:keyRef", me: meAs("auditor") });
     expect(await screen.findByTestId("key-hosts")).toHaveAttribute("href", "/hosts?group=db");

@@ -27,7 +27,7 @@ function server(patch?: (body: unknown) => unknown) {
       current = { ...current, ...(body as object) };
       return current;
     },
-    "GET /api/v1/audit/events": { items: [], total: 0, next_before_seq: null },
+    "GET /api/v1/audit/events": { items: [], total: 0, total_exact: true, next_before_seq: null },
   });
 }
 
