@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sqlalchemy import ColumnElement, bindparam, func, literal_column, select, text
+from sqlalchemy import ColumnElement, Select, bindparam, func, literal_column, select, table
 
 from keyserver.core.errors import InvalidInput
 from keyserver.store.models import AuditEvent, AuditSearch
@@ -84,23 +84,28 @@ def parse_query(q: str) -> list[tuple[str, bool]]:
     return list(dict.fromkeys(terms))
 
 
-def matching(dialect: str, q: str, *, materialize: bool = False) -> ColumnElement[bool]:
-    """A condition on AuditEvent: the record holds every word of `q`. The words are
-    letters and digits only, so they are safe inside either engine's query syntax.
-    `materialize` (PostgreSQL): the matches are taken from the index before anything else
-    is planned — right when they are few, as the caller knows from a bounded count."""
+def hits(dialect: str, q: str) -> Select[Any]:
+    """The sequence numbers of the records holding every word of `q`, from the word index.
+    The words are letters and digits only, so they are safe inside either engine's query
+    syntax."""
     terms = parse_query(q)
     if dialect == "postgresql":
         tsquery = " & ".join(f"{w}:*" if prefix else w for w, prefix in terms)
         # The same expression as the GIN index of migration 0019, or the index is not used.
         simple: ColumnElement[Any] = literal_column("'simple'::regconfig")
         vector = func.to_tsvector(simple, AuditSearch.terms)
-        hits = select(AuditSearch.seq).where(vector.op("@@")(func.to_tsquery(simple, bindparam(None, tsquery))))
-        if materialize:
-            found = hits.cte().prefix_with("MATERIALIZED")
-            return AuditEvent.seq.in_(select(found.c.seq))
-        return AuditEvent.seq.in_(hits)
+        return select(AuditSearch.seq).where(vector.op("@@")(func.to_tsquery(simple, bindparam(None, tsquery))))
     match = " ".join(f'"{w}"*' if prefix else f'"{w}"' for w, prefix in terms)
-    fts = text("SELECT rowid FROM audit_search_fts WHERE audit_search_fts MATCH :m").bindparams(
-        bindparam("m", match, unique=True))
-    return AuditEvent.seq.in_(fts)
+    return select(literal_column("rowid")).select_from(table("audit_search_fts")).where(
+        literal_column("audit_search_fts").op("MATCH")(bindparam(None, match)))
+
+
+def matching(dialect: str, q: str, *, materialize: bool = False) -> ColumnElement[bool]:
+    """A condition on AuditEvent: the record holds every word of `q`. `materialize`
+    (PostgreSQL): the matches are taken from the index before anything else is planned —
+    right when they are few, or when the planner must not walk the log for them."""
+    found = hits(dialect, q)
+    if materialize and dialect == "postgresql":
+        cte = found.cte().prefix_with("MATERIALIZED")
+        return AuditEvent.seq.in_(select(cte.c.seq))
+    return AuditEvent.seq.in_(found)
