@@ -354,7 +354,9 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
     spool.append({"event": "guardpoint.mounted", "guard_point": gp_id, "path": mount,
                   "revision": definition["revision"]})
     code = plane.wait()
-    spool.append({"event": "guardpoint.unmounted", "guard_point": gp_id, "path": mount})
+    # The data plane's exit status tells a clean stop (0) from a crash: the console's
+    # guard-point timeline shows the difference.
+    spool.append({"event": "guardpoint.unmounted", "guard_point": gp_id, "path": mount, "status": code})
     if code != 0 and definition_file.exists():  # not stopped by the daemon: say what happened, and be restarted
         _write_json(status_file, {"revision": state.definition["revision"], "state": "error",
                                   "detail": f"the data plane ended with status {code}; see the agent's log"})

@@ -145,6 +145,16 @@ def _prepare_hosts(tmp_path: Path, base_url: str, agent_url: str, admin: httpx.C
     for name in ("db1", "db2", "old"):
         hosts[name].beat()
     assert hosts["db1"].client.fetch("pg-main").key.version == 1  # audited as key.deliver by host:pg-01…
+    # What the agent's guard point manager spools (agents/guardpoint/manager.py): the data
+    # directory mounted, its data plane crashed (status 139) and mounted again at once.
+    now = time.time()
+    hosts["db1"].client.send_events([
+        {"event": "guardpoint.mounted", "time": now - 5 * 3600, "guard_point": "gp-main",
+         "path": "/srv/postgresql/16/main", "revision": 1},
+        {"event": "guardpoint.unmounted", "time": now - 2 * 3600, "guard_point": "gp-main",
+         "path": "/srv/postgresql/16/main", "status": 139},
+        {"event": "guardpoint.mounted", "time": now - 2 * 3600 + 600, "guard_point": "gp-main",
+         "path": "/srv/postgresql/16/main", "revision": 1}])
     hosts["db2"].client.send_events([{  # as a guard point reports a refused reader
         "event": "access.denied", "time": time.time(), "path": "/srv/postgresql/16/main/base", "access": "read",
         "uid": 1001, "user": "backup", "pid": 4242, "exe": "/usr/bin/tar", "rule": "default", "mode": "enforce"}])
@@ -219,7 +229,7 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
         f"{n}.png" for n in ("sign-in", "dashboard", "keys", "key-detail", "audit", "users", "tokens",
                              "hosts", "host-detail", "enroll", "guard-points", "guard-point-editor",
                              "keys-375", "keys-768", "keys-1440", "kek-hsm", "host-detail-dark", "kmip-issued",
-                             "kmip-clients", "host-activity", "key-usage", "key-try"))
+                             "kmip-clients", "host-activity", "key-usage", "key-try", "guard-point-timeline"))
     # The files the console handed out work with a stock KMIP client (PyKMIP) against a
     # real listener of this server; the client revoked in the console is refused.
     _kmip_files_work(services, out, kmip_client, kmip_revoked)

@@ -293,6 +293,14 @@ test("hosts: status in the list, a host's detail, revoke with its hostname typed
   assert.match(await used.getByRole("img", { name: /^Operations per/ }).getAttribute("aria-label"), /\d+ key\.deliver/);
   await beats.scrollIntoViewIfNeeded();
   await shot(page, "host-activity");
+  // Its guard points over time, from the agent's own audit records: the crash is on it.
+  const states = page.getByTestId("guard-point-timeline");
+  const main = states.locator('[data-path="/srv/postgresql/16/main"]');
+  assert.equal(await main.getAttribute("data-states"), "unknown mounted crashed mounted");
+  assert.equal(await states.locator('[data-path="/srv/postgresql/wal"]').getAttribute("data-states"), "mounted");
+  await states.getByTestId("guard-point-changes").getByText("stopped on a crash (status 139)").waitFor();
+  await states.scrollIntoViewIfNeeded();
+  await shot(page, "guard-point-timeline");
 
   // Search and sort on the server: this run's hosts, latest heartbeat first; the host
   // never heard from comes last either way.

@@ -15,6 +15,7 @@ import {
 } from "../components/bits";
 import { hostActor, hostGroupTag, hostStatus } from "../hosts";
 import { qk, useHost, useKeys } from "../queries";
+import { GuardPointTimeline } from "./GuardPointTimeline";
 import { ActorUsagePanel, HeartbeatTimeline } from "./Usage";
 
 const KEYS_SHOWN = 50;
@@ -112,6 +113,7 @@ function HostView({ h }: { h: Host }) {
         </Grid.Col>
       </Grid>
       <HeartbeatTimeline hostId={h.id} />
+      {can("audit:read") && <GuardPointTimeline h={h} />}
       {can("audit:read") && <ActorUsagePanel actor={hostActor(h.hostname)} />}
       {can("keys:read") && <GroupKeys h={h} />}
       {can("audit:read") && <HostEvents h={h} />}

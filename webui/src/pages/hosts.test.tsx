@@ -380,8 +380,10 @@ describe("Host detail", () => {
     const events = await screen.findByTestId("host-events");
     expect([...events.querySelectorAll("tbody tr td:nth-child(4)")].map((td) => td.textContent))
       .toEqual(["key.deliver", "host.enroll"]);
-    expect(server.calls("GET /api/v1/audit/events").map((c) => c.url.searchParams.get("actor") ?? c.url.searchParams.get("object_id")))
-      .toEqual([`host:${H.hostname}`, H.id]);
+    // Its guard points' timeline (the agent's records), its recent records, what was done to it.
+    expect(server.calls("GET /api/v1/audit/events").map((c) => [c.url.searchParams.get("actor") ?? c.url.searchParams.get("object_id"),
+                                                               c.url.searchParams.get("action")]))
+      .toEqual([[`host:${H.hostname}`, "agent.guardpoint."], [`host:${H.hostname}`, null], [H.id, null]]);
     // Read-only for an auditor.
     expect(screen.queryByTestId("revoke-host")).toBeNull();
   });
