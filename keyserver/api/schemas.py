@@ -68,6 +68,7 @@ class Me(BaseModel):
     role: str | None
     permissions: list[str]
     must_change_password: bool
+    second_factor: bool | None = Field(default=None, description="a confirmed TOTP second factor (users only)")
 
 
 class LoginResponse(BaseModel):

@@ -561,6 +561,13 @@ class IdentityService:
             return step if step > last else None
         return None
 
+    def has_second_factor(self, ctx: RequestContext) -> bool | None:
+        """Whether the signed-in user has a confirmed second factor; None for anyone else."""
+        if ctx.principal.user_id is None or ctx.principal.actor_type != "user":
+            return None
+        with self._db() as s:
+            return _totp_on(self._user(s, ctx.principal.user_id))
+
     def enroll_totp(self, ctx: RequestContext) -> tuple[str, str]:
         """A new TOTP secret for the signed-in user, pending until confirmed with a code
         (replacing a pending one; a confirmed one is removed by an administrator only)."""

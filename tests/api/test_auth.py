@@ -320,6 +320,7 @@ def test_a_second_factor_is_set_up_confirmed_required_and_reset(admin: httpx.Cli
     r = c.post("/api/v1/auth/password", json={"current_password": otp, "new_password": password})
     c.headers["X-CSRF-Token"] = r.json()["csrf_token"]
 
+    assert c.get("/api/v1/auth/me").json()["second_factor"] is False
     enrolled = c.post("/api/v1/auth/totp")
     assert enrolled.status_code == 201, enrolled.text
     secret, uri = enrolled.json()["secret"], enrolled.json()["otpauth_uri"]
@@ -330,6 +331,7 @@ def test_a_second_factor_is_set_up_confirmed_required_and_reset(admin: httpx.Cli
     assert wrong.status_code == 403 and wrong.json()["code"] == "totp_wrong"
     now = _time.time()
     assert c.post("/api/v1/auth/totp/confirm", json={"code": _code(secret, now)}).status_code == 204
+    assert c.get("/api/v1/auth/me").json()["second_factor"] is True  # what the console's account page shows
     assert c.post("/api/v1/auth/totp").json()["code"] == "totp_exists"
 
     # From now on sign-in needs the code; a code is good for one sign-in.

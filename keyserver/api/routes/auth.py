@@ -58,8 +58,8 @@ def logout(ctx: Ctx, request: Request, response: Response, services: ServicesDep
 
 
 @router.get("/me", operation_id="getMe", response_model=Me)
-def me(ctx: Ctx) -> Me:
-    return me_of(ctx.principal)
+def me(ctx: Ctx, services: ServicesDep) -> Me:
+    return me_of(ctx.principal).model_copy(update={"second_factor": services.identity.has_second_factor(ctx)})
 
 
 @router.post("/password", operation_id="changePassword", response_model=LoginResponse)
