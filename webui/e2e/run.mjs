@@ -5,7 +5,7 @@
 // The admin signs in once (first-run password change included); later tests reuse the
 // stored browser state. Screenshots of each main page go to SCREENSHOT_DIR.
 import assert from "node:assert/strict";
-import { X509Certificate } from "node:crypto";
+import { X509Certificate, createHmac } from "node:crypto";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { createRequire } from "node:module";
@@ -113,6 +113,16 @@ async function until(cond, message, timeout = TIMEOUT) {
     await new Promise((r) => setTimeout(r, 100));
   }
   assert.fail(message());
+}
+
+/** RFC 6238's code for a base32 key at time t (SHA-1, 30 s, 6 digits), as an authenticator app makes it. */
+function totp(key, t = Date.now()) {
+  const bits = [...key.replace(/=+$/, "")].map((c) => "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567".indexOf(c).toString(2).padStart(5, "0")).join("");
+  const secret = Buffer.from(bits.match(/.{8}/g).map((b) => parseInt(b, 2)));
+  const counter = Buffer.alloc(8);
+  counter.writeBigUInt64BE(BigInt(Math.floor(t / 30_000)));
+  const h = createHmac("sha1", secret).update(counter).digest();
+  return String((h.readUInt32BE(h[h.length - 1] & 15) & 0x7fffffff) % 1_000_000).padStart(6, "0");
 }
 
 async function signIn(page, user, password) {
@@ -301,6 +311,23 @@ test("hosts: status in the list, a host's detail, revoke with its hostname typed
   await states.getByTestId("guard-point-changes").getByText("stopped on a crash (status 139)").waitFor();
   await states.scrollIntoViewIfNeeded();
   await shot(page, "guard-point-timeline");
+
+  // The console's one search box, from the keyboard: a host by part of its name, then the
+  // audit log's records holding a key's name.
+  await page.goto("/#/");
+  await page.getByTestId("chain-status").waitFor();
+  await page.keyboard.press("Control+k");
+  const search = page.getByTestId("global-search-input");
+  await search.fill(HOST.db2.split(".")[0]);
+  await page.getByRole("option", { name: `Hosts: ${HOST.db2} (${HOST_GROUP})` }).waitFor();
+  await page.keyboard.press("Enter");
+  await page.getByRole("heading", { name: HOST.db2 }).waitFor();
+  await page.getByTestId("global-search-open").click();
+  await search.fill("pg-main");
+  await page.getByRole("option", { name: /^Keys: pg-main/ }).waitFor();
+  await page.getByRole("option", { name: /^Audit log: Records holding/ }).click();
+  await page.waitForURL(/#\/audit\?q=pg-main/);
+  await page.getByTestId("audit-table").getByText("key.deliver").first().waitFor();
 
   // Search and sort on the server: this run's hosts, latest heartbeat first; the host
   // never heard from comes last either way.
@@ -677,7 +704,7 @@ for (const colorScheme of ["light", "dark"]) {
     }
     await post(`/api/v1/keys/${batch}-destroyed/destroy`, { version: 1 });
     for (const path of ["/", "/keys", `/keys?q=${batch}`, `/keys/${batch}-destroyed`, `/keys/${KEY}`, "/hosts", `/hosts?group=${HOST_GROUP}`, "/guard-points", "/audit",
-                        "/users", "/tokens", "/system", "/kmip-clients"]) {
+                        "/users", "/tokens", "/system", "/kmip-clients", "/approvals", "/account"]) {
       await page.goto(`/#${path}`);
       await page.locator("#main-content h1").first().waitFor();
       problems.push(...(await axeViolations(page)).map((v) => `${path}: ${v}`));
@@ -740,6 +767,56 @@ for (const [width, height] of [[375, 812], [768, 1024], [1440, 900]]) {
     await done();
   });
 }
+
+test("your account: set up a second factor with an authenticator's code; sign-in then asks for it", async () => {
+  // A person of their own (the administrator's sign-ins elsewhere stay password-only).
+  const admin = await open(STATE);
+  const csrf = (await admin.context.cookies()).find((c) => c.name === "strongroom_csrf")?.value ?? "";
+  const user = `e2e-totp-${Date.now().toString(36)}`;
+  const made = await admin.context.request.post("/api/v1/users", { data: { username: user, role: "auditor" },
+                                                                   headers: { "X-CSRF-Token": csrf } });
+  assert.equal(made.status(), 201, await made.text());
+  const otp = (await made.json()).one_time_password;
+  await admin.done();
+  // The password alone is answered 401 totp_required once the factor is on (then the code is asked for).
+  const { page, done } = await open(undefined, { allow: [/status of 401/] });
+  const password = "a passphrase of my own choosing 42";
+  await signIn(page, user, otp);
+  await page.waitForURL(/#\/change-password/);
+  await page.locator('input[name="current_password"]').fill(otp);
+  await page.locator('input[name="new_password"]').fill(password);
+  await page.locator('input[name="new_password_again"]').fill(password);
+  await page.getByRole("button", { name: "Save password" }).click();
+  await page.getByRole("heading", { name: "Dashboard" }).waitFor();
+  await page.getByTestId("whoami").click(); // the username in the header opens the account page
+  await page.getByRole("heading", { name: "Your account" }).waitFor();
+  await page.getByTestId("totp-start").click();
+  await page.getByRole("img", { name: /^QR code of your authenticator key/ }).waitFor();
+  const key = (await page.getByTestId("totp-secret").textContent()).trim();
+  await shot(page, "account-totp");
+  const code = totp(key);
+  await page.getByTestId("totp-code").locator("input").first().click();
+  await page.keyboard.type(code);
+  await page.getByTestId("totp-confirm").click();
+  await page.getByTestId("totp-on").waitFor();
+  // Signed out and in again: the password alone is no longer enough.
+  await page.getByRole("button", { name: "Sign out" }).click();
+  await page.waitForURL(/#\/sign-in/);
+  await signIn(page, user, password);
+  const codeField = page.getByLabel("Authenticator code");
+  await codeField.waitFor();
+  // Each code signs in once: wait for the authenticator's next one.
+  const next = Math.ceil((Date.now() + 1) / 30_000) * 30_000;
+  await new Promise((r) => setTimeout(r, next - Date.now() + 200));
+  await codeField.fill(totp(key));
+  await page.getByRole("button", { name: "Sign in" }).click();
+  const dashboard = page.getByRole("heading", { name: "Dashboard" });
+  const refused = page.locator("form").getByText("Sign-in failed");
+  await until(async () => (await dashboard.count()) + (await refused.count()) > 0,
+              () => `neither signed in nor refused: ${page.url()}`);
+  assert.equal(await refused.count(), 0, "the code was refused");
+  await done();
+});
 
 test("an ended session sends the person back to sign-in with a message", async () => {
   const { page, context, done } = await open(STATE, { allow: [/status of 401/] });

@@ -5,7 +5,8 @@ import { IconLock, IconLogout } from "@tabler/icons-react";
 import { Link, Navigate, Outlet, useLocation, useNavigate } from "react-router";
 import { useAuth } from "./auth";
 import { Loading } from "./components/bits";
-import { NAV } from "./nav";
+import { GlobalSearch } from "./components/GlobalSearch";
+import { NAV, mayOpen } from "./nav";
 
 export function Brand({ light = false }: { light?: boolean }) {
   return (
@@ -29,7 +30,7 @@ export function Layout() {
   // The whole destination, filters included, survives signing in (a shared audit link).
   if (!me) return <Navigate to="/sign-in" replace state={{ from: location.pathname + location.search }} />;
   if (me.must_change_password) return <Navigate to="/change-password" replace />;
-  const items = NAV.filter((n) => !n.perm || can(n.perm));
+  const items = NAV.filter((n) => mayOpen(n, can));
   return (
     <AppShell header={{ height: 52 }} padding={{ base: "sm", sm: "lg" }}
               navbar={{ width: 208, breakpoint: "sm", collapsed: { mobile: !navOpen } }}>
@@ -45,7 +46,9 @@ export function Layout() {
             <UnstyledButton component={Link} to="/" aria-label="Strongroom home"><Brand light /></UnstyledButton>
           </Group>
           <Group gap="sm" wrap="nowrap">
-            <Text size="sm" c="#c5d0e0" data-testid="whoami" visibleFrom="xs">{me.username}</Text>
+            <GlobalSearch />
+            <Anchor component={Link} to="/account" size="sm" c="#c5d0e0" data-testid="whoami" visibleFrom="xs"
+                    title="Your account: password and second factor">{me.username}</Anchor>
             <Badge variant="outline" color="gray.4" radius="sm" data-testid="role-badge" style={{ flexShrink: 0 }}>
               {me.role ?? me.actor_type}
             </Badge>

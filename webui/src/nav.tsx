@@ -1,4 +1,4 @@
-import { IconCpu, IconDashboard, IconPlugConnected, IconKey, IconListDetails, IconServer2, IconShieldLock, IconTicket, IconUsers } from "@tabler/icons-react";
+import { IconChecklist, IconCpu, IconDashboard, IconPlugConnected, IconKey, IconListDetails, IconServer2, IconShieldLock, IconTicket, IconUsers } from "@tabler/icons-react";
 import type { ComponentType } from "react";
 import type { Permission } from "./auth";
 
@@ -8,6 +8,8 @@ export interface NavItem {
   icon: ComponentType<{ size?: number; stroke?: number }>;
   /** Shown only to roles with this permission. */
   perm?: Permission;
+  /** …or with any of these. */
+  anyOf?: Permission[];
 }
 
 // The console's sections. Extension point: guard-point policies (issue 5) add their entry
@@ -22,5 +24,11 @@ export const NAV: NavItem[] = [
   { to: "/users", label: "Users", icon: IconUsers, perm: "users:read" },
   { to: "/tokens", label: "API tokens", icon: IconTicket, perm: "tokens:own" },
   { to: "/kmip-clients", label: "KMIP clients", icon: IconPlugConnected, perm: "kmip:clients" },
+  { to: "/approvals", label: "Approvals", icon: IconChecklist,
+    anyOf: ["keys:destroy", "system:kek", "users:manage", "keys:export", "audit:read"] },
   { to: "/system", label: "System", icon: IconCpu, perm: "system:read" },
 ];
+
+/** Whether a role may see a section (its permission, or any of its alternatives). */
+export const mayOpen = (n: NavItem, can: (p: Permission) => boolean) =>
+  (!n.perm || can(n.perm)) && (!n.anyOf || n.anyOf.some(can));

@@ -26,6 +26,8 @@ const UsersPage = lazyPage(() => import("./pages/Users"), "UsersPage");
 const TokensPage = lazyPage(() => import("./pages/Tokens"), "TokensPage");
 const SystemPage = lazyPage(() => import("./pages/System"), "SystemPage");
 const KmipClientsPage = lazyPage(() => import("./pages/Kmip"), "KmipClientsPage");
+const ApprovalsPage = lazyPage(() => import("./pages/Approvals"), "ApprovalsPage");
+const AccountPage = lazyPage(() => import("./pages/Account"), "AccountPage");
 
 function Need({ perm, children }: { perm: Permission; children: ReactNode }) {
   const { can } = useAuth();
@@ -54,6 +56,8 @@ export const router = createHashRouter([
       { path: "tokens", element: <Need perm="tokens:own"><TokensPage /></Need> },
       { path: "system", element: <Need perm="system:read"><SystemPage /></Need> },
       { path: "kmip-clients", element: <Need perm="kmip:clients"><KmipClientsPage /></Need> },
+      { path: "approvals", element: <ApprovalsPage /> },
+      { path: "account", element: <AccountPage /> },
       { path: "*", element: <Navigate to="/" replace /> },
     ],
   },

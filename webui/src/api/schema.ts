@@ -2710,6 +2710,11 @@ export interface components {
             permissions: string[];
             /** Role */
             role: string | null;
+            /**
+             * Second Factor
+             * @description a confirmed TOTP second factor (users only)
+             */
+            second_factor?: boolean | null;
             /** Username */
             username: string;
         };

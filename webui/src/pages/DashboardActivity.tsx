@@ -8,6 +8,7 @@ import { useQuery } from "@tanstack/react-query";
 import { useState } from "react";
 import { Link } from "react-router";
 import { api, call, type Host, type Key, type Schemas } from "../api/client";
+import { HELD } from "../approvals";
 import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
 import { EmptyState, Loading, fmtRelative } from "../components/bits";
@@ -132,9 +133,17 @@ export const BURST_FACTOR = 5;
 export function attention(input: {
   health?: Health; hosts?: Host[]; keys?: Key[]; activity?: Activity;
   chain?: { head_seq: number; verified: { seq: number; at: string } | null };
+  /** Requests of the two-person rule this user may decide (someone else's, pending). */
+  waiting?: { action: string; requested_by: string }[];
 }, now = Date.now()): AttentionItem[] {
   const out: AttentionItem[] = [];
-  const { health, hosts, keys, activity, chain } = input;
+  const { health, hosts, keys, activity, chain, waiting } = input;
+  if (waiting?.length) {
+    out.push({ id: "approvals-waiting", level: "warning",
+               title: `${waiting.length} request${waiting.length === 1 ? " waits" : "s wait"} for your approval`,
+               detail: waiting.slice(0, 3).map((w) => `${w.action} by ${w.requested_by}`).join(", ")
+                 + (waiting.length > 3 ? ", …" : ""), to: "/approvals" });
+  }
   if (health) {
     for (const c of health.checks.filter((x) => !x.ok)) {
       out.push({ id: `check-${c.name}`, level: c.name === "audit_sinks" ? "warning" : "critical",
@@ -195,7 +204,7 @@ const LEVEL = {
 } as const;
 
 export function AttentionPanel() {
-  const { can } = useAuth();
+  const { can, me } = useAuth();
   const health = useQuery({ queryKey: qk.health, queryFn: () => call(api.GET("/api/v1/system/health")),
                             refetchInterval: 30_000, enabled: can("system:read") });
   const hosts = useHosts(can("hosts:read"));
@@ -207,8 +216,16 @@ export function AttentionPanel() {
   });
   const activity = useActivity("24h", can("audit:read"));
   const chain = useAuditStatus(can("audit:read"));
+  const approvals = useQuery({
+    queryKey: ["approvals", "pending"],
+    queryFn: () => call(api.GET("/api/v1/approvals", { params: { query: { state: "pending" } } })),
+    refetchInterval: 30_000,
+    enabled: Object.values(HELD).some((h) => can(h.perm)),
+  });
+  const waiting = (approvals.data ?? []).filter((a) => a.requested_by !== me?.username && HELD[a.action] && can(HELD[a.action].perm)
+                                                     && !a.approvals.some((x) => x.by === me?.username));
   const items = attention({ health: health.data, hosts: hosts.data?.items, keys: keys.data?.items, activity: activity.data,
-                            chain: chain.data });
+                            chain: chain.data, waiting });
   const loading = [health, hosts, keys, activity, chain].some((q) => q.isLoading);
   return (
     <Panel title="Needs attention">

@@ -37,6 +37,13 @@ describe("attention: what the dashboard raises", () => {
     expect(items[0].to).toBe("/audit?outcome=denied&since=2026-11-25T12%3A00");
   });
 
+  it("requests waiting for this user's approval, linking to them", () => {
+    const items = attention({ waiting: [{ action: "key.destroy", requested_by: "alice" }, { action: "kek.rotate", requested_by: "bob" }] }, NOW);
+    expect(items).toEqual([{ id: "approvals-waiting", level: "warning", title: "2 requests wait for your approval",
+                             detail: "key.destroy by alice, kek.rotate by bob", to: "/approvals" }]);
+    expect(attention({ waiting: [] }, NOW)).toEqual([]);
+  });
+
   it("no burst when the hour is ordinary or small", () => {
     expect(attention({ activity: hourly([40, 50, 45, 60, 55]) }, NOW)).toEqual([]); // busy, but usual
     expect(attention({ activity: hourly([0, 0, 0, 0, BURST_MIN - 1]) }, NOW)).toEqual([]); // too few to page anyone

@@ -1,0 +1,11 @@
+// The two-person rule's held actions as the server names them (keyserver/core/approvals.py
+// ACTIONS): what the console calls each, and the permission approving it needs.
+import type { Permission } from "./auth";
+
+export const HELD: Record<string, { label: string; perm: Permission }> = {
+  "key.destroy": { label: "Destroy a key", perm: "keys:destroy" },
+  "kek.rotate": { label: "Rotate the KEK", perm: "system:kek" },
+  "kek.retire": { label: "Retire a KEK", perm: "system:kek" },
+  "user.role": { label: "Change a user's role", perm: "users:manage" },
+  "key.export": { label: "Export a key in plaintext", perm: "keys:export" },
+};
