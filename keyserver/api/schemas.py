@@ -440,6 +440,7 @@ class SystemHealth(BaseModel):
     version: str
     hostname: str = Field(description="the replica that answered")
     pid: int
+    replica_id: str = Field(description="its id in `replicas` (several servers in one process have one pid)")
     started_at: datetime
     store: Literal["embedded", "postgresql"]
     workers: int

@@ -77,7 +77,8 @@ def health(ctx: Ctx, services: ServicesDep) -> SystemHealth:
     last = audit["last_checkpoint"]
     return SystemHealth(
         status="unavailable" if not ok else "degraded" if degraded else "ok",
-        version=product_version(), hostname=socket.gethostname(), pid=os.getpid(), started_at=STARTED_AT,
+        version=product_version(), hostname=socket.gethostname(), pid=os.getpid(), replica_id=services.replicas.id,
+        started_at=STARTED_AT,
         store="embedded" if services.settings.effective_database_url.startswith("sqlite") else "postgresql",
         workers=services.settings.workers, checks=checks,
         audit_head_seq=audit["head_seq"], audit_pending=services.audit.pending(),

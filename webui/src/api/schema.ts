@@ -2965,6 +2965,11 @@ export interface components {
             /** Pid */
             pid: number;
             /**
+             * Replica Id
+             * @description its id in `replicas` (several servers in one process have one pid)
+             */
+            replica_id: string;
+            /**
              * Replicas
              * @description every key server process heard from in the last day, newest first
              */

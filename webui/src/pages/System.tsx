@@ -126,7 +126,7 @@ function Replicas({ h }: { h: Health }) {
               {h.replicas.map((r) => (
                 <Table.Tr key={r.id} data-replica={r.id} data-live={r.live}>
                   <Table.Td>{r.hostname} <Text span size="xs" c="dimmed">pid {r.pid}</Text>
-                    {r.hostname === h.hostname && r.pid === h.pid && <Text span size="xs" c="dimmed"> · answered this page</Text>}</Table.Td>
+                    {r.id === h.replica_id && <Text span size="xs" c="dimmed"> · answered this page</Text>}</Table.Td>
                   <Table.Td><Badge color={r.live ? "teal" : "gray"} variant="light" radius="sm">{r.live ? "live" : "gone"}</Badge></Table.Td>
                   <Table.Td>{r.version}</Table.Td>
                   <Table.Td title={fmtTime(r.started_at)}>{fmtRelative(r.started_at)}</Table.Td>
