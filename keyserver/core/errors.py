@@ -53,6 +53,12 @@ class ServiceUnavailable(CoreError):
     code = "unavailable"
 
 
+class StoreBusy(ServiceUnavailable):
+    """Other writes hold what this one needs; nothing was changed, retry in a moment."""
+
+    code = "store_busy"
+
+
 class IntegrityFailure(CoreError):
     """A blob failed authentication. Deliberately says nothing about why."""
 

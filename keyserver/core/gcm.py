@@ -19,7 +19,7 @@ import uuid
 
 from sqlalchemy import Connection, Engine, select, update
 
-from keyserver.core.errors import Conflict
+from keyserver.core.errors import Conflict, StoreBusy
 from keyserver.store.models import KeyVersion
 
 GCM_LIMIT = 2**32
@@ -66,8 +66,17 @@ class GcmBudget:
             return self._reserve(conn, key_id, version)
 
     def _reserve(self, conn: Connection, key_id: uuid.UUID, version: int) -> int:
-        """Take up to a block from the version's counter (compare-and-set: replicas race)."""
+        """Take up to a block from the version's counter; 0 only when the version has none left."""
         where = (KeyVersion.key_id == key_id, KeyVersion.version == version)
+        # A whole block, in one statement, while the version is a block or more from its
+        # limit: the row lock orders replicas and threads, so a crowd reserving at once
+        # (every replica when the database comes back) waits its turn instead of losing a
+        # compare-and-set race and being told the key is used up.
+        done = conn.execute(update(KeyVersion).where(*where, KeyVersion.gcm_invocations <= self._limit - self._block)
+                            .values(gcm_invocations=KeyVersion.gcm_invocations + self._block))
+        if getattr(done, "rowcount", 0) == 1:
+            return self._block
+        # The last block before the limit (or no such version): what is left, compare-and-set.
         for _ in range(10):
             used = conn.execute(select(KeyVersion.gcm_invocations).where(*where)).scalar()
             if used is None or used >= self._limit:
@@ -77,7 +86,8 @@ class GcmBudget:
                                 .values(gcm_invocations=used + take))
             if getattr(done, "rowcount", 0) == 1:
                 return take
-        return 0
+        # Lost every race for the last few: busy, not used up (the caller may retry).
+        raise StoreBusy("the key version's encryption count is contended; retry in a moment")
 
     def used(self, key_id: uuid.UUID, version: int) -> int:
         """Invocations reserved so far (spent, or held by a process)."""

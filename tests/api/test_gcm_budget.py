@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from sqlalchemy import update
+from sqlalchemy import create_engine, event, update
 
 from keyserver.core.errors import Conflict
 from keyserver.core.gcm import BLOCK, GCM_LIMIT, GcmBudget
@@ -34,6 +34,33 @@ def test_replicas_share_the_count_and_nothing_passes_the_limit(services: Service
                 refused.add(i)
     assert done == 10  # every reserved invocation spent, none beyond the limit
     assert replicas[0].used(key.id, 1) == 10
+
+
+def test_a_reservation_losing_every_race_is_not_told_the_key_is_used_up(services: Services) -> None:
+    """Another replica reserves from the same counter just before each of this one's
+    writes (as every replica does at once when the database comes back under load): the
+    reservation still gets its block. With a compare-and-set it lost ten races in a row
+    and answered `gcm_limit` for a key far from its limit (the PostgreSQL-restart drill)."""
+    if services.engine.dialect.name != "postgresql":
+        pytest.skip("the interleaving needs a second writer between this transaction's statements, "
+                    "which SQLite does not allow (one writer at a time); the code path is the same")
+    key = services.keys.create(system_context("tests"), KeySpec(name=unique("gcm-race")))
+    engine = create_engine(services.engine.url)
+    other = GcmBudget(services.engine, block=7)
+    raced = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def another_replica_first(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.lstrip().upper().startswith("UPDATE KEY_VERSIONS"):
+            other._reserve_alone(key.id, 1)
+            raced.append(statement)
+
+    try:
+        GcmBudget(engine, block=100).spend(key.id, 1, name=key.name)
+    finally:
+        engine.dispose()
+    assert raced  # the other replica did get in first
+    assert other.used(key.id, 1) == 100 + 7 * len(raced)
 
 
 def test_the_hot_path_reserves_blocks(admin: httpx.Client, services: Services) -> None:
