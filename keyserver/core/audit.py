@@ -816,6 +816,9 @@ class AuditService:
 
     def export(self, flt: AuditFilter, *, fmt: Literal["csv", "jsonl"]) -> Iterator[str]:
         """Oldest first, streamed in pages so an export never holds the log in memory."""
+        # A search's matches come from the word index on every page (a common word costs a
+        # little more per page; a rare one is not hunted through the log).
+        searching = _searches(flt)
         last = 0
         if fmt == "csv":
             buf = io.StringIO()
@@ -824,9 +827,6 @@ class AuditService:
             yield buf.getvalue()
         while True:
             with self._db() as s:
-                # A search's matches come from the word index on every page (a common word
-                # costs a little more per page; a rare one is not hunted through the log).
-                searching = _searches(flt)
                 if searching:
                     self._custom_plans(s)
                 stmt = self._filtered(select(AuditEvent), flt, materialize=searching).where(AuditEvent.seq > last)

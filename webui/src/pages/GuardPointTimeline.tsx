@@ -1,7 +1,7 @@
 // When each of a host's guard points was serving, stopped, or stopped on a crash. Drawn
 // from the agent's own audit records (agent.guardpoint.mounted / .unmounted, with the time
 // on the host), so the picture is what the tamper-evident log says, not a separate store.
-import { Box, Group, SegmentedControl, Stack, Table, Text, Tooltip } from "@mantine/core";
+import { Box, Group, Stack, Table, Text, Tooltip } from "@mantine/core";
 import { useQuery } from "@tanstack/react-query";
 import { useState } from "react";
 import { api, call, type AuditEvent, type Host } from "../api/client";
@@ -9,13 +9,13 @@ import { ErrorAlert } from "../components/ErrorAlert";
 import { EmptyState, Loading, fmtTime } from "../components/bits";
 import { Panel } from "../components/Panel";
 import { hostActor } from "../hosts";
+import { TIMELINE_RANGES, TimelineRangeControl, type TimelineRange } from "./Usage";
 
 export type GpState = "mounted" | "stopped" | "crashed" | "unknown";
 export type Span = { from: number; to: number; state: GpState };
 export type Change = { at: number; state: GpState; status?: number };
 export type Row = { path: string; spans: Span[]; changes: Change[] };
 
-const RANGES = { "24h": 24, "7d": 24 * 7 } as const;
 const PAGE = 1000; // records asked for; more in the window is said, not drawn
 
 export const STATE_LOOK: Record<GpState, { colour: string; label: string }> = {
@@ -67,9 +67,9 @@ export function guardPointRows(events: AuditEvent[], reported: Host["guard_point
 }
 
 export function GuardPointTimeline({ h }: { h: Host }) {
-  const [range, setRange] = useState<keyof typeof RANGES>("24h");
+  const [range, setRange] = useState<TimelineRange>("24h");
   const until = Math.ceil(Date.now() / 60_000) * 60_000 + 60_000;
-  const since = until - RANGES[range] * 3_600_000;
+  const since = until - TIMELINE_RANGES[range] * 3_600_000;
   const q = useQuery({
     queryKey: ["audit", "events", "guard-point-states", h.hostname, range, until],
     queryFn: () => call(api.GET("/api/v1/audit/events", { params: { query: {
@@ -80,11 +80,8 @@ export function GuardPointTimeline({ h }: { h: Host }) {
   const rows = q.data ? guardPointRows(q.data.items, h.guard_points, since, until) : [];
   const span = until - since;
   return (
-    <Panel title="Guard points over time" right={
-      <div role="group" aria-label="Guard point timeline range">
-        <SegmentedControl size="xs" value={range} onChange={(v) => setRange(v as keyof typeof RANGES)}
-                          data={[{ value: "24h", label: "24 hours" }, { value: "7d", label: "7 days" }]} />
-      </div>}>
+    <Panel title="Guard points over time"
+           right={<TimelineRangeControl value={range} onChange={setRange} label="Guard point timeline range" />}>
       {q.error ? <ErrorAlert error={q.error} /> : !q.data ? <Loading /> : rows.length === 0 ? (
         <EmptyState title="No guard points on this host">
           The agent records each mount and unmount in the audit log; they are drawn here.

@@ -131,11 +131,25 @@ export function ActorUsagePanel({ actor }: { actor: string }) {
   );
 }
 
-const TIMELINE_RANGES = { "24h": 24, "7d": 24 * 7 } as const;
+/** The hours a host's timelines cover (heartbeats, guard points). */
+export const TIMELINE_RANGES = { "24h": 24, "7d": 24 * 7 } as const;
+export type TimelineRange = keyof typeof TIMELINE_RANGES;
+
+/** The 24 hours / 7 days switch of a host's timelines. */
+export function TimelineRangeControl({ value, onChange, label }: {
+  value: TimelineRange; onChange: (r: TimelineRange) => void; label: string;
+}) {
+  return (
+    <div role="group" aria-label={label}>
+      <SegmentedControl size="xs" value={value} onChange={(v) => onChange(v as TimelineRange)}
+                        data={[{ value: "24h", label: "24 hours" }, { value: "7d", label: "7 days" }]} />
+    </div>
+  );
+}
 
 /** One cell per hour: heard from (a heartbeat) or not. */
 export function HeartbeatTimeline({ hostId }: { hostId: string }) {
-  const [range, setRange] = useState<keyof typeof TIMELINE_RANGES>("24h");
+  const [range, setRange] = useState<TimelineRange>("24h");
   const hours = TIMELINE_RANGES[range];
   const until = new Date(Math.ceil(Date.now() / 3_600_000) * 3_600_000);
   const since = new Date(until.getTime() - hours * 3_600_000);
@@ -148,11 +162,7 @@ export function HeartbeatTimeline({ hostId }: { hostId: string }) {
   });
   const heard = (q.data ?? []).filter((h) => h.count > 0).length;
   return (
-    <Panel title="Heartbeats" right={
-      <div role="group" aria-label="Timeline range">
-        <SegmentedControl size="xs" value={range} onChange={(v) => setRange(v as keyof typeof TIMELINE_RANGES)}
-                          data={[{ value: "24h", label: "24 hours" }, { value: "7d", label: "7 days" }]} />
-      </div>}>
+    <Panel title="Heartbeats" right={<TimelineRangeControl value={range} onChange={setRange} label="Timeline range" />}>
       {q.error ? <ErrorAlert error={q.error} /> : !q.data ? <Loading /> : (
         <Stack gap={6} data-testid="heartbeat-timeline" data-heard={heard} data-hours={q.data.length}>
           <Text size="sm">Heard from in <b>{heard}</b> of the last {q.data.length} hours</Text>
