@@ -3,7 +3,7 @@ import { useDisclosure, useMediaQuery } from "@mantine/hooks";
 import { useEffect } from "react";
 import { IconLock, IconLogout } from "@tabler/icons-react";
 import { Link, Navigate, Outlet, useLocation, useNavigate } from "react-router";
-import { useAuth } from "./auth";
+import { SIGNED_OUT, useAuth } from "./auth";
 import { Loading } from "./components/bits";
 import { GlobalSearch } from "./components/GlobalSearch";
 import { NAV, mayOpen } from "./nav";
@@ -18,7 +18,7 @@ export function Brand({ light = false }: { light?: boolean }) {
 }
 
 export function Layout() {
-  const { me, loading, can, signOut } = useAuth();
+  const { me, loading, notice, can, signOut } = useAuth();
   const location = useLocation();
   const navigate = useNavigate();
   // Below the "sm" breakpoint (phones, narrow windows) the navigation folds behind a
@@ -27,8 +27,11 @@ export function Layout() {
   const narrow = useMediaQuery("(max-width: 47.99em)"); // below Mantine's "sm"
   useEffect(() => nav.close(), [location.pathname, location.search]);
   if (loading) return <Loading label="Checking your session…" />;
-  // The whole destination, filters included, survives signing in (a shared audit link).
-  if (!me) return <Navigate to="/sign-in" replace state={{ from: location.pathname + location.search }} />;
+  // The whole destination, filters included, survives signing in (a shared audit link);
+  // after a sign-out the person asked for, the next sign-in starts afresh. (Signing out
+  // clears the session before the button's own navigate runs, so this render comes first.)
+  if (!me) return <Navigate to="/sign-in" replace
+                            state={notice === SIGNED_OUT ? null : { from: location.pathname + location.search }} />;
   if (me.must_change_password) return <Navigate to="/change-password" replace />;
   const items = NAV.filter((n) => mayOpen(n, can));
   return (

@@ -7,7 +7,7 @@ export type Permission =
   | "keys:read" | "keys:create" | "keys:update" | "keys:rotate" | "keys:activate" | "keys:revoke"
   | "keys:destroy" | "keys:encrypt" | "keys:decrypt" | "keys:verify" | "datakeys:generate" | "datakeys:decrypt" | "audit:read" | "audit:verify"
   | "users:read" | "users:manage" | "tokens:own" | "tokens:all" | "system:read" | "system:kek"
-  | "keys:export" | "keys:export-wrapped" | "kmip:clients" | "hosts:read" | "hosts:enroll" | "hosts:revoke" | "guardpoints:manage";
+  | "keys:export" | "keys:export-wrapped" | "kmip:clients" | "hosts:read" | "hosts:enroll" | "hosts:revoke" | "guardpoints:manage" | "volumes:manage";
 
 export interface AuthState {
   me: Me | null;
@@ -23,6 +23,9 @@ export interface AuthState {
 const AuthContext = createContext<AuthState | null>(null);
 
 export const ME_KEY = ["auth", "me"] as const;
+
+/** The notice of a sign-out the person asked for: the next sign-in starts at the dashboard. */
+export const SIGNED_OUT = "You have signed out.";
 
 export function AuthProvider({ children }: { children: ReactNode }) {
   const qc = useQueryClient();
@@ -71,7 +74,7 @@ export function AuthProvider({ children }: { children: ReactNode }) {
     } catch {
       // Already signed out: nothing to undo.
     }
-    setNotice("You have signed out.");
+    setNotice(SIGNED_OUT);
     qc.clear();
     qc.setQueryData(ME_KEY, null);
   }, [qc]);
@@ -98,11 +101,11 @@ export function useAuth(): AuthState {
 }
 
 /** For tests and stories: a fixed identity. */
-export function StaticAuth({ me, children }: { me: Me | null; children: ReactNode }) {
+export function StaticAuth({ me, notice = null, children }: { me: Me | null; notice?: string | null; children: ReactNode }) {
   const value = useMemo<AuthState>(() => ({
-    me, loading: false, notice: null,
+    me, loading: false, notice,
     can: (p) => !!me && me.permissions.includes(p),
     signedIn: () => undefined, signOut: async () => undefined, refresh: async () => undefined,
-  }), [me]);
+  }), [me, notice]);
   return <AuthContext.Provider value={value}>{children}</AuthContext.Provider>;
 }

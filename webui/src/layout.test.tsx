@@ -6,7 +6,7 @@ import type { ReactElement } from "react";
 import { MemoryRouter, Route, Routes, useLocation } from "react-router";
 import { describe, expect, it } from "vitest";
 import type { Me } from "./api/client";
-import { StaticAuth } from "./auth";
+import { SIGNED_OUT, StaticAuth } from "./auth";
 import { Layout } from "./Layout";
 import { SignInPage } from "./pages/SignIn";
 import { fakeApi } from "./test/fakeApi";
@@ -18,12 +18,13 @@ function Where() {
   return <p data-testid="where">{location.pathname + location.search}|{JSON.stringify(location.state)}</p>;
 }
 
-function mount(ui: ReactElement, me: Me | null, entry: string | { pathname: string; state: unknown }) {
+function mount(ui: ReactElement, me: Me | null, entry: string | { pathname: string; state: unknown },
+               notice: string | null = null) {
   const qc = new QueryClient({ defaultOptions: { queries: { retry: false } } });
   return render(
     <MantineProvider theme={theme}>
       <QueryClientProvider client={qc}>
-        <StaticAuth me={me}>
+        <StaticAuth me={me} notice={notice}>
           <MemoryRouter initialEntries={[entry]}>{ui}</MemoryRouter>
         </StaticAuth>
       </QueryClientProvider>
@@ -37,6 +38,13 @@ describe("a link opened signed out", () => {
                   <Route element={<Layout />}><Route path="audit" element={<p>audit</p>} /></Route></Routes>,
           null, "/audit?actor=admin&seq=5");
     expect(await screen.findByTestId("where")).toHaveTextContent('/sign-in|{"from":"/audit?actor=admin&seq=5"}');
+  });
+
+  it("is forgotten after a sign-out the person asked for: the next sign-in starts at the dashboard", async () => {
+    mount(<Routes><Route path="/sign-in" element={<Where />} />
+                  <Route element={<Layout />}><Route path="account" element={<p>account</p>} /></Route></Routes>,
+          null, "/account", SIGNED_OUT);
+    expect(await screen.findByTestId("where")).toHaveTextContent("/sign-in|null");
   });
 
   it("lands there after signing in", async () => {
