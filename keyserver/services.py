@@ -36,6 +36,7 @@ from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.replicas import ReplicaRegistry
 from keyserver.core.scheduler import Scheduler
+from keyserver.core.volumes import VolumeService
 from keyserver.oidc import OidcClient, OidcConfig
 from keyserver.settings import Settings
 from keyserver.store import db, notify
@@ -106,6 +107,7 @@ class Services:
     kmip_objects: KmipObjectService
     hosts: HostService
     guard_points: GuardPointService
+    volumes: VolumeService
     sinks: AuditSinks
     approvals: ApprovalService
     crypto: CryptoService
@@ -185,6 +187,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                                store="embedded" if url.startswith("sqlite") else "postgresql")
     objects = KmipObjectService(session_factory, backend, audit, policy, autocommit_engine=autocommit,
                                 notifier=notifier, current_kek=keks.current, approvals=approvals)
+    datakeys = DataKeyService(session_factory, backend, audit, policy, notifier, autocommit_engine=autocommit,
+                              gcm=gcm)
     services = Services(
         settings=settings,
         engine=engine,
@@ -194,8 +198,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         policy=policy,
         keks=keks,
         keys=keys,
-        datakeys=DataKeyService(session_factory, backend, audit, policy, notifier,
-                                autocommit_engine=autocommit, gcm=gcm),
+        datakeys=datakeys,
         identity=IdentityService(
             session_factory, audit, policy,
             session_ttl=timedelta(minutes=settings.session_ttl_minutes),
@@ -219,6 +222,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         kmip_objects=objects,
         crypto=CryptoService(objects, backend, gcm),
         guard_points=GuardPointService(session_factory, audit, policy),
+        volumes=VolumeService(session_factory, audit, policy, datakeys),
         hosts=HostService(session_factory, backend, audit, policy, ca, notifier,
                           cert_days=settings.kmip_client_cert_days,
                           heartbeat_seconds=settings.agent_heartbeat_seconds),

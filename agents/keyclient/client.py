@@ -13,7 +13,7 @@ import socket
 import ssl
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,18 @@ class ServerRefused(Exception):
 
 class HostRevoked(ServerRefused):
     """This host's certificate is revoked or unknown to the server."""
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeSecret:
+    """A volume's keyslot passphrase, unwrapped here, with the blob that seals it on the
+    server (what the volume's LUKS2 token keeps) and the key version it is sealed under."""
+
+    volume: dict[str, Any]
+    key_name: str
+    key_version: int
+    blob: bytes
+    passphrase: bytes = field(repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +150,44 @@ class ServerClient:
             return DeliveredKey(KeyVersion(uuid.UUID(d["key_id"]), int(d["version"]), material), d["name"], d["state"])
         finally:
             del material
+
+    # --- block volumes (docs/volumes.md) ----------------------------------------------
+    def _secret(self, volume: dict[str, Any], s: dict[str, Any]) -> VolumeSecret:
+        assert self._identity is not None
+        passphrase = self._identity.unwrap(base64.b64decode(s["wrapped_passphrase"]), mechanism=s["mechanism"])
+        return VolumeSecret(volume, s["key_name"], int(s["key_version"]), base64.b64decode(s["blob"]), passphrase)
+
+    def volumes(self) -> list[dict[str, Any]]:
+        """The volumes this host may open."""
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/agent/volumes")
+        return result
+
+    def create_volume(self, *, name: str, path: str, key: str, scope: str = "host", sector_size: int = 4096,
+                      size_bytes: int | None = None) -> VolumeSecret:
+        d = self._call("POST", "/api/v1/agent/volumes", json={
+            "name": name, "path": path, "key": key, "scope": scope, "sector_size": sector_size,
+            "size_bytes": size_bytes})
+        return self._secret(d["volume"], d["secret"])
+
+    def unseal_volume(self, volume_id: str, blob: bytes) -> VolumeSecret:
+        d = self._call("POST", f"/api/v1/agent/volumes/{volume_id}/unseal",
+                       json={"blob": base64.b64encode(blob).decode()})
+        return self._secret(d["volume"], d["secret"])
+
+    def reseal_volume(self, volume_id: str, blob: bytes) -> tuple[VolumeSecret, VolumeSecret]:
+        """The passphrase in use and a new one sealed under the key's Active version."""
+        d = self._call("POST", f"/api/v1/agent/volumes/{volume_id}/reseal",
+                       json={"blob": base64.b64encode(blob).decode()})
+        return self._secret(d["volume"], d["current"]), self._secret(d["volume"], d["new"])
+
+    def report_volume(self, volume_id: str, state: str, **fields: Any) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/agent/volumes/{volume_id}/report",
+                                            json={"state": state, **fields})
+        return result
+
+    def record_volume_recovery(self, volume_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/agent/volumes/{volume_id}/recovery")
+        return result
 
     def send_events(self, events: list[dict[str, Any]]) -> None:
         """A spool batch, in server batches; raises (and the spool keeps it) on failure."""

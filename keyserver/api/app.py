@@ -47,6 +47,7 @@ from keyserver.api.routes import (
     system,
     tokens,
     users,
+    volumes,
 )
 from keyserver.core.permissions import Permission
 from keyserver.logs import request_id_var
@@ -264,6 +265,7 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
     app.include_router(kmip_clients.router, prefix="/api/v1")
     app.include_router(hosts.router, prefix="/api/v1")
     app.include_router(guardpoints.router, prefix="/api/v1")
+    app.include_router(volumes.router, prefix="/api/v1")
     app.include_router(agent.router, prefix="/api/v1")
     app.include_router(approvals.router, prefix="/api/v1")
     app.include_router(install.router)

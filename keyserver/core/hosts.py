@@ -52,6 +52,16 @@ ERROR_EVENTS = frozenset({"guardpoint.integrity_error", "guardpoint.key_missing"
 
 
 HOST_STATUSES = ("online", "offline", "revoked")
+
+
+def _guard_point_keys(s: Session, host: Host) -> set[uuid.UUID]:
+    return set(s.execute(select(GuardPoint.key_id).where(
+        or_(GuardPoint.host_id == host.id, GuardPoint.host_group == host.host_group))).scalars())
+
+
+def may_receive(s: Session, host: Host, key: ManagedKey) -> bool:
+    """A host may use a key tagged for its group, or the key of one of its guard points."""
+    return key.tags.get(HOST_GROUP_TAG) == host.host_group or key.id in _guard_point_keys(s, host)
 # What a host list can be sorted by (GET /hosts?sort=…).
 HOST_SORTABLE: dict[str, Any] = {
     "hostname": Host.hostname, "host_group": Host.host_group, "enrolled_at": Host.enrolled_at,
@@ -344,18 +354,13 @@ class HostService:
         seen = host.last_heartbeat_at
         return host.state == "active" and seen is not None and self._now() - seen <= self._offline_after
 
-    @staticmethod
-    def _guard_point_keys(s: Session, host: Host) -> set[uuid.UUID]:
-        return set(s.execute(select(GuardPoint.key_id).where(
-            or_(GuardPoint.host_id == host.id, GuardPoint.host_group == host.host_group))).scalars())
-
     def allowed_keys(self, host: Host) -> list[tuple[ManagedKey, int | None]]:
         """The keys this host may receive (tagged for its group, or of its guard points),
         each with its Active version (None if none)."""
         with self._db() as s:
             keys = list(s.execute(select(ManagedKey).where(or_(
                 ManagedKey.tags[HOST_GROUP_TAG].as_string() == host.host_group,
-                ManagedKey.id.in_(self._guard_point_keys(s, host)))).order_by(ManagedKey.name)).scalars())
+                ManagedKey.id.in_(_guard_point_keys(s, host)))).order_by(ManagedKey.name)).scalars())
             rows = s.execute(select(KeyVersion.key_id, KeyVersion.version).where(
                 KeyVersion.key_id.in_([k.id for k in keys]), KeyVersion.state == KeyState.ACTIVE.value))
             active = {key_id: version for key_id, version in rows}
@@ -384,7 +389,7 @@ class HostService:
             require_aes(key, "delivery to a host")
             rows = s.execute(select(KeyVersion).where(KeyVersion.key_id == key.id)).scalars()
             versions = {v.version: v for v in rows}
-            allowed = key.tags.get(HOST_GROUP_TAG) == host.host_group or key.id in self._guard_point_keys(s, host)
+            allowed = may_receive(s, host, key)
         if not allowed:
             self._audit.record_now(ctx, action="key.deliver", outcome="denied", object_type="key",
                                    object_id=str(key.id), details={"host": str(host.id), "name": key.name})

@@ -37,6 +37,7 @@ class Permission(StrEnum):
     HOSTS_ENROLL = "hosts:enroll"  # create and revoke enrollment tokens
     HOSTS_REVOKE = "hosts:revoke"
     GUARDPOINTS_MANAGE = "guardpoints:manage"  # protected directories and their access rules
+    VOLUMES_MANAGE = "volumes:manage"  # revoke and re-key hosts' block volumes
 
 
 class Role(StrEnum):
@@ -58,7 +59,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
         P.KEYS_READ, P.KEYS_CREATE, P.KEYS_UPDATE, P.KEYS_ROTATE, P.KEYS_ACTIVATE,
         P.KEYS_REVOKE, P.KEYS_DESTROY, P.KEYS_EXPORT, P.KEYS_EXPORT_WRAPPED, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
         P.KEYS_ENCRYPT, P.KEYS_DECRYPT, P.KEYS_VERIFY, P.AUDIT_READ, P.AUDIT_VERIFY, P.TOKENS_OWN,
-        P.SYSTEM_READ, P.HOSTS_READ, P.GUARDPOINTS_MANAGE,
+        P.SYSTEM_READ, P.HOSTS_READ, P.GUARDPOINTS_MANAGE, P.VOLUMES_MANAGE,
     }),
     # Keys leave to an operator only wrapped under another key: plaintext export is for
     # key officers and programs (kmip-client).
@@ -68,8 +69,8 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
         P.HOSTS_ENROLL, P.HOSTS_REVOKE,
     }),
     Role.STORAGE_ADMIN: frozenset({
-        P.KEYS_READ, P.HOSTS_READ, P.HOSTS_ENROLL, P.HOSTS_REVOKE, P.GUARDPOINTS_MANAGE, P.AUDIT_READ,
-        P.TOKENS_OWN, P.SYSTEM_READ,
+        P.KEYS_READ, P.HOSTS_READ, P.HOSTS_ENROLL, P.HOSTS_REVOKE, P.GUARDPOINTS_MANAGE, P.VOLUMES_MANAGE,
+        P.AUDIT_READ, P.TOKENS_OWN, P.SYSTEM_READ,
     }),
     Role.KMIP_CLIENT: frozenset({
         P.KEYS_READ, P.KEYS_CREATE, P.KEYS_ACTIVATE, P.KEYS_ROTATE, P.KEYS_REVOKE, P.KEYS_DESTROY, P.KEYS_EXPORT,

@@ -56,12 +56,12 @@ class Policy:
         return self._refusal is None or permission not in KEY_OPERATIONS or self._refusal() is None
 
     def deny(self, ctx: RequestContext, *, action: str, object_type: str | None, object_id: str | None,
-             details: dict[str, object], message: str) -> None:
+             details: dict[str, object], message: str, code: str | None = None) -> None:
         """Refuse what a per-object policy forbids (the permission alone would allow it):
         audited as denied, answered 403."""
         self._audit.record_now(ctx, action=action, outcome="denied", object_type=object_type, object_id=object_id,
                                details=details)
-        raise Forbidden(message)
+        raise Forbidden(message, code=code)
 
     def gate(self, ctx: RequestContext, permission: Permission, *, action: str, object_type: str | None = None,
              object_id: str | None = None) -> None:

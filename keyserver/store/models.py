@@ -556,3 +556,38 @@ class GuardPoint(Base):
     created_by: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+
+
+class Volume(Base):
+    """A LUKS2 block volume on a host, unlocked only through the key server: its keyslot
+    passphrase is a data key sealed under `key_id`'s version `key_version`, kept in the
+    volume's own header (docs/volumes.md). Who may open it: the host that made it, or
+    every host of its group when `scope` is `group` (shared SAN storage)."""
+
+    __tablename__ = "volumes"
+    __table_args__ = (UniqueConstraint("host_id", "name", name="uq_volumes_host_name"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    host_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    host_group: Mapped[str] = mapped_column(String(64), index=True)
+    scope: Mapped[str] = mapped_column(String(8), default="host")  # host | group
+    name: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(String(1024))
+    key_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("managed_keys.id", ondelete="RESTRICT"), index=True)
+    key_version: Mapped[int] = mapped_column(Integer)
+    luks_uuid: Mapped[str | None] = mapped_column(String(36))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    sector_size: Mapped[int] = mapped_column(Integer, default=4096)
+    # created | open | closed | rekeying | revoked
+    state: Mapped[str] = mapped_column(String(16), default="created", index=True)
+    opened_by: Mapped[str | None] = mapped_column(String(16))  # userspace | dm-crypt: how it is open
+    # A re-key asked for (generation up) and how far the host has got with it.
+    rekey_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    rekey_applied: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    rekey_progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    recovery_created_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    created_by: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    last_opened_at: Mapped[datetime | None]

@@ -6,6 +6,7 @@ land without saying who may call it."""
 from __future__ import annotations
 
 import base64
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from keyserver.core.permissions import ROLE_PERMISSIONS, Permission, Role
 from keyserver.services import Services
+from keyserver.store.models import Host
 from tests import https
 from tests.conftest import Actor, unique
 
@@ -159,6 +161,19 @@ def enrolled_host(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     return {"host": str(host.id)}
 
 
+def volume(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    from keyserver.core.volumes import VolumeSpec
+
+    host_id = uuid.UUID(enrolled_host(s, admin, a)["host"])
+    key = fresh_key(s, admin, a, tags={"host-group": "authz"})["key"]
+    with s.db() as session:
+        host = session.get(Host, host_id)
+    assert host is not None
+    ctx, host = s.hosts.authenticate(host.cert_serial)
+    vol, _ = s.volumes.create(ctx, host, VolumeSpec(name=unique("vol"), path="/dev/sdz", key=key))
+    return {"volume": str(vol.id)}
+
+
 CASES: dict[str, Case] = {
     "getMe": Case("GET", "/api/v1/auth/me", ()),
     "checkPermission": Case("GET", "/api/v1/auth/can?permission=keys:read", ()),
@@ -238,6 +253,10 @@ CASES: dict[str, Case] = {
     "getHostHeartbeats": Case("GET", "/api/v1/hosts/{host}/heartbeats?since=2026-11-01T00:00:00Z"
                               "&until=2026-11-02T00:00:00Z", (P.HOSTS_READ,), setup=enrolled_host),
     "revokeHost": Case("POST", "/api/v1/hosts/{host}/revoke", (P.HOSTS_REVOKE,), setup=enrolled_host),
+    "listVolumes": Case("GET", "/api/v1/volumes", (P.HOSTS_READ,)),
+    "getVolume": Case("GET", "/api/v1/volumes/{volume}", (P.HOSTS_READ,), setup=volume),
+    "revokeVolume": Case("POST", "/api/v1/volumes/{volume}/revoke", (P.VOLUMES_MANAGE,), setup=volume),
+    "rekeyVolume": Case("POST", "/api/v1/volumes/{volume}/rekey", (P.VOLUMES_MANAGE,), setup=volume, ok=(202,)),
     "listKmipClients": Case("GET", "/api/v1/kmip/clients", (P.KMIP_CLIENTS,)),
     "createKmipClient": Case("POST", "/api/v1/kmip/clients", (P.KMIP_CLIENTS,),
                              body={"name": "{new}", "role": "auditor"}, ok=(201,)),
@@ -264,7 +283,9 @@ PUBLIC = {"login", "logout", "changePassword", "enrollTotp", "confirmTotp", "hea
           "enrollHost",  # authenticated by its one-time enrollment token
           "getCaCertificate", "getAgentInstaller", "downloadAgent"}  # what a host needs before enrollment
 # Enrolled hosts only, by their client certificate on the agent port (tests/agents/test_agent_port.py).
-HOST_CERTIFICATE = {"agentHeartbeat", "listAgentKeys", "getAgentKey", "reportAgentEvents", "listAgentGuardPoints"}
+HOST_CERTIFICATE = {"agentHeartbeat", "listAgentKeys", "getAgentKey", "reportAgentEvents", "listAgentGuardPoints",
+                    "listAgentVolumes", "createAgentVolume", "unsealAgentVolume", "resealAgentVolume",
+                    "reportAgentVolume", "recordAgentVolumeRecovery"}
 
 
 def test_matrix_names_every_operation(admin: httpx.Client) -> None:
@@ -299,7 +320,9 @@ def test_host_routes_refuse_users(role: str, actors: dict[str, Actor]) -> None:
     """No role reaches the agent routes: they need a host certificate, which users lack."""
     for method, path in (("POST", "/api/v1/agent/heartbeat"), ("GET", "/api/v1/agent/keys"),
                          ("GET", "/api/v1/agent/keys/any"), ("POST", "/api/v1/agent/events"),
-                         ("GET", "/api/v1/agent/guard-points")):
+                         ("GET", "/api/v1/agent/guard-points"), ("GET", "/api/v1/agent/volumes"),
+                         ("POST", "/api/v1/agent/volumes"),
+                         ("POST", f"/api/v1/agent/volumes/{uuid.uuid4()}/unseal")):
         r = actors[role].client.request(method, path, json={} if method == "POST" else None)
         assert r.status_code == 401 and r.json()["code"] == "client_certificate_required", (path, r.text)
 

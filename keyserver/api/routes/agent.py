@@ -13,10 +13,13 @@ from pydantic import BaseModel, Field, StringConstraints
 
 from keyserver.api.deps import HostDep, ServicesDep
 from keyserver.api.routes.guardpoints import GuardPointPublic, guard_point_public
+from keyserver.api.routes.volumes import RekeyState, VolumePublic, volume_public
 from keyserver.api.schemas import MAX_INT, Strict
 from keyserver.core.audit import utcnow
+from keyserver.core.errors import InvalidInput
 from keyserver.core.guardpoints import revision_tag
 from keyserver.core.hosts import EVENT_NAME_RE, AgentEvent
+from keyserver.core.volumes import Secret, VolumeSpec
 
 router = APIRouter(prefix="/agent", tags=["agent"])
 
@@ -131,3 +134,116 @@ def report_events(body: EventBatch, caller: HostDep, services: ServicesDep) -> E
     """A batch from the agent's spool, recorded whole in the audit log as this host."""
     events = [AgentEvent(e.event, e.time, e.object_type, e.object_id, dict[str, Any](e.fields)) for e in body.events]
     return EventsAccepted(accepted=services.hosts.record_events(caller.ctx, caller.host, events))
+
+
+# --- block volumes (docs/volumes.md) ----------------------------------------------------
+Blob = Annotated[str, StringConstraints(min_length=8, max_length=4096, pattern=r"^[A-Za-z0-9+/]+={0,2}$")]
+
+
+class VolumeIn(Strict):
+    name: str = Field(min_length=1, max_length=64, examples=["pgdata"])
+    path: str = Field(min_length=2, max_length=1024, description="block device or image file on this host")
+    key: str = Field(min_length=1, max_length=128, description="managed key name or id (allowed for this host)")
+    scope: Literal["host", "group"] = Field(default="host", description="group: every host of this host's group "
+                                            "may open it (shared storage)")
+    sector_size: Literal[512, 4096] = 4096
+    size_bytes: int | None = Field(default=None, ge=0, le=MAX_INT)
+
+
+class SecretOut(BaseModel):
+    key_name: str
+    key_version: int
+    blob: str = Field(description="base64 of the sealed passphrase: what the volume's LUKS2 token keeps")
+    mechanism: str = Field(description="how `wrapped_passphrase` is wrapped under the host's public key")
+    wrapped_passphrase: str = Field(description="base64; only the host's private key unwraps it")
+
+
+class VolumeSecret(BaseModel):
+    volume: VolumePublic
+    secret: SecretOut
+
+
+class VolumeResealed(BaseModel):
+    volume: VolumePublic
+    current: SecretOut = Field(description="the passphrase of the keyslot in use")
+    new: SecretOut = Field(description="the new passphrase, sealed under the key's Active version")
+
+
+class SealedIn(Strict):
+    blob: Blob
+
+
+class VolumeReport(Strict):
+    state: Literal["open", "closed", "rekeying"]
+    opened_by: Literal["userspace", "dm-crypt"] | None = None
+    luks_uuid: str | None = Field(default=None, pattern=r"^[0-9a-f-]{36}$")
+    size_bytes: int | None = Field(default=None, ge=0, le=MAX_INT)
+    key_version: int | None = Field(default=None, ge=1, lt=2**32, description="after a rotation: the new version")
+    rekey: RekeyState | None = None
+    detail: str = Field(default="", max_length=500)
+
+
+def _secret(secret: Secret) -> SecretOut:
+    return SecretOut(key_name=secret.key_name, key_version=secret.key_version,
+                     blob=base64.b64encode(secret.blob).decode(), mechanism=secret.mechanism,
+                     wrapped_passphrase=base64.b64encode(secret.wrapped).decode())
+
+
+def _blob(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        raise InvalidInput("blob is not base64", code="invalid_blob") from None
+
+
+def _public(services: ServicesDep, volume_id: uuid.UUID, caller: HostDep) -> VolumePublic:
+    rows = [r for r in services.volumes.for_host(caller.host) if r[0].id == volume_id]
+    return volume_public(*rows[0])
+
+
+@router.get("/volumes", operation_id="listAgentVolumes", response_model=list[VolumePublic])
+def list_volumes(caller: HostDep, services: ServicesDep) -> list[VolumePublic]:
+    """The volumes this host may open (its own and its group's shared ones)."""
+    return [volume_public(*row) for row in services.volumes.for_host(caller.host)]
+
+
+@router.post("/volumes", operation_id="createAgentVolume", response_model=VolumeSecret, status_code=201)
+def create_volume(body: VolumeIn, caller: HostDep, services: ServicesDep) -> VolumeSecret:
+    """Record a new volume of this host and make its keyslot passphrase (the host then
+    formats the device with it and writes the sealed blob into the LUKS2 token)."""
+    spec = VolumeSpec(name=body.name, path=body.path, key=body.key, scope=body.scope, sector_size=body.sector_size,
+                      size_bytes=body.size_bytes)
+    vol, secret = services.volumes.create(caller.ctx, caller.host, spec)
+    return VolumeSecret(volume=_public(services, vol.id, caller), secret=_secret(secret))
+
+
+@router.post("/volumes/{volume_id}/unseal", operation_id="unsealAgentVolume", response_model=VolumeSecret)
+def unseal_volume(volume_id: uuid.UUID, body: SealedIn, caller: HostDep, services: ServicesDep) -> VolumeSecret:
+    """The keyslot passphrase, to open the volume: refused (403) for a revoked volume or
+    another host's, (409) for a destroyed or unusable key version."""
+    _, secret = services.volumes.unseal(caller.ctx, caller.host, volume_id, _blob(body.blob))
+    return VolumeSecret(volume=_public(services, volume_id, caller), secret=_secret(secret))
+
+
+@router.post("/volumes/{volume_id}/reseal", operation_id="resealAgentVolume", response_model=VolumeResealed)
+def reseal_volume(volume_id: uuid.UUID, body: SealedIn, caller: HostDep, services: ServicesDep) -> VolumeResealed:
+    """Rotation: the passphrase in use and a new one under the key's Active version."""
+    _, current, new = services.volumes.reseal(caller.ctx, caller.host, volume_id, _blob(body.blob))
+    return VolumeResealed(volume=_public(services, volume_id, caller), current=_secret(current), new=_secret(new))
+
+
+@router.post("/volumes/{volume_id}/report", operation_id="reportAgentVolume", response_model=VolumePublic)
+def report_volume(volume_id: uuid.UUID, body: VolumeReport, caller: HostDep, services: ServicesDep) -> VolumePublic:
+    """What the host did: formatted (closed), opened, closed, rotated, re-key progress."""
+    services.volumes.report(caller.ctx, caller.host, volume_id, state=body.state, opened_by=body.opened_by,
+                            luks_uuid=body.luks_uuid, size_bytes=body.size_bytes, key_version=body.key_version,
+                            rekey=None if body.rekey is None else body.rekey.model_dump(), detail=body.detail)
+    return _public(services, volume_id, caller)
+
+
+@router.post("/volumes/{volume_id}/recovery", operation_id="recordAgentVolumeRecovery", response_model=VolumePublic)
+def record_recovery(volume_id: uuid.UUID, caller: HostDep, services: ServicesDep) -> VolumePublic:
+    """The host is adding a recovery passphrase (made and shown on the host only): once
+    per volume (409 recovery_exists after)."""
+    services.volumes.record_recovery(caller.ctx, caller.host, volume_id)
+    return _public(services, volume_id, caller)
