@@ -155,6 +155,15 @@ def _prepare_hosts(tmp_path: Path, base_url: str, agent_url: str, admin: httpx.C
          "path": "/srv/postgresql/16/main", "status": 139},
         {"event": "guardpoint.mounted", "time": now - 2 * 3600 + 600, "guard_point": "gp-main",
          "path": "/srv/postgresql/16/main", "revision": 1}])
+    # Block volumes as `kms-agent volume create` and `open` record them (agents/volume):
+    # the data volume open in userspace, an old WAL volume to revoke in the console.
+    for name, state in (("pg-data", "open"), ("pg-wal-old", "closed")):
+        made = hosts["db1"].client.create_volume(name=name, path=f"/dev/disk/by-id/{name}", key="pg-main",
+                                                 size_bytes=200 << 30)
+        hosts["db1"].client.report_volume(made.volume["id"], "closed", luks_uuid=str(uuid.uuid4()),
+                                          size_bytes=200 << 30)
+        if state == "open":
+            hosts["db1"].client.report_volume(made.volume["id"], "open", opened_by="userspace")
     hosts["db2"].client.send_events([{  # as a guard point reports a refused reader
         "event": "access.denied", "time": time.time(), "path": "/srv/postgresql/16/main/base", "access": "read",
         "uid": 1001, "user": "backup", "pid": 4242, "exe": "/usr/bin/tar", "rule": "default", "mode": "enforce"}])
@@ -230,7 +239,7 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
                              "hosts", "host-detail", "enroll", "guard-points", "guard-point-editor",
                              "keys-375", "keys-768", "keys-1440", "kek-hsm", "host-detail-dark", "kmip-issued",
                              "kmip-clients", "host-activity", "key-usage", "key-try", "guard-point-timeline",
-                             "account-totp"))
+                             "account-totp", "volumes", "volume-detail"))
     # The files the console handed out work with a stock KMIP client (PyKMIP) against a
     # real listener of this server; the client revoked in the console is refused.
     _kmip_files_work(services, out, kmip_client, kmip_revoked)
@@ -242,6 +251,12 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
     with pytest.raises(ServerRefused) as refused:
         _enroll(tmp_path, agent_url, tmp_path / "ca.pem", spare, f"web-02.{DOMAIN}")
     assert refused.value.code == "enrollment_revoked"
+    # The volume revoked in the console no longer opens: the server refuses its host.
+    (wal,) = [v for v in hosts["db1"].client.volumes() if v["name"] == "pg-wal-old"]
+    assert wal["state"] == "revoked"
+    with pytest.raises(ServerRefused) as sealed:
+        hosts["db1"].client.unseal_volume(wal["id"], b"\0" * 64)
+    assert sealed.value.code == "volume_revoked"
     # The host revoked in the console is refused at its next call.
     with pytest.raises(HostRevoked):
         hosts["old"].beat()

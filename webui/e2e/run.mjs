@@ -611,6 +611,29 @@ test("KMIP clients: issue two in the console, download their files, revoke one b
   await done();
 });
 
+test("volumes: a host's volumes and how each is open; revoke one by typing its name", async () => {
+  const { page, done } = await open(STATE);
+  await page.goto("/#/");
+  await page.getByRole("link", { name: "Volumes" }).click();
+  await page.getByRole("heading", { name: "Volumes", level: 1 }).waitFor();
+  const table = page.getByTestId("volumes-table");
+  const data = table.locator('tr[data-volume="pg-data"]').filter({ hasText: HOST.db1 });
+  await data.locator('[data-state="open"]').waitFor();
+  await data.getByText("userspace").waitFor();
+  await data.getByText("200 GiB").waitFor();
+  await shot(page, "volumes");
+  await table.locator('tr[data-volume="pg-wal-old"]').filter({ hasText: HOST.db1 }).getByRole("link", { name: "pg-wal-old" }).click();
+  await page.getByRole("heading", { name: "pg-wal-old", level: 1 }).waitFor();
+  await page.getByTestId("volume-revoke").click();
+  assert.equal(await page.getByTestId("typed-confirm-submit").isDisabled(), true);
+  await page.getByTestId("typed-confirm-input").fill("pg-wal-old");
+  await page.getByTestId("typed-confirm-submit").click();
+  await page.getByText(/The server refuses to unseal this volume/).waitFor();
+  await page.getByTestId("volume-events").getByText("volume.revoke", { exact: true }).waitFor();
+  await shot(page, "volume-detail");
+  await done();
+});
+
 test("keys: sort on the server by a column, rotate two selected keys with one typed confirmation", async () => {
   const { page, context, done } = await open(STATE);
   const csrf = (await context.cookies()).find((c) => c.name === "strongroom_csrf")?.value ?? "";
@@ -708,7 +731,7 @@ for (const colorScheme of ["light", "dark"]) {
       await post(`/api/v1/keys/${batch}-${name}/revoke`, { reason });
     }
     await post(`/api/v1/keys/${batch}-destroyed/destroy`, { version: 1 });
-    for (const path of ["/", "/keys", `/keys?q=${batch}`, `/keys/${batch}-destroyed`, `/keys/${KEY}`, "/hosts", `/hosts?group=${HOST_GROUP}`, "/guard-points", "/audit",
+    for (const path of ["/", "/keys", `/keys?q=${batch}`, `/keys/${batch}-destroyed`, `/keys/${KEY}`, "/hosts", `/hosts?group=${HOST_GROUP}`, "/guard-points", "/volumes", "/audit",
                         "/users", "/tokens", "/system", "/kmip-clients", "/approvals", "/account"]) {
       await page.goto(`/#${path}`);
       await page.locator("#main-content h1").first().waitFor();

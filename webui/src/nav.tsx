@@ -1,4 +1,4 @@
-import { IconChecklist, IconCpu, IconDashboard, IconPlugConnected, IconKey, IconListDetails, IconServer2, IconShieldLock, IconTicket, IconUsers } from "@tabler/icons-react";
+import { IconChecklist, IconCpu, IconDashboard, IconDatabase, IconPlugConnected, IconKey, IconListDetails, IconServer2, IconShieldLock, IconTicket, IconUsers } from "@tabler/icons-react";
 import type { ComponentType } from "react";
 import type { Permission } from "./auth";
 
@@ -20,6 +20,7 @@ export const NAV: NavItem[] = [
   { to: "/keys", label: "Keys", icon: IconKey, perm: "keys:read" },
   { to: "/hosts", label: "Hosts", icon: IconServer2, perm: "hosts:read" },
   { to: "/guard-points", label: "Guard points", icon: IconShieldLock, perm: "hosts:read" },
+  { to: "/volumes", label: "Volumes", icon: IconDatabase, perm: "hosts:read" },
   { to: "/audit", label: "Audit log", icon: IconListDetails, perm: "audit:read" },
   { to: "/users", label: "Users", icon: IconUsers, perm: "users:read" },
   { to: "/tokens", label: "API tokens", icon: IconTicket, perm: "tokens:own" },

@@ -21,6 +21,8 @@ const KeyDetailPage = lazyPage(() => import("./pages/KeyDetail"), "KeyDetailPage
 const HostsPage = lazyPage(() => import("./pages/Hosts"), "HostsPage");
 const HostDetailPage = lazyPage(() => import("./pages/HostDetail"), "HostDetailPage");
 const GuardPointsPage = lazyPage(() => import("./pages/GuardPoints"), "GuardPointsPage");
+const VolumesPage = lazyPage(() => import("./pages/Volumes"), "VolumesPage");
+const VolumeDetailPage = lazyPage(() => import("./pages/Volumes"), "VolumeDetailPage");
 const AuditPage = lazyPage(() => import("./pages/Audit"), "AuditPage");
 const UsersPage = lazyPage(() => import("./pages/Users"), "UsersPage");
 const TokensPage = lazyPage(() => import("./pages/Tokens"), "TokensPage");
@@ -51,6 +53,8 @@ export const router = createHashRouter([
       { path: "hosts", element: <Need perm="hosts:read"><HostsPage /></Need> },
       { path: "hosts/:hostId", element: <Need perm="hosts:read"><HostDetailPage /></Need> },
       { path: "guard-points", element: <Need perm="hosts:read"><GuardPointsPage /></Need> },
+      { path: "volumes", element: <Need perm="hosts:read"><VolumesPage /></Need> },
+      { path: "volumes/:volumeId", element: <Need perm="hosts:read"><VolumeDetailPage /></Need> },
       { path: "audit", element: <Need perm="audit:read"><AuditPage /></Need> },
       { path: "users", element: <Need perm="users:read"><UsersPage /></Need> },
       { path: "tokens", element: <Need perm="tokens:own"><TokensPage /></Need> },
