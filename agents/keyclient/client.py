@@ -52,6 +52,11 @@ class VolumeSecret:
     key_version: int
     blob: bytes
     passphrase: bytes = field(repr=False)
+    # The volume's offline grace (None: fail closed) and the passphrase as it came,
+    # wrapped under this host's key: what the agent may keep until then.
+    grace_until: str | None = None
+    wrapped: bytes = field(default=b"", repr=False)
+    mechanism: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +159,10 @@ class ServerClient:
     # --- block volumes (docs/volumes.md) ----------------------------------------------
     def _secret(self, volume: dict[str, Any], s: dict[str, Any]) -> VolumeSecret:
         assert self._identity is not None
-        passphrase = self._identity.unwrap(base64.b64decode(s["wrapped_passphrase"]), mechanism=s["mechanism"])
-        return VolumeSecret(volume, s["key_name"], int(s["key_version"]), base64.b64decode(s["blob"]), passphrase)
+        wrapped = base64.b64decode(s["wrapped_passphrase"])
+        passphrase = self._identity.unwrap(wrapped, mechanism=s["mechanism"])
+        return VolumeSecret(volume, s["key_name"], int(s["key_version"]), base64.b64decode(s["blob"]), passphrase,
+                            s.get("grace_until"), wrapped, s["mechanism"])
 
     def volumes(self) -> list[dict[str, Any]]:
         """The volumes this host may open."""

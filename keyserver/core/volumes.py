@@ -16,7 +16,7 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from cryptography.hazmat.primitives import hashes, serialization
@@ -42,6 +42,7 @@ OPEN_PATHS = ("userspace", "dm-crypt")
 SCOPES = ("host", "group")
 SECTOR_SIZES = (512, 4096)
 PASSPHRASE_BYTES = 32
+MAX_GRACE_SECONDS = 7 * 86_400
 MECHANISM = "RSA-OAEP-SHA256"
 # The data key's encryption context: a blob opens only for the volume it was made for.
 CONTEXT_KEY = "strongroom:volume"
@@ -67,6 +68,9 @@ class Secret:
     blob: bytes
     wrapped: bytes
     mechanism: str = MECHANISM
+    # Until when the host may open the volume with this passphrase without asking again
+    # (the volume's offline grace); None: fail closed.
+    grace_until: datetime | None = None
 
 
 def _check_path(path: str) -> str:
@@ -187,9 +191,12 @@ class VolumeService:
         """The passphrase of the volume's keyslot, to open it."""
         vol = self._authorise(ctx, host, volume_id, "volume.open")
         secret = self._unseal(ctx, host, vol, blob, "volume.open")
+        details: dict[str, Any] = {"name": vol.name, "version": secret.key_version}
+        if vol.grace_seconds > 0:
+            secret = replace(secret, grace_until=self._now() + timedelta(seconds=vol.grace_seconds))
+            details["grace_until"] = secret.grace_until.isoformat() if secret.grace_until else None
         self._audit.record_now(ctx, action="volume.unseal", outcome="allowed", object_type="volume",
-                               object_id=str(vol.id),
-                               details={"name": vol.name, "version": secret.key_version})
+                               object_id=str(vol.id), details=details)
         return vol, secret
 
     def reseal(self, ctx: RequestContext, host: Host, volume_id: uuid.UUID,
@@ -320,6 +327,20 @@ class VolumeService:
             vol.updated_at = vol.revoked_at
             self._audit.add(s, ctx, action="volume.revoke", object_type="volume", object_id=str(vol.id),
                             details={"name": vol.name, "host": str(vol.host_id)})
+        return vol
+
+    def set_policy(self, ctx: RequestContext, volume_id: uuid.UUID, *, grace_seconds: int) -> Volume:
+        """The offline grace: how long after an unseal the host may open the volume
+        again without the server (0: fail closed, the default)."""
+        self._policy.require(ctx, Permission.VOLUMES_MANAGE, action="volume.policy", object_type="volume",
+                             object_id=str(volume_id))
+        if not 0 <= grace_seconds <= MAX_GRACE_SECONDS:
+            raise InvalidInput(f"grace_seconds is 0 (fail closed) to {MAX_GRACE_SECONDS} (7 days)")
+        with self._db.begin() as s:
+            vol = self._row(s, volume_id)
+            before, vol.grace_seconds, vol.updated_at = vol.grace_seconds, grace_seconds, self._now()
+            self._audit.add(s, ctx, action="volume.policy", object_type="volume", object_id=str(vol.id),
+                            details={"name": vol.name, "grace_seconds": grace_seconds, "was": before})
         return vol
 
     def request_rekey(self, ctx: RequestContext, volume_id: uuid.UUID) -> Volume:

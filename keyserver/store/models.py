@@ -586,6 +586,9 @@ class Volume(Base):
     rekey_applied: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     rekey_progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     recovery_created_at: Mapped[datetime | None]
+    # How long a host may open the volume without the server after its last unseal
+    # (0: never, fail closed). Set by people with volumes:manage; docs/volumes.md.
+    grace_seconds: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     revoked_at: Mapped[datetime | None]
     created_by: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime]

@@ -36,6 +36,7 @@ def upgrade() -> None:
         sa.Column('rekey_applied', sa.Integer(), server_default='0', nullable=False),
         sa.Column('rekey_progress', sa.JSON(), nullable=True),
         sa.Column('recovery_created_at', sa.DateTime(timezone=True), nullable=True),
+        sa.Column('grace_seconds', sa.Integer(), server_default='0', nullable=False),
         sa.Column('revoked_at', sa.DateTime(timezone=True), nullable=True),
         sa.Column('created_by', sa.String(length=200), nullable=False),
         sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),

@@ -256,6 +256,8 @@ CASES: dict[str, Case] = {
     "listVolumes": Case("GET", "/api/v1/volumes", (P.HOSTS_READ,)),
     "getVolume": Case("GET", "/api/v1/volumes/{volume}", (P.HOSTS_READ,), setup=volume),
     "revokeVolume": Case("POST", "/api/v1/volumes/{volume}/revoke", (P.VOLUMES_MANAGE,), setup=volume),
+    "setVolumePolicy": Case("PUT", "/api/v1/volumes/{volume}/policy", (P.VOLUMES_MANAGE,), setup=volume,
+                            body={"grace_seconds": 60}),
     "rekeyVolume": Case("POST", "/api/v1/volumes/{volume}/rekey", (P.VOLUMES_MANAGE,), setup=volume, ok=(202,)),
     "listKmipClients": Case("GET", "/api/v1/kmip/clients", (P.KMIP_CLIENTS,)),
     "createKmipClient": Case("POST", "/api/v1/kmip/clients", (P.KMIP_CLIENTS,),

@@ -156,6 +156,8 @@ class SecretOut(BaseModel):
     blob: str = Field(description="base64 of the sealed passphrase: what the volume's LUKS2 token keeps")
     mechanism: str = Field(description="how `wrapped_passphrase` is wrapped under the host's public key")
     wrapped_passphrase: str = Field(description="base64; only the host's private key unwraps it")
+    grace_until: datetime | None = Field(default=None, description="until when the host may keep it to open the "
+                                         "volume while the server is unreachable; null: fail closed")
 
 
 class VolumeSecret(BaseModel):
@@ -186,7 +188,7 @@ class VolumeReport(Strict):
 def _secret(secret: Secret) -> SecretOut:
     return SecretOut(key_name=secret.key_name, key_version=secret.key_version,
                      blob=base64.b64encode(secret.blob).decode(), mechanism=secret.mechanism,
-                     wrapped_passphrase=base64.b64encode(secret.wrapped).decode())
+                     wrapped_passphrase=base64.b64encode(secret.wrapped).decode(), grace_until=secret.grace_until)
 
 
 def _blob(text: str) -> bytes:

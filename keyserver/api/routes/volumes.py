@@ -11,6 +11,8 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from keyserver.api.deps import Ctx, ServicesDep
+from keyserver.api.schemas import Strict
+from keyserver.core.volumes import MAX_GRACE_SECONDS
 from keyserver.store.models import Volume
 
 router = APIRouter(prefix="/volumes", tags=["volumes"])
@@ -46,6 +48,8 @@ class VolumePublic(BaseModel):
     rekey: RekeyState | None = Field(description="the host's last progress report")
     has_recovery: bool = Field(description="a recovery passphrase keyslot was made (shown once, on the host)")
     recovery_created_at: datetime | None
+    grace_seconds: int = Field(description="how long after an unseal its host may open it without the server; "
+                               "0: fail closed")
     revoked_at: datetime | None
     created_by: str
     created_at: datetime
@@ -63,6 +67,7 @@ def volume_public(v: Volume, key_name: str, hostname: str) -> VolumePublic:
         rekey_generation=v.rekey_generation, rekey_applied=v.rekey_applied,
         rekey=RekeyState(**v.rekey_progress) if v.rekey_progress else None,
         has_recovery=v.recovery_created_at is not None, recovery_created_at=v.recovery_created_at,
+        grace_seconds=v.grace_seconds,
         revoked_at=v.revoked_at, created_by=v.created_by, created_at=v.created_at, updated_at=v.updated_at,
         last_opened_at=v.last_opened_at)
 
@@ -84,6 +89,18 @@ def revoke_volume(volume_id: uuid.UUID, ctx: Ctx, services: ServicesDep) -> Volu
     """The server refuses to unseal it from now on: no host opens it again, except with
     its recovery passphrase. Cannot be undone."""
     services.volumes.revoke(ctx, volume_id)
+    return volume_public(*services.volumes.get(ctx, volume_id))
+
+
+class VolumePolicy(Strict):
+    grace_seconds: int = Field(ge=0, le=MAX_GRACE_SECONDS, description="0 (fail closed) to 7 days")
+
+
+@router.put("/{volume_id}/policy", operation_id="setVolumePolicy", response_model=VolumePublic)
+def set_volume_policy(volume_id: uuid.UUID, body: VolumePolicy, ctx: Ctx, services: ServicesDep) -> VolumePublic:
+    """The offline grace: how long after an unseal the host may open the volume again
+    while the server is unreachable (its passphrase kept wrapped under the host's key)."""
+    services.volumes.set_policy(ctx, volume_id, grace_seconds=body.grace_seconds)
     return volume_public(*services.volumes.get(ctx, volume_id))
 
 

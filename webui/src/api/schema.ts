@@ -1421,6 +1421,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/volumes/{volume_id}/policy": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Set Volume Policy
+         * @description The offline grace: how long after an unseal the host may open the volume again
+         *     while the server is unreachable (its passphrase kept wrapped under the host's key).
+         */
+        put: operations["setVolumePolicy"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/volumes/{volume_id}/rekey": {
         parameters: {
             query?: never;
@@ -3108,6 +3129,11 @@ export interface components {
              * @description base64 of the sealed passphrase: what the volume's LUKS2 token keeps
              */
             blob: string;
+            /**
+             * Grace Until
+             * @description until when the host may keep it to open the volume while the server is unreachable; null: fail closed
+             */
+            grace_until?: string | null;
             /** Key Name */
             key_name: string;
             /** Key Version */
@@ -3472,6 +3498,14 @@ export interface components {
             /** Size Bytes */
             size_bytes?: number | null;
         };
+        /** VolumePolicy */
+        VolumePolicy: {
+            /**
+             * Grace Seconds
+             * @description 0 (fail closed) to 7 days
+             */
+            grace_seconds: number;
+        };
         /** VolumePublic */
         VolumePublic: {
             /**
@@ -3481,6 +3515,11 @@ export interface components {
             created_at: string;
             /** Created By */
             created_by: string;
+            /**
+             * Grace Seconds
+             * @description how long after an unseal its host may open it without the server; 0: fail closed
+             */
+            grace_seconds: number;
             /**
              * Has Recovery
              * @description a recovery passphrase keyslot was made (shown once, on the host)
@@ -11828,6 +11867,104 @@ export interface operations {
             cookie?: never;
         };
         requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumePublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    setVolumePolicy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                volume_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["VolumePolicy"];
+            };
+        };
         responses: {
             /** @description Successful Response */
             200: {

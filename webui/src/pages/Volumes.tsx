@@ -1,7 +1,7 @@
 // Block volumes: LUKS2 volumes on hosts whose keyslot the key server seals. Hosts make
 // and open them (`kms-agent volume …`); here people see where each is, how it is open,
 // and revoke or re-key it (docs/volumes.md).
-import { Alert, Anchor, Badge, Button, Code, Group, Paper, Progress, SimpleGrid, Stack, Table, Text, Tooltip } from "@mantine/core";
+import { Alert, Anchor, Badge, Button, Code, Group, Paper, Progress, Select, SimpleGrid, Stack, Table, Text, Tooltip } from "@mantine/core";
 import { notifications } from "@mantine/notifications";
 import { IconInfoCircle, IconRefresh } from "@tabler/icons-react";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
@@ -34,6 +34,14 @@ export function fmtBytes(n: number | null | undefined): string {
   let i = 0;
   while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
   return `${v >= 10 || i === 0 ? Math.round(v) : v.toFixed(1)} ${units[i]}`;
+}
+
+const GRACES: [number, string][] = [[0, "none: fail closed"], [3600, "1 hour"], [86_400, "1 day"], [604_800, "7 days"]];
+
+export function graceLabel(seconds: number): string {
+  const known = GRACES.find(([s]) => s === seconds);
+  if (known) return known[1];
+  return seconds % 3600 === 0 ? `${seconds / 3600} hours` : `${Math.round(seconds / 60)} minutes`;
 }
 
 /** How far a re-key is, or null when none is under way or asked for. */
@@ -132,6 +140,13 @@ export function VolumeDetailPage() {
     mutationFn: () => call(api.POST("/api/v1/volumes/{volume_id}/revoke", { params: { path: { volume_id: volumeId } } })),
     onSuccess: (v) => { setRevoking(false); done("Volume revoked", `${v.name}: the server refuses to unseal it from now on`); },
   });
+  const policy = useMutation({
+    mutationFn: (grace: number) => call(api.PUT("/api/v1/volumes/{volume_id}/policy", {
+      params: { path: { volume_id: volumeId } }, body: { grace_seconds: grace } })),
+    onSuccess: (v) => done("Offline grace changed", v.grace_seconds === 0
+      ? `${v.name} opens only with this server's answer`
+      : `${v.hostname} may open ${v.name} for ${graceLabel(v.grace_seconds)} after each unseal while this server is unreachable`),
+  });
   const rekey = useMutation({
     mutationFn: () => call(api.POST("/api/v1/volumes/{volume_id}/rekey", { params: { path: { volume_id: volumeId } } })),
     onSuccess: (v) => { setRekeying(false); done("Re-key asked for", `${v.hostname} re-encrypts ${v.name} the next time it runs kms-agent volume rekey`); },
@@ -180,6 +195,16 @@ export function VolumeDetailPage() {
             <Tooltip label="Made on the host with kms-agent volume recovery, shown there once; the server never sees it" multiline w={260} withArrow>
               <Text size="sm" span tabIndex={0} td="underline dotted">{v.has_recovery ? `made ${fmtRelative(v.recovery_created_at)}` : "none"}</Text>
             </Tooltip>
+          </Fact>
+          <Fact label="Offline grace">
+            {manage ? (
+              <Select size="xs" w={200} aria-label="Offline grace" allowDeselect={false} disabled={policy.isPending}
+                      data={[...GRACES.map(([s, l]) => ({ value: String(s), label: l })),
+                             ...(GRACES.some(([s]) => s === v.grace_seconds) ? [] : [{ value: String(v.grace_seconds), label: graceLabel(v.grace_seconds) }])]}
+                      value={String(v.grace_seconds)} onChange={(x) => x != null && policy.mutate(Number(x))}
+                      data-testid="volume-grace" />
+            ) : graceLabel(v.grace_seconds)}
+            {policy.error && <ErrorAlert error={policy.error} />}
           </Fact>
           <Fact label="Re-keys">{v.rekey_applied} done{v.rekey_generation > v.rekey_applied ? `, ${v.rekey_generation - v.rekey_applied} asked for` : ""}</Fact>
           <Fact label="Created">{fmtTime(v.created_at)} by {v.created_by}</Fact>

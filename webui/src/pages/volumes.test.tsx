@@ -12,7 +12,7 @@ const volume = (over: Partial<Volume> = {}): Volume => ({
   id: ID, name: "pgdata", host_id: "h1", hostname: "db1.example.com", host_group: "db", scope: "host",
   path: "/dev/sdb", key_id: "k1", key_name: "db-volumes", key_version: 2, luks_uuid: "0f6e7c5e-2a55-4c3e-9d5c-9d1b8a1f0a11",
   size_bytes: 500 * 2 ** 30, sector_size: 4096, state: "open", opened_by: "userspace", rekey_generation: 0, rekey_applied: 0,
-  rekey: null, has_recovery: true, recovery_created_at: "2026-11-20T10:00:00Z", revoked_at: null, created_by: "host:db1.example.com",
+  rekey: null, has_recovery: true, grace_seconds: 0, recovery_created_at: "2026-11-20T10:00:00Z", revoked_at: null, created_by: "host:db1.example.com",
   created_at: "2026-11-01T10:00:00Z", updated_at: "2026-11-20T10:00:00Z", last_opened_at: "2026-11-24T08:00:00Z", ...over,
 });
 
@@ -62,6 +62,24 @@ describe("volumes", () => {
     expect(screen.queryByTestId("volume-revoke")).toBeNull();
   });
 
+  it("sets the offline grace, which the server records", async () => {
+    let current = volume();
+    const api = fakeApi({
+      [`GET /api/v1/volumes/${ID}`]: () => json(200, current),
+      "GET /api/v1/audit/events": { items: [], next_before_seq: null, total: 0, total_exact: true },
+      [`PUT /api/v1/volumes/${ID}/policy`]: ({ body }) => {
+        current = volume({ grace_seconds: (body as { grace_seconds: number }).grace_seconds });
+        return json(200, current);
+      },
+    });
+    renderWith(<VolumeDetailPage />, { me: meAs("admin"), at: `/volumes/${ID}`, path: "/volumes/:volumeId" });
+    await userEvent.click(await screen.findByRole("textbox", { name: "Offline grace" }));
+    await userEvent.click(await screen.findByRole("option", { name: "1 day", hidden: true }));
+    await waitFor(() => expect(api.calls(`PUT /api/v1/volumes/${ID}/policy`)).toHaveLength(1));
+    expect(api.calls(`PUT /api/v1/volumes/${ID}/policy`)[0].body).toEqual({ grace_seconds: 86_400 });
+    await waitFor(() => expect(screen.getByRole("textbox", { name: "Offline grace" })).toHaveValue("1 day"));
+  });
+
   it("offers no revoke or re-key to a role that cannot manage volumes", async () => {
     fakeApi({ [`GET /api/v1/volumes/${ID}`]: volume({ rekey_generation: 1, state: "rekeying",
                                                         rekey: { generation: 1, done: 50, total: 200, finished: false } }),
@@ -70,5 +88,6 @@ describe("volumes", () => {
     expect(await screen.findByTestId("volume-rekey-progress")).toHaveTextContent("re-encrypting: 25 %");
     expect(screen.queryByTestId("volume-revoke")).toBeNull();
     expect(screen.queryByTestId("volume-rekey")).toBeNull();
+    expect(screen.getByText("none: fail closed")).toBeInTheDocument();
   });
 });
