@@ -78,20 +78,24 @@ webui_build() {
 }
 
 # native_need — the compiled data plane (agents/dataplane: the format engine libsrcf.so
-# and .a, and the FUSE daemon strongroom-fuse), built with the distribution's gcc against
-# OpenSSL 3 and libfuse3 when their sources changed since the last build (or a product is
-# missing). The agent wheel the key server serves carries the library.
+# and .a, the FUSE daemon strongroom-fuse and the LUKS2 volume server strongroom-volume),
+# built with the distribution's gcc against OpenSSL 3, libfuse3 and libcryptsetup when
+# their sources changed since the last build (or a product is missing). The agent wheel
+# the key server serves carries the library.
 native_need() {
   apt_need libssl-dev:/usr/include/openssl/evp.h make:make gcc:gcc pkg-config:pkg-config \
-           libfuse3-dev:/usr/include/fuse3/fuse_lowlevel.h fuse3:fusermount3
+           libfuse3-dev:/usr/include/fuse3/fuse_lowlevel.h fuse3:fusermount3 \
+           libcryptsetup-dev:/usr/include/libcryptsetup.h
   local dir="$ROOT/agents/dataplane" stamp="$ROOT/agents/dataplane/build/.strongroom-built"
-  local want; want="$(cd "$dir" && cat Makefile include/*.h src/*.c fuse/Makefile fuse/*.[ch] | sha256sum | cut -c1-16)"
+  local want; want="$(cd "$dir" && cat Makefile include/*.h src/*.c fuse/Makefile fuse/*.[ch] \
+                      volume/Makefile volume/*.[ch] | sha256sum | cut -c1-16)"
   if [[ -f "$dir/build/libsrcf.so" && -f "$dir/build/libsrcf.a" && -x "$dir/fuse/strongroom-fuse" \
-        && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        && -x "$dir/volume/strongroom-volume" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     return 0
   fi
-  log "building the compiled data plane (agents/dataplane: libsrcf, strongroom-fuse)"
+  log "building the compiled data plane (agents/dataplane: libsrcf, strongroom-fuse, strongroom-volume)"
   make -s -C "$dir" lib >&2
   make -s -C "$dir/fuse" all >&2
+  make -s -C "$dir/volume" all >&2
   echo "$want" >"$stamp"
 }
