@@ -37,6 +37,8 @@ from agents.keyclient.cache import ServerUnreachable
 from agents.keyclient.client import HostRevoked, ServerClient, ServerKeyring, ServerRefused
 from agents.keyclient.identity import HostIdentity, IdentityError
 from agents.keyclient.spool import EventSpool
+from agents.volume.luks import LuksError
+from agents.volume.manager import VolumeError, VolumeManager, parse_tab
 
 
 class Exit(IntEnum):
@@ -299,6 +301,175 @@ def run() -> None:
             manager.stop_all()
             daemon.ship_events()
     raise typer.Exit(code)
+
+
+volume_app = typer.Typer(help="LUKS2 block volumes unlocked through the key server (docs/volumes.md).",
+                         no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(volume_app, name="volume")
+_VOLUME_EXIT = {"usage": Exit.USAGE, "file": Exit.FILE, "key": Exit.KEY, "unreachable": Exit.UNREACHABLE,
+                "failed": Exit.FAILED}
+
+
+@contextmanager
+def _volumes() -> Iterator[VolumeManager]:
+    config = _config()
+    spool = _spool(config)
+    with _client(config) as c:
+        try:
+            yield VolumeManager(c, config, spool=spool)
+        except VolumeError as exc:
+            raise Fail(_VOLUME_EXIT[exc.kind], str(exc)) from None
+        except LuksError as exc:
+            raise Fail(Exit.FILE, str(exc)) from None
+        finally:
+            _flush(c, spool)
+
+
+def _size(text: str | None) -> int | None:
+    if text is None:
+        return None
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except (ValueError, IndexError):
+        raise Fail(Exit.USAGE, f"--size {text!r}: a size like 512M, 20G or a number of bytes") from None
+
+
+@volume_app.command("create")
+def volume_create(
+        name: Annotated[str, typer.Argument(help="the volume's name on this host (lower-case, digits, . _ -)")],
+        path: Annotated[Path, typer.Argument(help="block device, or image file (made with --size)")],
+        key: Annotated[str, typer.Option(help="managed key that seals the keyslot (tagged for this host's group)")],
+        size: Annotated[str | None, typer.Option(help="size of a new image file: 512M, 20G…")] = None,
+        sector_size: Annotated[int, typer.Option(help="encryption sector size: 4096 or 512")] = 4096,
+        shared: Annotated[bool, typer.Option(help="every host of this host's group may open it")] = False,
+        yes: Annotated[bool, typer.Option("--yes", help="do not ask before formatting")] = False) -> None:
+    """Format PATH as a LUKS2 volume (aes-xts-plain64, 512-bit) whose keyslot the server seals."""
+    if sector_size not in (512, 4096):
+        raise Fail(Exit.USAGE, "--sector-size is 4096 or 512")
+    if not yes and path.exists() and not typer.confirm(f"Everything on {path} will be lost. Format it?"):
+        raise typer.Abort()
+    with _volumes() as m:
+        v = m.create(name=name, path=path, key=key, size=_size(size), sector_size=sector_size,
+                     scope="group" if shared else "host")
+    out.print(f"volume [bold]{v['name']}[/bold] ({v['id']}) made on {v['path']}: LUKS2 {v['luks_uuid']}, "
+              f"sealed under {v['key_name']} v{v['key_version']}. Open it with `kms-agent volume open {name}`.")
+
+
+@volume_app.command("open")
+def volume_open(ref: Annotated[str, typer.Argument(help="volume name, id or path")],
+                mount: Annotated[Path | None, typer.Option(help="mount its file system here")] = None,
+                userspace: Annotated[bool | None, typer.Option(
+                    "--userspace/--dm-crypt", help="how to open it (default: dm-crypt where the kernel has it, "
+                    "else userspace)", show_default=False)] = None) -> None:
+    """Ask the key server to unseal the volume and open it."""
+    with _volumes() as m:
+        state = m.open(ref, mountpoint=mount, userspace=userspace)
+    where = f", mounted on {state.mountpoint}" if state.mountpoint else ""
+    out.print(f"volume [bold]{state.name}[/bold] open ({state.opened_by}) as {state.device}{where}")
+
+
+@volume_app.command("close")
+def volume_close(ref: Annotated[str, typer.Argument(help="volume name, id or path")]) -> None:
+    """Unmount it (if the agent mounted it), detach and stop serving it."""
+    with _volumes() as m:
+        state = m.close(ref)
+    out.print(f"volume [bold]{ref}[/bold] closed" if state else f"volume {ref} was not open on this host")
+
+
+@volume_app.command("status")
+def volume_status(as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False) -> None:
+    """The volumes this host may open, the server's state of each and what is open here."""
+    with _volumes() as m:
+        rows = m.status()
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    table = Table("volume", "path", "key", "server state", "here", "recovery")
+    for v in rows:
+        local = v["local"]
+        here = "-" if local is None else (f"{local['device']} ({local['opened_by']})" if local["alive"]
+                                          else "stale: run `kms-agent volume close`")
+        table.add_row(v["name"], v["path"], f"{v['key_name']} v{v['key_version']}", v["state"], here,
+                      "yes" if v["has_recovery"] else "no")
+    out.print(table if rows else "no volumes for this host")
+
+
+@volume_app.command("open-all")
+def volume_open_all(wait: Annotated[float, typer.Option(help="seconds to wait for the key server (boot)")] = 0,
+                    tab: Annotated[Path | None, typer.Option(help="default: volumes_file of agent.toml")] = None,
+                    ) -> None:
+    """Open every volume of volumes.tab (the systemd unit strongroom-volumes runs this at boot).
+    Fails closed: a volume opens only with the key server's answer, or within the offline
+    grace its policy on the server gives it."""
+    config = _config()
+    with _volumes() as m:
+        entries = parse_tab(tab or config.volumes_file)
+        if not entries:
+            out.print(f"no volumes in {tab or config.volumes_file}")
+            return
+        try:
+            m.wait_for_server(wait)
+            reachable = True
+        except ServerUnreachable as exc:
+            err.print(f"[yellow]key server unreachable[/yellow] ({exc}): only volumes within their offline grace "
+                      "open")
+            reachable = False
+        failed = 0
+        for entry, state, error in m.open_all(entries):
+            if state is not None:
+                out.print(f"{entry.name}: open ({state.opened_by}) as {state.device}"
+                          + (f", mounted on {state.mountpoint}" if state.mountpoint else ""))
+            else:
+                failed += 0 if entry.nofail else 1
+                err.print(f"[red]{entry.name}[/red]: {error}" + (" (nofail: going on)" if entry.nofail else ""))
+    if failed:
+        raise Fail(Exit.KEY if reachable else Exit.UNREACHABLE,
+                   f"{failed} volume(s) of {tab or config.volumes_file} did not open")
+
+
+@volume_app.command("close-all")
+def volume_close_all() -> None:
+    """Close every volume open on this host (at shutdown)."""
+    with _volumes() as m:
+        results = m.close_all()
+    for name, error in results:
+        if error:
+            err.print(f"[red]{name}[/red]: {error}")
+        else:
+            out.print(f"{name}: closed")
+    if any(error for _, error in results):
+        raise Fail(Exit.FAILED, "some volumes did not close: see above")
+
+
+@volume_app.command("rotate")
+def volume_rotate(ref: Annotated[str, typer.Argument(help="volume name, id or path")]) -> None:
+    """Re-seal the keyslot under the key's Active version (new keyslot, old one removed; no data rewritten)."""
+    with _volumes() as m:
+        v = m.rotate(ref)
+    out.print(f"volume [bold]{v['name']}[/bold] re-sealed under {v['key_name']} v{v['key_version']}")
+
+
+@volume_app.command("rekey")
+def volume_rekey(ref: Annotated[str, typer.Argument(help="volume name, id or path")]) -> None:
+    """Re-encrypt the data under a new volume key (offline, resumable; the volume must be closed)."""
+    with _volumes() as m, _bytes_progress(0, f"re-encrypting {ref}") as (progress, task):
+        v = m.rekey(ref, lambda done, total: progress.update(task, completed=done, total=total))
+    out.print(f"volume [bold]{v['name']}[/bold] re-encrypted under a new volume key; a recovery passphrase made "
+              "before no longer opens it (`kms-agent volume recovery` makes a new one)")
+
+
+@volume_app.command("recovery")
+def volume_recovery(ref: Annotated[str, typer.Argument(help="volume name, id or path")]) -> None:
+    """Add a recovery passphrase keyslot, once: it opens the volume with stock cryptsetup,
+    without the key server. Shown here once and kept nowhere."""
+    with _volumes() as m:
+        words = m.recovery(ref)
+    out.print("[bold]Recovery passphrase[/bold] (shown once: write it down and keep it offline, e.g. in a safe):")
+    out.print(f"\n    {words}\n", highlight=False)
+    out.print("It opens the volume without the key server: `cryptsetup open <device> <name>`. Its creation is in "
+              "the audit log.")
 
 
 def main() -> None:

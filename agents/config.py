@@ -8,6 +8,8 @@ key_cache_ttl_seconds = 300                     # keep working this long through
 key_cache_max_entries = 1024
 request_timeout_seconds = 10
 chunk_size = 4096                               # of files this host encrypts
+run_dir = "/run/strongroom-agent"               # open volumes' mounts and state (gone at reboot)
+volumes_file = "/etc/strongroom-agent/volumes.tab"  # volumes opened at boot (docs/volumes.md)
 ```
 """
 
@@ -38,6 +40,8 @@ class AgentConfig:
     key_cache_max_entries: int = 1024
     request_timeout_seconds: float = 10.0
     chunk_size: int = 4096
+    run_dir: Path = Path("/run/strongroom-agent")
+    volumes_file: Path = Path("/etc/strongroom-agent/volumes.tab")
 
     @property
     def spool_dir(self) -> Path:
@@ -68,7 +72,9 @@ class AgentConfig:
                          key_cache_ttl_seconds=float(raw.get("key_cache_ttl_seconds", 300)),
                          key_cache_max_entries=int(raw.get("key_cache_max_entries", 1024)),
                          request_timeout_seconds=float(raw.get("request_timeout_seconds", 10)),
-                         chunk_size=int(raw.get("chunk_size", 4096)))
+                         chunk_size=int(raw.get("chunk_size", 4096)),
+                         run_dir=Path(raw.get("run_dir", "/run/strongroom-agent")),
+                         volumes_file=Path(raw.get("volumes_file", "/etc/strongroom-agent/volumes.tab")))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{path}: {exc}") from None
         if config.key_cache_ttl_seconds <= 0 or config.key_cache_max_entries < 1:

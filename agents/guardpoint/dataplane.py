@@ -61,7 +61,7 @@ def available(executable: Path = DAEMON) -> str | None:
     for the server's platform (the agent wheel carries it): another architecture, an
     older glibc, or a host without libfuse3 / OpenSSL 3 is named here."""
     if not executable.is_file():
-        return f"{executable} is not built (make -C agents/dataplane/fuse; scripts/start builds it)"
+        return f"{executable} is not built (make -C {executable.parent}; scripts/start builds it)"
     if not os.access(executable, os.X_OK):
         # pip installs a wheel's data files 0644 whatever the wheel says: the agent (root,
         # the owner of its own environment) makes its daemon executable once.

@@ -6,8 +6,9 @@ The wheel is assembled in memory, reproducibly (sorted entries, fixed timestamps
 worker serves the same bytes, and the installer checks them against the SHA-256 it was
 given over the same pinned-CA connection.
 
-It carries the compiled format engine, `agents/dataplane/build/libsrcf.so`, and the guard
-points' data plane, `agents/dataplane/fuse/strongroom-fuse` (libsrcf compiled in), as built
+It carries the compiled format engine, `agents/dataplane/build/libsrcf.so`, the guard
+points' data plane, `agents/dataplane/fuse/strongroom-fuse` (libsrcf compiled in), and the
+volumes' userspace data plane, `agents/dataplane/volume/strongroom-volume`, as built
 on this server (`scripts/start` builds them): hosts of the server's architecture with glibc
 and OpenSSL 3 use it with no compiler of their own; on any other host the agent says
 why it cannot load it and uses the Python reference (docs/agents.md). The wheel stays
@@ -31,7 +32,11 @@ REQUIRES = ["cryptography>=46", "httpx>=0.28", "typer>=0.16", "rich>=14"]
 ENTRY_POINTS = "[console_scripts]\nkms-agent = agents.cli:main\n"
 _EPOCH = (2026, 1, 1, 0, 0, 0)  # zip entries need a date; a fixed one keeps builds identical
 NATIVE_LIBRARY = "dataplane/build/libsrcf.so"  # inside the agents package (agents/cryptfile/native.py)
-DATA_PLANE = "dataplane/fuse/strongroom-fuse"  # the guard points' data plane (agents/guardpoint/dataplane.py)
+# The native daemons, each with what a host cannot do without it.
+DATA_PLANES = {
+    "dataplane/fuse/strongroom-fuse": "serve guard points",  # agents/guardpoint/dataplane.py
+    "dataplane/volume/strongroom-volume": "open volumes without dm-crypt",  # agents/volume/manager.py
+}
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +78,13 @@ def build_wheel(source: Path | None = None) -> AgentWheel:
     else:
         log.warning("agent wheel without the compiled format engine: %s is not built "
                     "(make -C agents/dataplane lib); hosts will use the Python reference", native)
-    daemon = root / DATA_PLANE
-    if daemon.is_file():
-        files.append((f"agents/{DATA_PLANE}", daemon.read_bytes()))
-    else:
-        log.warning("agent wheel without the guard points' data plane: %s is not built "
-                    "(make -C agents/dataplane/fuse); hosts cannot serve guard points", daemon)
+    for plane, purpose in DATA_PLANES.items():
+        daemon = root / plane
+        if daemon.is_file():
+            files.append((f"agents/{plane}", daemon.read_bytes()))
+        else:
+            log.warning("agent wheel without %s: it is not built (make -C %s); hosts cannot %s", daemon,
+                        daemon.parent, purpose)
     files.sort()
     metadata = "\n".join([
         "Metadata-Version: 2.1", f"Name: {DIST_NAME}", f"Version: {version}",
@@ -94,7 +100,7 @@ def build_wheel(source: Path | None = None) -> AgentWheel:
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for name, data in files:
             info = zipfile.ZipInfo(name, date_time=_EPOCH)
-            info.external_attr = (0o755 if name.endswith("/strongroom-fuse") else 0o644) << 16
+            info.external_attr = (0o755 if name.removeprefix("agents/") in DATA_PLANES else 0o644) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, data)
     data = buf.getvalue()

@@ -97,6 +97,7 @@ cat > "$CONFIG" <<CONF
 server_url = "$SERVER_URL"
 ca_file = "$CA_FILE"
 state_dir = "$STATE_DIR"
+volumes_file = "$CONFIG_DIR/volumes.tab"  # volumes opened at boot: NAME MOUNTPOINT|- [OPTIONS]
 CONF
 
 say "enrolling this host"
@@ -123,9 +124,28 @@ RestartPreventExitStatus=6
 [Install]
 WantedBy=multi-user.target
 UNIT
+  # Block volumes of $CONFIG_DIR/volumes.tab, opened once the key server answers
+  # (fail closed) and closed before shutdown (docs/volumes.md).
+  cat > /etc/systemd/system/strongroom-volumes.service <<UNIT
+[Unit]
+Description=Strongroom volumes (opened through the key server)
+After=network-online.target strongroom-agent.service
+Wants=network-online.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=$PREFIX/bin/kms-agent --config $CONFIG volume open-all --wait 300
+ExecStop=$PREFIX/bin/kms-agent --config $CONFIG volume close-all
+TimeoutStartSec=360
+
+[Install]
+WantedBy=multi-user.target
+UNIT
   systemctl daemon-reload
   systemctl enable --now strongroom-agent.service
-  say "the agent runs as the systemd service strongroom-agent"
+  systemctl enable strongroom-volumes.service
+  say "the agent runs as the systemd service strongroom-agent; strongroom-volumes opens $CONFIG_DIR/volumes.tab at boot"
 else
   say "start the agent in the foreground with: $PREFIX/bin/kms-agent --config $CONFIG run"
 fi

@@ -1,5 +1,6 @@
-"""The compiled format engine (agents/dataplane) and the guard points' data plane
-(agents/dataplane/fuse) are built before the agent tests run, so
+"""The compiled format engine (agents/dataplane), the guard points' data plane
+(agents/dataplane/fuse) and the volumes' (agents/dataplane/volume) are built before the
+agent tests run, so
 they use it as a host would (`scripts/test` builds it too; make makes this a no-op
 then). Without a C toolchain the engine stays unbuilt: the agent falls back to the
 Python reference and the tests that need the engine skip, saying why."""
@@ -28,6 +29,11 @@ def _build() -> str | None:
                            check=False)
         if r.returncode != 0:
             pytest.fail(f"make -C agents/dataplane/fuse failed:\n{r.stdout}{r.stderr}", pytrace=False)
+    if Path("/usr/include/libcryptsetup.h").exists():  # the volumes' userspace data plane
+        r = subprocess.run(["make", "-s", "-C", str(DATAPLANE / "volume"), "all"], capture_output=True, text=True,
+                           check=False)
+        if r.returncode != 0:
+            pytest.fail(f"make -C agents/dataplane/volume failed:\n{r.stdout}{r.stderr}", pytrace=False)
     return None
 
 

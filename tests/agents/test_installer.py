@@ -37,11 +37,12 @@ def test_the_agent_wheel_is_complete_and_reproducible() -> None:
     entry = zipfile.ZipFile(BytesIO(wheel.data)).read(f"{dist}/entry_points.txt").decode()
     assert "kms-agent = agents.cli:main" in entry
     assert not any("__pycache__" in n or n.startswith(("keyserver/", "hsm/")) for n in names)
-    # The compiled format engine and the guard points' data plane as built on this server
-    # (tests/agents/conftest.py builds them); the daemon installs executable.
+    # The compiled format engine and both data planes as built on this server
+    # (tests/agents/conftest.py builds them); the daemons install executable.
     assert "agents/dataplane/build/libsrcf.so" in names
-    daemon = zipfile.ZipFile(BytesIO(wheel.data)).getinfo("agents/dataplane/fuse/strongroom-fuse")
-    assert (daemon.external_attr >> 16) & 0o111
+    for plane in ("fuse/strongroom-fuse", "volume/strongroom-volume"):
+        daemon = zipfile.ZipFile(BytesIO(wheel.data)).getinfo(f"agents/dataplane/{plane}")
+        assert (daemon.external_attr >> 16) & 0o111
 
 
 def test_downloads_and_installer_are_served(base_url: str, agent_url: str) -> None:

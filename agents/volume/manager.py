@@ -1,0 +1,537 @@
+"""Block volumes on this host: standard LUKS2 volumes whose keyslot passphrase the key
+server seals, opened only when it unseals it (docs/volumes.md).
+
+Two ways to open, one format: with dm-crypt where the kernel has device-mapper
+(cryptsetup maps it, the kernel does the I/O), otherwise in userspace through the native
+data plane (`strongroom-volume` serves the decrypted data segment as a file, attached
+to a loop device). What is open, and how, is kept in `run_dir` (gone at reboot, like
+the mappings themselves).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import select
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agents.config import AgentConfig
+from agents.guardpoint.dataplane import available
+from agents.keyclient.cache import ServerUnreachable
+from agents.keyclient.client import ServerClient, ServerRefused, VolumeSecret
+from agents.keyclient.identity import HostIdentity
+from agents.keyclient.spool import EventSpool
+from agents.volume import luks
+
+DAEMON = Path(__file__).resolve().parent.parent / "dataplane" / "volume" / "strongroom-volume"
+READY_SECONDS = 30.0
+STOP_SECONDS = 30.0
+
+
+class VolumeError(Exception):
+    """What went wrong and what to do; `kind` picks the CLI's exit status."""
+
+    def __init__(self, message: str, kind: str = "failed") -> None:
+        super().__init__(message)
+        self.kind = kind  # usage | file | key | unreachable | failed
+
+
+@dataclass
+class OpenVolume:
+    """An open volume as this host left it: how to reach the plaintext and undo it."""
+
+    name: str
+    volume_id: str
+    path: str
+    opened_by: str  # userspace | dm-crypt
+    device: str  # what to mount: /dev/loopN or /dev/mapper/NAME
+    pid: int | None = None  # strongroom-volume
+    fuse_dir: str | None = None
+    loop: str | None = None
+    mountpoint: str | None = None
+    mapping: str | None = None
+
+
+def _sh(argv: list[str], what: str) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise VolumeError(f"{what}: {(proc.stderr.strip() or proc.stdout.strip() or 'failed').splitlines()[-1]}")
+    return proc.stdout
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (our own child that exited) is not serving anything.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
+
+
+def recovery_passphrase() -> str:
+    """Nine groups of five characters from an alphabet without look-alikes (31 symbols):
+    about 220 bits, typeable from paper."""
+    alphabet = "23456789abcdefghjkmnpqrstuvwxyz"
+    groups = ["".join(secrets.choice(alphabet) for _ in range(5)) for _ in range(9)]
+    return "-".join(groups)
+
+
+class VolumeManager:
+    def __init__(self, client: ServerClient, config: AgentConfig, *, spool: EventSpool | None = None) -> None:
+        self._client = client
+        self._config = config
+        self._dir = config.run_dir / "volumes"
+        # Passphrases a volume's offline grace lets this host keep, wrapped under its key.
+        self._grace = config.state_dir / "volume-grace"
+        self._spool = spool
+
+    # --- the offline grace ------------------------------------------------------------
+    def _keep_for_grace(self, secret: VolumeSecret) -> None:
+        path = self._grace / f"{secret.volume['id']}.json"
+        if not secret.grace_until:
+            path.unlink(missing_ok=True)
+            return
+        self._grace.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"until": secret.grace_until, "mechanism": secret.mechanism,
+                       "wrapped": base64.b64encode(secret.wrapped).decode()}, f)
+        tmp.replace(path)
+
+    def _from_grace(self, volume_id: str) -> bytes | None:
+        """The kept passphrase while the grace lasts; an expired one is deleted."""
+        path = self._grace / f"{volume_id}.json"
+        try:
+            kept = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        if datetime.fromisoformat(kept["until"]) <= datetime.now(UTC):
+            path.unlink(missing_ok=True)
+            return None
+        identity = HostIdentity.load_or_create(self._config.state_dir)
+        return identity.unwrap(base64.b64decode(kept["wrapped"]), mechanism=kept["mechanism"])
+
+    def _record(self, event: str, **fields: Any) -> None:
+        if self._spool is not None:  # shipped, and audited, when the server answers
+            self._spool.append({"event": event, **fields})
+
+    # --- local state ----------------------------------------------------------------
+    def _save_known(self, volumes: list[dict[str, Any]]) -> None:
+        """The server's last list: names and paths to open by while it is unreachable."""
+        self._grace.mkdir(mode=0o700, parents=True, exist_ok=True)
+        keep = [{k: v[k] for k in ("id", "name", "path", "state")} for v in volumes]
+        (self._grace / "volumes.json").write_text(json.dumps(keep))
+
+    def _known(self) -> list[dict[str, Any]]:
+        try:
+            return list(json.loads((self._grace / "volumes.json").read_text()))
+        except FileNotFoundError:
+            return []
+
+    def _state_file(self, name: str) -> Path:
+        return self._dir / f"{name}.json"
+
+    def opened(self, name: str) -> OpenVolume | None:
+        try:
+            return OpenVolume(**json.loads(self._state_file(name).read_text()))
+        except FileNotFoundError:
+            return None
+
+    def _save(self, state: OpenVolume) -> None:
+        self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self._state_file(state.name).with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(state)))
+        tmp.replace(self._state_file(state.name))
+
+    # --- the server's view ----------------------------------------------------------
+    def find(self, ref: str, *, offline: bool = False) -> dict[str, Any]:
+        """A volume this host may open, by name, id or path (`offline`: from what is
+        known here when the server is unreachable: a volume with a kept passphrase)."""
+        try:
+            listed = self._client.volumes()
+            self._save_known(listed)
+        except ServerUnreachable:
+            if not offline:
+                raise
+            listed = self._known()
+        for v in listed:
+            if ref in (v["name"], v["id"], v["path"]):
+                return v
+        raise VolumeError(f"no volume '{ref}' for this host on the key server: `kms-agent volume status` lists "
+                          "them; `kms-agent volume create` makes one", "usage")
+
+    def _sealed(self, path: Path) -> tuple[int, dict[str, Any]]:
+        found = luks.token(path)
+        if found is None:
+            raise VolumeError(f"{path} has no Strongroom token in its LUKS2 header: it was not made with "
+                              "`kms-agent volume create` (or its token was removed); open it with its recovery "
+                              "passphrase and cryptsetup", "file")
+        return found
+
+    # --- create ---------------------------------------------------------------------
+    def create(self, *, name: str, path: Path, key: str, size: int | None, sector_size: int = 4096,
+               scope: str = "host") -> dict[str, Any]:
+        """Format `path` (made `size` bytes long if it is a new image file) as LUKS2 with
+        a keyslot sealed by the server, and its token."""
+        luks.cryptsetup_path()
+        if path.exists():
+            if luks.is_luks(path):
+                raise VolumeError(f"{path} is already a LUKS volume: nothing was changed (to reuse the device, "
+                                  "wipe its header with `cryptsetup erase` and `wipefs -a` first)", "file")
+            if size is not None and not path.is_block_device() and path.stat().st_size != size:
+                raise VolumeError(f"{path} exists with another size: leave out --size, or remove the file", "file")
+        else:
+            if size is None:
+                raise VolumeError(f"{path} does not exist: name a block device, or give --size to make an "
+                                  "image file", "usage")
+            if size < 32 << 20:
+                raise VolumeError("a volume needs at least 32 MiB (16 MiB of it is the LUKS2 header)", "usage")
+            with open(path, "xb") as f:  # exclusive create, then a sparse length
+                f.truncate(size)
+        length = _device_size(path)
+        secret = self._client.create_volume(name=name, path=str(path), key=key, scope=scope,
+                                            sector_size=sector_size, size_bytes=length)
+        vid = secret.volume["id"]
+        luks.format_volume(path, secret.passphrase, sector_size=sector_size, label=f"strongroom:{name}")
+        self._write_token(path, secret, slot=0)
+        return self._client.report_volume(vid, "closed", luks_uuid=luks.luks_uuid(path), size_bytes=length,
+                                          detail="formatted")
+
+    def _write_token(self, path: Path, secret: VolumeSecret, *, slot: int) -> None:
+        luks.write_token(path, {
+            "type": luks.TOKEN_TYPE, "keyslots": [str(slot)], "server": self._client.server_url,
+            "volume_id": secret.volume["id"], "key": secret.key_name, "key_id": secret.volume["key_id"],
+            "key_version": secret.key_version, "blob": base64.b64encode(secret.blob).decode()})
+
+    # --- open / close ---------------------------------------------------------------
+    def open(self, ref: str, *, mountpoint: Path | None = None, userspace: bool | None = None) -> OpenVolume:
+        vol = self.find(ref, offline=True)
+        name, path = vol["name"], Path(vol["path"])
+        current = self.opened(name)
+        if current is not None and self._still_open(current):
+            raise VolumeError(f"volume '{name}' is already open at {current.device}", "usage")
+        if not path.exists():
+            raise VolumeError(f"{path} (volume '{name}') is not on this host: attach the device, then open it",
+                              "file")
+        meta = luks.metadata(path)
+        if luks.reencryption_pending(meta):
+            raise VolumeError(f"a re-key of '{name}' was interrupted: finish it with `kms-agent volume rekey {name}` "
+                              "(it resumes where it stopped), then open the volume", "usage")
+        _, tok = self._sealed(path)
+        if tok.get("volume_id") != vol["id"]:
+            raise VolumeError(f"{path} holds volume {tok.get('volume_id')}, not '{name}' ({vol['id']}): check the "
+                              "device path", "file")
+        offline = False
+        try:
+            secret = self._client.unseal_volume(vol["id"], base64.b64decode(tok["blob"]))
+            self._keep_for_grace(secret)
+            passphrase = secret.passphrase
+        except ServerUnreachable as exc:
+            kept = self._from_grace(vol["id"])
+            if kept is None:  # fail closed
+                self._record("volume.open_failed", volume=name, volume_id=vol["id"], reason="server_unreachable")
+                raise VolumeError(f"the key server is unreachable ({exc}) and volume '{name}' has no offline grace "
+                                  "left: it stays closed until the server answers (or open it with its recovery "
+                                  "passphrase and cryptsetup)", "unreachable") from None
+            passphrase, offline = kept, True
+            self._record("volume.open_offline", volume=name, volume_id=vol["id"], reason="server_unreachable")
+        use_dm = luks.dm_crypt_available() if userspace is None else not userspace
+        if use_dm:
+            mapping = f"strongroom-{name}"
+            device = luks.dm_open(path, passphrase, mapping)
+            state = OpenVolume(name, vol["id"], str(path), "dm-crypt", str(device), mapping=mapping)
+        else:
+            state = self._open_userspace(name, vol["id"], path, passphrase)
+        self._save(state)
+        try:
+            if mountpoint is not None:
+                mountpoint.mkdir(parents=True, exist_ok=True)
+                _sh(["mount", state.device, str(mountpoint)], f"mount {state.device} on {mountpoint}")
+                state.mountpoint = str(mountpoint)
+                self._save(state)
+        except VolumeError:
+            self.close(name, report=False)
+            raise
+        if not offline:
+            self._client.report_volume(vol["id"], "open", opened_by=state.opened_by)
+        return state
+
+    def _open_userspace(self, name: str, volume_id: str, path: Path, passphrase: bytes) -> OpenVolume:
+        why = available(DAEMON)
+        if why is not None:
+            raise VolumeError(f"this host cannot open volumes in userspace: {why} (it also needs libcryptsetup12)")
+        fuse_dir = self._dir / name
+        fuse_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        log = (self._dir / f"{name}.log").open("ab")
+        r, w = os.pipe()
+        try:
+            proc = subprocess.Popen([str(DAEMON), "-f", "--ready-fd", str(w), str(path), str(fuse_dir)],
+                                    stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=[w],
+                                    start_new_session=True)
+            os.close(w)
+            assert proc.stdin is not None
+            proc.stdin.write(passphrase)
+            proc.stdin.close()
+            line = _read_line(r, READY_SECONDS)
+        finally:
+            os.close(r)
+            log.close()
+        if not line.startswith("ready"):
+            code = proc.wait(timeout=STOP_SECONDS) if line == "" else None
+            tail = (self._dir / f"{name}.log").read_text(errors="replace").strip().splitlines()
+            raise VolumeError(f"strongroom-volume could not serve '{name}' (exit {code}): "
+                              f"{tail[-1] if tail else 'no message'}")
+        served = fuse_dir / "volume"
+        try:
+            loop = _sh(["losetup", "--find", "--show", str(served)], f"attach {served} to a loop device").strip()
+        except VolumeError:
+            _sh(["fusermount3", "-u", str(fuse_dir)], f"unmount {fuse_dir}")
+            raise
+        return OpenVolume(name, volume_id, str(path), "userspace", loop, pid=proc.pid, fuse_dir=str(fuse_dir),
+                          loop=loop)
+
+    def _still_open(self, state: OpenVolume) -> bool:
+        if state.opened_by == "dm-crypt":
+            return Path(state.device).exists()
+        return _alive(state.pid)
+
+    def close(self, ref: str, *, report: bool = True) -> OpenVolume | None:
+        """Unmount, detach and stop serving; safe to repeat after a crash part way."""
+        name = ref if self.opened(ref) is not None else self.find(ref)["name"]
+        state = self.opened(name)
+        if state is None:
+            return None
+        if state.mountpoint and os.path.ismount(state.mountpoint):
+            _sh(["umount", state.mountpoint], f"unmount {state.mountpoint} (is something still using it? "
+                                              f"`fuser -vm {state.mountpoint}` shows what)")
+        if state.loop:
+            _detach_loop(state.loop)
+        if state.mapping and Path(state.device).exists():
+            luks.dm_close(state.mapping)
+        if state.fuse_dir:
+            if os.path.ismount(state.fuse_dir) or not _alive(state.pid):
+                subprocess.run(["fusermount3", "-u", "-z", state.fuse_dir], capture_output=True, check=False)
+            _wait_gone(state.pid)
+        self._state_file(name).unlink(missing_ok=True)
+        if report:
+            # Closed here whatever the server says: at shutdown it may be gone already.
+            with suppress(ServerUnreachable, ServerRefused):
+                self._client.report_volume(state.volume_id, "closed")
+        return state
+
+    # --- rotate, recovery, re-key ---------------------------------------------------
+    def rotate(self, ref: str) -> dict[str, Any]:
+        """Re-seal under the key's Active version: a new keyslot with a new passphrase,
+        the token pointing at it, the old keyslot removed. No data is rewritten."""
+        vol = self.find(ref)
+        path = Path(vol["path"])
+        _, tok = self._sealed(path)
+        current, new = self._client.reseal_volume(vol["id"], base64.b64decode(tok["blob"]))
+        old_slot = luks.slot_of(path, current.passphrase)
+        slot = luks.add_keyslot(path, current.passphrase, new.passphrase, sealed=True)
+        self._write_token(path, new, slot=slot)
+        luks.kill_slot(path, old_slot, new.passphrase)
+        return self._client.report_volume(vol["id"], self._server_state(vol), key_version=new.key_version,
+                                          detail=f"re-sealed: keyslot {old_slot} -> {slot}")
+
+    def recovery(self, ref: str) -> str:
+        """A recovery passphrase keyslot (Argon2id), once; the passphrase is returned to be
+        shown once and is kept nowhere."""
+        vol = self.find(ref)
+        if vol["has_recovery"]:
+            raise VolumeError(f"volume '{vol['name']}' already has a recovery passphrase (it was shown once, when "
+                              "it was made)", "usage")
+        path = Path(vol["path"])
+        _, tok = self._sealed(path)
+        secret = self._client.unseal_volume(vol["id"], base64.b64decode(tok["blob"]))
+        words = recovery_passphrase()
+        slot = luks.add_keyslot(path, secret.passphrase, words.encode(), sealed=False)
+        try:
+            self._client.record_volume_recovery(vol["id"])
+        except Exception:
+            luks.kill_slot(path, slot, secret.passphrase)
+            raise
+        return words
+
+    def rekey(self, ref: str, progress: Callable[[int, int], None]) -> dict[str, Any]:
+        """Re-encrypt the data under a new volume key (LUKS2 reencryption, offline: the
+        volume must be closed here). Resumes an interrupted run. Only the sealed keyslot
+        survives: a recovery passphrase must be made again afterwards."""
+        vol = self.find(ref)
+        name, path = vol["name"], Path(vol["path"])
+        state = self.opened(name)
+        if state is not None and self._still_open(state):
+            raise VolumeError(f"volume '{name}' is open: close it first (`kms-agent volume close {name}`); the "
+                              "re-key runs offline", "usage")
+        _, tok = self._sealed(path)
+        secret = self._client.unseal_volume(vol["id"], base64.b64decode(tok["blob"]))
+        resume = luks.reencryption_pending(luks.metadata(path))
+        generation = max(vol["rekey_generation"], vol["rekey_applied"] + 1)
+        last = [0.0]
+
+        def tick(done: int, total: int) -> None:
+            progress(done, total)
+            if time.monotonic() - last[0] >= 5:  # the console's progress, not every tick
+                last[0] = time.monotonic()
+                self._client.report_volume(vol["id"], "rekeying", rekey={
+                    "generation": generation, "done": done, "total": total, "finished": False})
+
+        self._client.report_volume(vol["id"], "rekeying", rekey={"generation": generation, "done": 0,
+                                                                 "total": vol["size_bytes"] or 0,
+                                                                 "finished": False})
+        slot = luks.slot_of(path, secret.passphrase) if not resume else int(tok["keyslots"][0])
+        luks.reencrypt(path, secret.passphrase, slot, resume=resume, progress=tick)
+        size = _device_size(path)
+        return self._client.report_volume(vol["id"], "closed", rekey={
+            "generation": generation, "done": size, "total": size, "finished": True},
+            luks_uuid=luks.luks_uuid(path), detail="re-encrypted under a new volume key")
+
+    def wait_for_server(self, seconds: float, *, sleep: Callable[[float], None] = time.sleep) -> None:
+        """At boot the network or the server may come up after us: try until `seconds`
+        have passed (fail closed: no volume opens without the server's answer)."""
+        end, delay = time.monotonic() + seconds, 1.0
+        while True:
+            try:
+                self._client.volumes()
+                return
+            except ServerUnreachable:
+                if time.monotonic() + delay > end:
+                    raise
+                sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def open_all(self, entries: list[TabEntry]) -> list[tuple[TabEntry, OpenVolume | None, str | None]]:
+        """Each volume of volumes.tab that is not open yet; one failure does not stop
+        the others."""
+        results: list[tuple[TabEntry, OpenVolume | None, str | None]] = []
+        for entry in entries:
+            current = self.opened(entry.name)
+            if current is not None and self._still_open(current):
+                results.append((entry, current, None))
+                continue
+            try:
+                results.append((entry, self.open(entry.name, mountpoint=entry.mountpoint,
+                                                 userspace=entry.userspace), None))
+            except (VolumeError, luks.LuksError, ServerRefused, ServerUnreachable) as exc:
+                results.append((entry, None, str(exc)))
+        return results
+
+    def close_all(self) -> list[tuple[str, str | None]]:
+        """Every volume open here (the reverse of open_all, at shutdown)."""
+        results: list[tuple[str, str | None]] = []
+        for state in sorted(self._dir.glob("*.json")) if self._dir.exists() else []:
+            try:
+                self.close(state.stem)
+                results.append((state.stem, None))
+            except (VolumeError, luks.LuksError, ServerRefused, ServerUnreachable) as exc:
+                results.append((state.stem, str(exc)))
+        return results
+
+    @staticmethod
+    def _server_state(vol: dict[str, Any]) -> str:
+        return "open" if vol["state"] == "open" else "closed"
+
+    def status(self) -> list[dict[str, Any]]:
+        """The server's volumes for this host, with what is open here."""
+        rows = []
+        for v in self._client.volumes():
+            state = self.opened(v["name"])
+            local = None
+            if state is not None:
+                local = {**asdict(state), "alive": self._still_open(state)}
+            rows.append({**v, "local": local})
+        return rows
+
+
+@dataclass(frozen=True, slots=True)
+class TabEntry:
+    """A line of volumes.tab: `NAME MOUNTPOINT|- [OPTIONS]`, options comma-separated:
+    `userspace` or `dm-crypt` (how to open; default: dm-crypt where the kernel has it),
+    `nofail` (boot goes on without it)."""
+
+    name: str
+    mountpoint: Path | None
+    userspace: bool | None
+    nofail: bool
+
+
+def parse_tab(path: Path) -> list[TabEntry]:
+    """volumes.tab, like crypttab: one volume a line, `#` comments. Errors name the line."""
+    entries: list[TabEntry] = []
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    for number, raw in enumerate(lines, 1):
+        fields = raw.split("#", 1)[0].split()
+        if not fields:
+            continue
+        if len(fields) > 3:
+            raise VolumeError(f"{path}:{number}: NAME MOUNTPOINT|- [OPTIONS] expected, got {len(fields)} fields",
+                              "usage")
+        options = set(fields[2].split(",")) if len(fields) == 3 else set()
+        unknown = options - {"userspace", "dm-crypt", "nofail", "defaults"}
+        if unknown or {"userspace", "dm-crypt"} <= options:
+            raise VolumeError(f"{path}:{number}: options are userspace or dm-crypt, and nofail "
+                              f"(not {', '.join(sorted(unknown)) or 'both userspace and dm-crypt'})", "usage")
+        mount = fields[1] if len(fields) > 1 else "-"
+        if mount != "-" and not mount.startswith("/"):
+            raise VolumeError(f"{path}:{number}: the mount point must be an absolute path or -", "usage")
+        entries.append(TabEntry(fields[0], None if mount == "-" else Path(mount),
+                                True if "userspace" in options else False if "dm-crypt" in options else None,
+                                "nofail" in options))
+    return entries
+
+
+def _device_size(path: Path) -> int:
+    with open(path, "rb") as f:  # a block device has no st_size: its end is its size
+        return f.seek(0, os.SEEK_END)
+
+
+def _read_line(fd: int, timeout: float) -> str:
+    """The daemon's ready line, or "" if it exited (or took too long)."""
+    end, data = time.monotonic() + timeout, b""
+    while b"\n" not in data and time.monotonic() < end:
+        ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 256)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+def _detach_loop(loop: str) -> None:
+    # The kernel detaches a loop device lazily while something still holds it open.
+    for _ in range(50):
+        proc = subprocess.run(["losetup", "-d", loop], capture_output=True, text=True, check=False)
+        if proc.returncode == 0 or "No such device" in proc.stderr:
+            return
+        time.sleep(0.1)
+    raise VolumeError(f"detach {loop}: {proc.stderr.strip()} (is it still mounted?)")
+
+
+def _wait_gone(pid: int | None) -> None:
+    end = time.monotonic() + STOP_SECONDS
+    while _alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    if _alive(pid):
+        raise VolumeError(f"strongroom-volume (pid {pid}) did not stop after its mount went away")

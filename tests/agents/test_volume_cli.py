@@ -1,0 +1,308 @@
+"""`kms-agent volume …` end to end on real parts: the key server's agent port (mutual
+TLS), stock cryptsetup, the native userspace data plane (`strongroom-volume` on FUSE),
+loop devices, ext4 and e2fsck. This machine has no device-mapper, so volumes open in
+userspace here; the same volumes open with `cryptsetup open` wherever dm-crypt exists
+(the format checks below are cryptsetup's own)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from agents.cli import Exit
+from agents.keyclient.client import ServerClient
+from agents.keyclient.identity import HostIdentity
+from agents.volume import luks
+from agents.volume.manager import DAEMON
+from tests.agents.test_agent_port import enroll_host, group_key
+from tests.agents.test_cli import kms_agent, write_config
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="loop devices and mounts need root"),
+    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse (FUSE kernel module)"),
+    pytest.mark.skipif(not os.path.exists("/dev/loop-control"), reason="needs loop devices (/dev/loop-control)"),
+    pytest.mark.skipif(shutil.which("cryptsetup") is None, reason="needs cryptsetup (Debian: cryptsetup-bin)"),
+]
+
+
+class Agent:
+    """One enrolled host driven through its `kms-agent` command."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                 base_url: str, agent_url: str, admin: httpx.Client) -> None:
+        if not DAEMON.exists():
+            pytest.fail(f"{DAEMON} is not built: scripts/test builds it (native_need)")
+        host = enroll_host(tmp_path, base_url, agent_url, admin, name="vol")
+        self.group, self.state = host.group, host.identity.state_dir
+        self.run_dir = tmp_path / "run"
+        self.config = write_config(tmp_path / "agent.toml", agent_url, self.state, tmp_path / "ca.pem",
+                                   run_dir=f'"{self.run_dir}"')
+        self.agent_url, self.tmp = agent_url, tmp_path
+        self._mp, self._capsys = monkeypatch, capsys
+
+    def __call__(self, *args: str) -> tuple[int, str, str]:
+        return kms_agent(self._mp, self._capsys, self.config, "volume", *args)
+
+    def ok(self, *args: str) -> str:
+        code, out, err = self(*args)
+        assert code == Exit.OK, (args, out, err)
+        return " ".join(out.split())
+
+    def passphrase(self, image: Path) -> bytes:
+        """The sealed keyslot's passphrase, unsealed as the agent does (to check the
+        volume with stock cryptsetup, independently of the agent)."""
+        _, tok = luks.token(image) or (0, {})
+        with ServerClient.for_host(self.agent_url, HostIdentity.load_or_create(self.state)) as c:
+            return c.unseal_volume(tok["volume_id"], base64.b64decode(tok["blob"])).passphrase
+
+    def opened(self, name: str) -> dict[str, Any]:
+        return dict(json.loads((self.run_dir / "volumes" / f"{name}.json").read_text()))
+
+
+@pytest.fixture
+def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], base_url: str,
+          agent_url: str, admin: httpx.Client) -> Any:
+    a = Agent(tmp_path, monkeypatch, capsys, base_url, agent_url, admin)
+    yield a
+    # Whatever a failed test left open: close it, so no mount or loop device outlives it.
+    for state in (a.run_dir / "volumes").glob("*.json"):
+        a("close", state.stem)
+
+
+def _sh(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=False)
+
+
+def _key_file(tmp: Path, secret: bytes) -> Path:
+    f = tmp / f"k-{time.monotonic_ns()}"
+    f.write_bytes(secret)
+    f.chmod(0o600)
+    return f
+
+
+def test_create_open_mkfs_mount_close_reopen(agent: Agent, admin: httpx.Client, tmp_path: Path) -> None:
+    key = group_key(admin, agent.group)
+    image = tmp_path / "pgdata.img"
+    out = agent.ok("create", "pgdata", str(image), "--key", key["name"], "--size", "96M", "--yes")
+    assert "volume pgdata" in out and f"{key['name']} v1" in out
+    # A standard LUKS2 volume, as stock cryptsetup reads it.
+    meta = luks.metadata(image)
+    segment = meta["segments"]["0"]
+    assert segment["encryption"] == "aes-xts-plain64" and segment["sector_size"] == 4096
+    assert [k["key_size"] for k in meta["keyslots"].values()] == [64]
+    (_, tok), = [(i, t) for i, t in meta["tokens"].items() if t["type"] == "strongroom"]
+    assert tok["key"] == key["name"] and tok["key_version"] == 1 and tok["keyslots"] == ["0"]
+    passphrase = agent.passphrase(image)
+    assert _sh("cryptsetup", "open", "--test-passphrase", "--key-file", str(_key_file(tmp_path, passphrase)),
+               str(image)).returncode == 0
+
+    out = agent.ok("open", "pgdata", "--userspace")
+    device = agent.opened("pgdata")["device"]
+    assert "open (userspace)" in out and device.startswith("/dev/loop")
+    assert _sh("mkfs.ext4", "-q", "-L", "pgdata", device).returncode == 0
+    agent.ok("close", "pgdata")
+    assert _sh("losetup", "-j", str(tmp_path / "run" / "volumes" / "pgdata" / "volume")).stdout == ""
+
+    mnt = tmp_path / "mnt"
+    agent.ok("open", "pgdata", "--userspace", "--mount", str(mnt))
+    payload = os.urandom(3 << 20)
+    (mnt / "table.dat").write_bytes(payload)
+    (mnt / "notes.txt").write_text("written through the volume\n")
+    os.sync()
+    status = json.loads(agent.ok("status", "--json"))
+    (row,) = [v for v in status if v["name"] == "pgdata"]
+    assert row["state"] == "open" and row["opened_by"] == "userspace" and row["local"]["alive"]
+    agent.ok("close", "pgdata")
+    assert not os.path.ismount(mnt)
+    # At rest: neither the file system nor the data is in the image.
+    raw = image.read_bytes()
+    assert b"written through the volume" not in raw and payload[:4096] not in raw
+
+    # Independently of the data plane: cryptsetup's volume key and OpenSSL's XTS (through
+    # `cryptography`) find ext4's superblock in the first encryption sector.
+    vk = tmp_path / "vk.bin"
+    assert _sh("cryptsetup", "luksDump", "-q", "--dump-volume-key", "--volume-key-file", str(vk), "--key-file",
+               str(_key_file(tmp_path, passphrase)), str(image)).returncode == 0
+    offset = int(segment["offset"])
+    decryptor = Cipher(algorithms.AES(vk.read_bytes()), modes.XTS((0).to_bytes(16, "little"))).decryptor()
+    first = decryptor.update(raw[offset:offset + 4096]) + decryptor.finalize()
+    assert first[1024 + 56:1024 + 58] == b"\x53\xef"  # s_magic
+
+    agent.ok("open", "pgdata", "--userspace", "--mount", str(mnt))
+    assert (mnt / "table.dat").read_bytes() == payload
+    assert (mnt / "notes.txt").read_text() == "written through the volume\n"
+    agent.ok("close", "pgdata")
+    code, _, err = agent("close", "nothing-here")
+    assert code == Exit.USAGE and "no volume 'nothing-here'" in err
+
+
+def test_revoked_or_shredded_volumes_do_not_open(agent: Agent, admin: httpx.Client, tmp_path: Path) -> None:
+    key = group_key(admin, agent.group)
+    image = tmp_path / "gone.img"
+    agent.ok("create", "gone", str(image), "--key", key["name"], "--size", "40M", "--yes")
+    (vol,) = [v for v in admin.get("/api/v1/volumes").json() if v["path"] == str(image)]
+    assert admin.post(f"/api/v1/volumes/{vol['id']}/revoke").status_code == 200
+    code, _, err = agent("open", "gone", "--userspace")
+    assert code == Exit.KEY and "revoked" in err and "volume_revoked" in err
+    assert not (agent.run_dir / "volumes" / "gone.json").exists()
+
+    shredded = tmp_path / "shredded.img"
+    agent.ok("create", "shredded", str(shredded), "--key", key["name"], "--size", "40M", "--yes")
+    assert admin.post(f"/api/v1/keys/{key['name']}/revoke", json={"reason": "superseded"}).status_code == 200
+    assert admin.post(f"/api/v1/keys/{key['name']}/destroy", json={}).status_code == 200
+    code, _, err = agent("open", "shredded", "--userspace")
+    assert code == Exit.KEY and "destroyed" in err
+    # Formatting over a volume is refused: nothing is lost by a slip.
+    code, _, err = agent("create", "again", str(shredded), "--key", key["name"], "--yes")
+    assert code == Exit.FILE and "already a LUKS volume" in err
+
+
+def test_rotate_recovery_and_rekey_keep_the_data(agent: Agent, admin: httpx.Client, tmp_path: Path) -> None:
+    key = group_key(admin, agent.group)
+    image = tmp_path / "rot.img"
+    agent.ok("create", "rot", str(image), "--key", key["name"], "--size", "48M", "--sector-size", "512", "--yes")
+    agent.ok("open", "rot", "--userspace")
+    device = agent.opened("rot")["device"]
+    assert _sh("mkfs.ext4", "-q", device).returncode == 0
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    assert _sh("mount", device, str(mnt)).returncode == 0
+    payload = os.urandom(1 << 20)
+    (mnt / "data").write_bytes(payload)
+    assert _sh("umount", str(mnt)).returncode == 0
+    agent.ok("close", "rot")
+
+    # Rotation: a new keyslot under the key's new version, the old one gone, data untouched.
+    before = image.read_bytes()[16 << 20:]
+    assert admin.post(f"/api/v1/keys/{key['name']}/rotate").status_code == 200
+    assert "v2" in agent.ok("rotate", "rot")
+    meta = luks.metadata(image)
+    (tok,) = [t for t in meta["tokens"].values() if t["type"] == "strongroom"]
+    assert tok["key_version"] == 2 and list(meta["keyslots"]) == tok["keyslots"]
+    assert image.read_bytes()[16 << 20:] == before
+
+    # Recovery: once, shown once, opens the volume with stock cryptsetup alone.
+    out = agent.ok("recovery", "rot")
+    words = next(w for w in out.split() if w.count("-") == 8)
+    assert _sh("cryptsetup", "open", "--test-passphrase", "--key-file",
+               str(_key_file(tmp_path, words.encode())), str(image)).returncode == 0
+    code, _, err = agent("recovery", "rot")
+    assert code == Exit.USAGE and "already has a recovery passphrase" in err
+
+    # Re-key: the data re-encrypted under a new volume key; the recovery keyslot goes.
+    old_uuid = luks.luks_uuid(image)
+    out = agent.ok("rekey", "rot")
+    assert "re-encrypted" in out and luks.luks_uuid(image) == old_uuid
+    assert _sh("cryptsetup", "open", "--test-passphrase", "--key-file",
+               str(_key_file(tmp_path, words.encode())), str(image)).returncode != 0
+    assert image.read_bytes()[16 << 20:(17 << 20)] != before[:1 << 20]
+    (vol,) = [v for v in admin.get("/api/v1/volumes").json() if v["path"] == str(image)]
+    assert vol["rekey"]["finished"] and not vol["has_recovery"]
+    agent.ok("open", "rot", "--userspace", "--mount", str(mnt))
+    assert (mnt / "data").read_bytes() == payload
+    agent.ok("close", "rot")
+
+
+def test_a_killed_data_plane_leaves_a_file_system_that_checks_clean(agent: Agent, admin: httpx.Client,
+                                                                    tmp_path: Path) -> None:
+    key = group_key(admin, agent.group)
+    image = tmp_path / "crash.img"
+    agent.ok("create", "crash", str(image), "--key", key["name"], "--size", "64M", "--yes")
+    agent.ok("open", "crash", "--userspace")
+    device = agent.opened("crash")["device"]
+    assert _sh("mkfs.ext4", "-q", device).returncode == 0
+    agent.ok("close", "crash")
+    mnt = tmp_path / "m"
+    agent.ok("open", "crash", "--userspace", "--mount", str(mnt))
+    (mnt / "kept").write_bytes(b"k" * 100_000)
+    os.sync()
+    writer = subprocess.Popen(["dd", "if=/dev/urandom", f"of={mnt / 'big'}", "bs=64k", "count=400",
+                               "oflag=direct"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    os.kill(agent.opened("crash")["pid"], signal.SIGKILL)
+    writer.wait(timeout=60)
+    # The mount is dead; close cleans up what is left, then the volume opens again.
+    _sh("umount", "-l", str(mnt))
+    agent.ok("close", "crash")
+    agent.ok("open", "crash", "--userspace")
+    device = agent.opened("crash")["device"]
+    fix = _sh("e2fsck", "-fp", device)  # replays the journal, as a boot would
+    assert fix.returncode in (0, 1), fix.stdout + fix.stderr
+    check = _sh("e2fsck", "-fn", device)
+    assert check.returncode == 0, check.stdout + check.stderr
+    agent.ok("close", "crash")
+    agent.ok("open", "crash", "--userspace", "--mount", str(mnt))
+    assert (mnt / "kept").read_bytes() == b"k" * 100_000
+    agent.ok("close", "crash")
+
+
+def test_boot_opens_the_tab_and_fails_closed(agent: Agent, admin: httpx.Client, tmp_path: Path) -> None:
+    key = group_key(admin, agent.group)
+    for name in ("boot-a", "boot-b"):
+        agent.ok("create", name, str(tmp_path / f"{name}.img"), "--key", key["name"], "--size", "40M", "--yes")
+    tab = tmp_path / "volumes.tab"
+    # boot-b has no file system yet: its mount fails, and nofail lets the boot go on.
+    tab.write_text("# name  mountpoint  options\nboot-a  -  userspace\n"
+                   f"boot-b  {tmp_path / 'b'}  userspace,nofail   # shared scratch\n")
+    code, out, err = agent("open-all", "--tab", str(tab))
+    assert code == Exit.OK, (out, err)
+    assert "boot-a: open (userspace)" in " ".join(out.split()) and "boot-b" in err and "nofail" in err
+    assert agent.opened("boot-a")["device"].startswith("/dev/loop")
+    assert not (agent.run_dir / "volumes" / "boot-b.json").exists()
+    # Again: what is open stays open, nothing is opened twice.
+    assert agent("open-all", "--tab", str(tab))[0] == Exit.OK
+    out = agent.ok("close-all")
+    assert "boot-a: closed" in out and not (agent.run_dir / "volumes" / "boot-a.json").exists()
+
+    tab.write_text("boot-a - userspace,fast\n")
+    code, _, err = agent("open-all", "--tab", str(tab))
+    assert code == Exit.USAGE and f"{tab}:1" in err
+
+    # The server unreachable: nothing opens (fail closed), and the refusal waits in the
+    # spool to be audited when the server answers again.
+    tab.write_text("boot-a - userspace\n")
+    offline = write_config(tmp_path / "offline.toml", "https://127.0.0.1:9", agent.state, tmp_path / "ca.pem",
+                           run_dir=f'"{agent.run_dir}"')
+
+    def offline_agent(*args: str) -> tuple[int, str, str]:
+        return kms_agent(agent._mp, agent._capsys, offline, "volume", *args)
+
+    code, _, err = offline_agent("open-all", "--tab", str(tab), "--wait", "1")
+    assert code == Exit.UNREACHABLE and "unreachable" in err and "no offline grace" in err
+    assert not (agent.run_dir / "volumes" / "boot-a.json").exists()
+    spooled = "".join(p.read_text() for p in (agent.state / "spool").rglob("*") if p.is_file())
+    assert "volume.open_failed" in spooled and "server_unreachable" in spooled
+
+    # With an offline grace set on the server, the passphrase of the last unseal (wrapped
+    # under the host's key) opens the volume through an outage, until the grace ends.
+    (vol,) = [v for v in admin.get("/api/v1/volumes").json() if v["path"] == str(tmp_path / "boot-a.img")]
+    r = admin.put(f"/api/v1/volumes/{vol['id']}/policy", json={"grace_seconds": 3600})
+    assert r.status_code == 200 and r.json()["grace_seconds"] == 3600
+    assert admin.put(f"/api/v1/volumes/{vol['id']}/policy", json={"grace_seconds": 8 * 86400}).status_code == 422
+    agent.ok("open", "boot-a", "--userspace")
+    agent.ok("close", "boot-a")
+    kept = agent.state / "volume-grace" / f"{vol['id']}.json"
+    assert kept.stat().st_mode & 0o077 == 0
+    code, out, err = offline_agent("open-all", "--tab", str(tab), "--wait", "1")
+    assert code == Exit.OK and "boot-a: open (userspace)" in " ".join(out.split()), err
+    assert offline_agent("close-all")[0] == Exit.OK
+    spooled = "".join(p.read_text() for p in (agent.state / "spool").rglob("*") if p.is_file())
+    assert "volume.open_offline" in spooled
+    # Back to fail closed: the next unseal deletes what was kept.
+    assert admin.put(f"/api/v1/volumes/{vol['id']}/policy", json={"grace_seconds": 0}).status_code == 200
+    agent.ok("open", "boot-a", "--userspace")
+    agent.ok("close", "boot-a")
+    assert not kept.exists()
+    assert offline_agent("open-all", "--tab", str(tab), "--wait", "1")[0] == Exit.UNREACHABLE
