@@ -6,8 +6,8 @@ import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUITES = ("engine", "copy", "concurrent", "oltp", "keyserver", "kmip", "rotation")
-FUSE_SUITES = frozenset({"copy", "concurrent", "oltp", "rotation"})
+SUITES = ("engine", "copy", "concurrent", "oltp", "keyserver", "kmip", "rotation", "volume")
+FUSE_SUITES = frozenset({"copy", "concurrent", "oltp", "rotation", "volume"})
 MIB = 1 << 20
 
 
@@ -49,6 +49,11 @@ class Config:
     # rotation
     rotation_files: int = 1000
     rotation_file_kib: int = 1024
+    # volume: a userspace LUKS2 volume vs a plain loop-mounted image (and a guard point);
+    # pgbench with the oltp suite's scale, clients and seconds
+    volume_seq_mib: int = 2048
+    volume_fio_mib: int = 512
+    volume_fio_seconds: int = 20
     # Per-suite repetitions where they differ from `runs` (--quick: one KMIP and key-server run).
     suite_runs: dict[str, int] = field(default_factory=dict)
 
@@ -63,6 +68,7 @@ class Config:
             "threads": 4, "files_per_thread": 2, "pg_scale": 5, "pg_seconds": 10, "pg_clients": 4,
             "clients": [1, 200], "virtual_users": 200, "load_seconds": 3, "kmip_connections": [1, 50],
             "rotation_files": 64, "rotation_file_kib": 1024, "suite_runs": {"kmip": 1, "keyserver": 1},
+            "volume_seq_mib": 256, "volume_fio_mib": 128, "volume_fio_seconds": 5,
         }
         return cls(**{**defaults, **kwargs})  # type: ignore[arg-type]
 
@@ -81,6 +87,10 @@ class Config:
         if "rotation" in self.suites:
             # The files, plus one file's copy while it is replaced.
             need["rotation"] = int((self.rotation_files + 1) * self.rotation_file_kib * 1024 * overhead)
+        if "volume" in self.suites:
+            # Three targets (two sparse images and a guard point), each holding the largest workload.
+            one = max(self.volume_seq_mib + self.volume_fio_mib + 512, self.pg_scale * 24 + 512)
+            need["volume"] = int(3 * one * MIB)
         if "keyserver" in self.suites or "kmip" in self.suites:
             need["keyserver"] = 64 * MIB
         return need

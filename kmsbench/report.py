@@ -200,8 +200,31 @@ def rotation_table(s: dict[str, Any]) -> Table:
                                                            if raw.get("reader_error_samples") else "")])
 
 
+def volume_table(s: dict[str, Any]) -> Table:
+    p, raw = s["params"], s["raw"]
+    base, subject, peer = "plain loop", "volume (userspace)", "guard point"
+    seq = raw["seq"]
+    rows = [Row(f"seq {op}, {p['seq_mib']} MiB", _pairs(seq[base], i), _pairs(seq[subject], i), _pairs(seq[peer], i),
+                headline=f"volume: sequential {op}") for i, op in enumerate(("write", "read"))]
+    rows += [Row(f"4 KiB {rw} (IOPS)", by[base], by[subject], by[peer], headline=f"volume: 4 KiB {rw}")
+             for rw, by in raw["fio"].items()]
+    if raw.get("pgbench"):
+        rows.append(Row("pgbench TPC-B-like (tps)", raw["pgbench"][base], raw["pgbench"][subject],
+                        raw["pgbench"][peer], headline="volume: pgbench TPC-B-like"))
+    runs = len(seq[base])
+    return Table("volume", "Block volume: LUKS2 in userspace vs a plain loop device",
+                 f"ext4 on a loop device over an image file (plain), over a LUKS2 volume (aes-xts-plain64, 4 KiB "
+                 f"sectors) served by strongroom-volume (volume), and a guard point, all on the same disk: "
+                 f"{p['seq_mib']} MiB written in 1 MiB blocks with fsync then read cold; fio 4 KiB random reads and "
+                 f"writes, O_DIRECT, libaio queue depth 16, {p['fio_seconds']} s over {p['fio_mib']} MiB; pgbench "
+                 f"scale {p['pg_scale']}, {p['pg_clients']} clients, {p['pg_seconds']} s; {runs} interleaved runs.",
+                 "MB/s, IOPS, tps", "plain loop", "volume (userspace)", "guard point", rows,
+                 notes=["Targets (issue 18): sequential within 15 %, 4 KiB random within 25 %, pgbench within 10 % of "
+                        "plain. The peer column is the guard point on the same workload."])
+
+
 TABLES = {"engine": engine_table, "copy": copy_table, "concurrent": concurrent_table, "oltp": oltp_table,
-          "keyserver": keyserver_table, "kmip": kmip_table, "rotation": rotation_table}
+          "keyserver": keyserver_table, "kmip": kmip_table, "rotation": rotation_table, "volume": volume_table}
 
 
 def tables(results: dict[str, Any]) -> list[Table]:

@@ -39,6 +39,7 @@ def steps(cfg: Config, suite: str) -> int | None:
                       if cfg.keyserver else None),
         "kmip": cfg.runs_for("kmip"),
         "rotation": 1 + 2 * cfg.runs,
+        "volume": 3 + cfg.runs * 12,
     }.get(suite)
 
 
@@ -93,6 +94,19 @@ def rotation(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
     base.mkdir()
     raw = measure(base=base, files=cfg.rotation_files, file_kib=cfg.rotation_file_kib, runs=cfg.runs, step=step)
     return {"params": {"files": cfg.rotation_files, "file_kib": cfg.rotation_file_kib}, "raw": raw}
+
+
+def volume(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
+    from kmsbench.volume import measure
+
+    base = work / "volume"
+    base.mkdir()
+    raw = measure(runs=cfg.runs, seq_mib=cfg.volume_seq_mib, fio_mib=cfg.volume_fio_mib,
+                  fio_seconds=cfg.volume_fio_seconds, pg_scale=cfg.pg_scale, pg_seconds=cfg.pg_seconds,
+                  pg_clients=cfg.pg_clients, base=base, step=step)
+    return {"params": {"seq_mib": cfg.volume_seq_mib, "fio_mib": cfg.volume_fio_mib,
+                       "fio_seconds": cfg.volume_fio_seconds, "pg_scale": cfg.pg_scale, "pg_seconds": cfg.pg_seconds,
+                       "pg_clients": cfg.pg_clients}, "raw": raw}
 
 
 def run_child(cmd: list[str], *, log: Path, env: dict[str, str]) -> None:
@@ -222,4 +236,4 @@ def kmip(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
 
 
 SUITE_FUNCTIONS: dict[str, Suite] = {"engine": engine, "copy": copy, "concurrent": concurrent, "oltp": oltp,
-                                     "keyserver": keyserver, "kmip": kmip, "rotation": rotation}
+                                     "keyserver": keyserver, "kmip": kmip, "rotation": rotation, "volume": volume}
