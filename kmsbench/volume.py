@@ -76,7 +76,7 @@ def userspace_volume(base: Path, size: int) -> Iterator[Path]:
     luks.format_volume(image, passphrase, sector_size=4096, label="kms-bench")
     served.mkdir()
     r, w = os.pipe()
-    proc = subprocess.Popen([str(DAEMON), "-f", "--ready-fd", str(w), str(image), str(served)],
+    proc = subprocess.Popen([str(DAEMON), "-f", "--writeback-cache", "--ready-fd", str(w), str(image), str(served)],
                             stdin=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=[w])
     os.close(w)
     assert proc.stdin is not None

@@ -282,7 +282,10 @@ class VolumeManager:
         log = (self._dir / f"{name}.log").open("ab")
         r, w = os.pipe()
         try:
-            proc = subprocess.Popen([str(DAEMON), "-f", "--ready-fd", str(w), str(path), str(fuse_dir)],
+            # The served file only ever backs a loop device (fixed size): the kernel may cache
+            # writes until a flush, as a loop device over a plain file does.
+            proc = subprocess.Popen([str(DAEMON), "-f", "--writeback-cache", "--ready-fd", str(w), str(path),
+                                     str(fuse_dir)],
                                     stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=[w],
                                     start_new_session=True)
             os.close(w)

@@ -47,13 +47,21 @@ static int fill(struct sv_fs *fs, fuse_ino_t ino, struct stat *st)
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
-	(void)userdata;
+	struct sv_fs *fs = userdata;
 	conn->max_write = VIO_MAX_IO;
 	conn->max_read = VIO_MAX_IO;
 	conn->max_readahead = VIO_MAX_IO;
-	/* Write-through: a write is on the container (not in the kernel's dirty pages) when
-	 * it returns, as with dm-crypt, and the loop device's own flushes mean something. */
-	conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+	/* By default write-through: a write is on the container (not in the kernel's dirty
+	 * pages) when it returns, and the file behaves exactly as a block device of its size.
+	 * With --writeback-cache the kernel keeps written pages and writes them back in large
+	 * requests, or at once on fsync (which a loop device's flush and FUA become): what a
+	 * loop device over a plain file does, and 4 KiB random writes stop costing one round
+	 * trip each (measured: 6x). The kernel then owns the file's size, so a write across
+	 * the end would extend it in the cache: a loop device never writes there. */
+	if (fs->writeback && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
+		conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+	else
+		conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
 	/* The mtime our writes move must not make the kernel drop the page cache. */
 	conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
 }

@@ -24,6 +24,7 @@ struct sv_fs {
 	struct timespec start; /* the container's mtime when served: the root's times */
 	pthread_mutex_t lock;  /* guards mtime */
 	struct timespec mtime; /* the file's: start, then the last write */
+	int writeback;         /* --writeback-cache */
 };
 
 extern const struct fuse_lowlevel_ops sv_fs_ops;

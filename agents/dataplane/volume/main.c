@@ -43,6 +43,8 @@ static void usage(void)
 		"  --name NAME      the file's name in MOUNTPOINT (default \"volume\")\n"
 		"  --threads N      most request threads (default 8)\n"
 		"  --allow-other    let other users (root) use the mount\n"
+		"  --writeback-cache  let the kernel cache writes until a flush or fsync (for a loop\n"
+		"                   device, whose size never changes: see README.md)\n"
 		"  -f, --foreground do not detach\n"
 		"  --ready-fd N     write \"ready SIZE SECTOR-SIZE\\n\" to fd N once mounted, then close it\n");
 }
@@ -142,13 +144,14 @@ int main(int argc, char **argv)
 		{ "name", required_argument, NULL, 'n' },
 		{ "threads", required_argument, NULL, 't' },
 		{ "allow-other", no_argument, NULL, 'a' },
+		{ "writeback-cache", no_argument, NULL, 'w' },
 		{ "foreground", no_argument, NULL, 'f' },
 		{ "ready-fd", required_argument, NULL, 'r' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *name = "volume";
-	int threads = 8, allow_other = 0, foreground = 0, ready_fd = -1, opt;
+	int threads = 8, allow_other = 0, writeback = 0, foreground = 0, ready_fd = -1, opt;
 	opterr = 0; /* our own one line instead of getopt's */
 	while ((opt = getopt_long(argc, argv, "fh", longopts, NULL)) != -1) {
 		switch (opt) {
@@ -158,6 +161,7 @@ int main(int argc, char **argv)
 				return die(EXIT_USAGE, "--threads takes a number from 1 to 256");
 			break;
 		case 'a': allow_other = 1; break;
+		case 'w': writeback = 1; break;
 		case 'f': foreground = 1; break;
 		case 'r':
 			if (parse_int(optarg, &ready_fd) || fcntl(ready_fd, F_GETFD) < 0)
@@ -247,6 +251,7 @@ int main(int argc, char **argv)
 		.size = g.size,
 		.uid = getuid(),
 		.gid = getgid(),
+		.writeback = writeback,
 	};
 	if (fstat(fd, &st) == 0)
 		fs.start = st.st_mtim;
