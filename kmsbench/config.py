@@ -89,7 +89,7 @@ class Config:
             need["rotation"] = int((self.rotation_files + 1) * self.rotation_file_kib * 1024 * overhead)
         if "volume" in self.suites:
             # Three targets (two sparse images and a guard point), each holding the largest workload.
-            one = max(self.volume_seq_mib + self.volume_fio_mib + 512, self.pg_scale * 24 + 512)
+            one = self.volume_seq_mib + self.volume_fio_mib + self.pg_scale * 24 + 1024
             need["volume"] = int(3 * one * MIB)
         if "keyserver" in self.suites or "kmip" in self.suites:
             need["keyserver"] = 64 * MIB

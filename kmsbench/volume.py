@@ -116,7 +116,8 @@ def measure(*, runs: int, seq_mib: int, fio_mib: int, fio_seconds: int, pg_scale
     if not DAEMON.exists():
         raise SystemExit(f"{DAEMON} is not built: make -C {DAEMON.parent}")
     pg = PG_BIN is not None and shutil.which("runuser") is not None and pg_scale > 0
-    size = max(seq_mib + fio_mib + 512, pg_scale * 24 + 512 if pg else 0) * BLOCK
+    # Every workload's files at once (pgbench's database stays while the others run), and ext4's own.
+    size = (seq_mib + fio_mib + (pg_scale * 24 if pg else 0) + 1024) * BLOCK
     os.chmod(base, 0o755)  # noqa: S103 - the postgres user must reach every target
     seq: dict[str, list[tuple[float, float]]] = {t: [] for t in TARGETS}
     fio: dict[str, dict[str, list[float]]] = {rw: {t: [] for t in TARGETS} for rw in ("randread", "randwrite")}
@@ -136,15 +137,22 @@ def measure(*, runs: int, seq_mib: int, fio_mib: int, fio_seconds: int, pg_scale
                 step(f"pgbench initialised on {name}")
         for _ in range(runs):
             for name, directory in targets.items():  # interleaved: noise hits all alike
+                # Every target's images are files of one host file system: with ext4's
+                # data=ordered, whichever fsyncs first would also write back what the others
+                # left dirty (measured: the plain loop, first in each round, at a third of
+                # its speed). Each timed write starts with nothing dirty.
+                os.sync()
                 seq[name].append(copy_once(directory, seq_mib * BLOCK, data))
                 step(f"seq {name}")
             for rw in fio:
                 for name, directory in targets.items():
+                    os.sync()
                     fio[rw][name].append(fio_once(directory, rw, size_mib=fio_mib, seconds=fio_seconds))
                     for leftover in directory.glob("bench.*"):
                         leftover.unlink()
                     step(f"{rw} {name}")
             for name, cluster in clusters.items():
+                os.sync()
                 tps[name].append(cluster.pgbench("-c", str(pg_clients), "-j", str(min(pg_clients, 2)), "-T",
                                                  str(pg_seconds)))
                 step(f"pgbench {name}")

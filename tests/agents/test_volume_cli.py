@@ -158,6 +158,17 @@ def test_revoked_or_shredded_volumes_do_not_open(agent: Agent, admin: httpx.Clie
     assert code == Exit.KEY and "revoked" in err and "volume_revoked" in err
     assert not (agent.run_dir / "volumes" / "gone.json").exists()
 
+    # A revoked host opens nothing: the server refuses its certificate.
+    kept = tmp_path / "kept.img"
+    agent.ok("create", "kept", str(kept), "--key", key["name"], "--size", "40M", "--yes")
+    host_id = next(v["host_id"] for v in admin.get("/api/v1/volumes").json() if v["path"] == str(kept))
+    assert admin.post(f"/api/v1/hosts/{host_id}/revoke").status_code == 200
+    code, _, err = agent("open", "kept", "--userspace")
+    assert code == Exit.NOT_ENROLLED and "refuses this host" in err and "re-enroll" in err
+
+
+def test_a_destroyed_key_shreds_its_volumes(agent: Agent, admin: httpx.Client, tmp_path: Path) -> None:
+    key = group_key(admin, agent.group)
     shredded = tmp_path / "shredded.img"
     agent.ok("create", "shredded", str(shredded), "--key", key["name"], "--size", "40M", "--yes")
     assert admin.post(f"/api/v1/keys/{key['name']}/revoke", json={"reason": "superseded"}).status_code == 200
@@ -306,3 +317,90 @@ def test_boot_opens_the_tab_and_fails_closed(agent: Agent, admin: httpx.Client, 
     agent.ok("close", "boot-a")
     assert not kept.exists()
     assert offline_agent("open-all", "--tab", str(tab), "--wait", "1")[0] == Exit.UNREACHABLE
+
+
+def _fsx(path: Path, ops: int, seed: int, *, max_size: int = 4 << 20) -> bytearray:
+    """fsx's idea in a few lines (xfstests' fsx is not packaged for Debian): random
+    writes at any offset and length, truncations up and down, reads compared against a
+    model of the file, fsyncs; returns the model."""
+    import random
+
+    rng = random.Random(seed)
+    model = bytearray()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for i in range(ops):
+            op = rng.random()
+            if op < 0.45:
+                off, n = rng.randrange(max_size), rng.randrange(1, 70_000)
+                n = min(n, max_size - off)
+                data = rng.randbytes(n)
+                assert os.pwrite(fd, data, off) == n
+                if off > len(model):
+                    model.extend(b"\0" * (off - len(model)))
+                model[off:off + n] = data
+            elif op < 0.55:
+                size = rng.randrange(max_size)
+                os.ftruncate(fd, size)
+                del model[size:]
+                model.extend(b"\0" * (size - len(model)))
+            elif op < 0.6:
+                os.fsync(fd)
+            else:
+                off, n = rng.randrange(max_size), rng.randrange(1, 70_000)
+                got = os.pread(fd, n, off)
+                assert got == bytes(model[off:off + n]), f"op {i}: read {n} at {off} differs"
+        assert os.fstat(fd).st_size == len(model)
+    finally:
+        os.close(fd)
+    return model
+
+
+def test_fsx_on_a_file_system_on_an_opened_volume(agent: Agent, admin: httpx.Client, tmp_path: Path) -> None:
+    key = group_key(admin, agent.group)
+    image = tmp_path / "fsx.img"
+    agent.ok("create", "fsx", str(image), "--key", key["name"], "--size", "64M", "--sector-size", "512", "--yes")
+    agent.ok("open", "fsx", "--userspace")
+    assert _sh("mkfs.ext4", "-q", agent.opened("fsx")["device"]).returncode == 0
+    agent.ok("close", "fsx")
+    mnt = tmp_path / "m"
+    agent.ok("open", "fsx", "--userspace", "--mount", str(mnt))
+    models = {seed: _fsx(mnt / f"fsx-{seed}", 1500, seed) for seed in (1, 2)}
+    # Through the page cache, then cold from the volume, then after closing and reopening.
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    for seed, model in models.items():
+        assert (mnt / f"fsx-{seed}").read_bytes() == bytes(model)
+    agent.ok("close", "fsx")
+    agent.ok("open", "fsx", "--userspace", "--mount", str(mnt))
+    for seed, model in models.items():
+        assert (mnt / f"fsx-{seed}").read_bytes() == bytes(model)
+    agent.ok("close", "fsx")
+    agent.ok("open", "fsx", "--userspace")
+    device = agent.opened("fsx")["device"]
+    check = _sh("e2fsck", "-fn", device)
+    assert check.returncode == 0, check.stdout + check.stderr
+    agent.ok("close", "fsx")
+
+
+@pytest.mark.skipif(not luks.dm_crypt_available(),
+                    reason="the kernel has no device-mapper here (not in /proc/misc): the dm-crypt path is "
+                           "cryptsetup's own; the userspace path is checked against cryptsetup's encryption above")
+def test_the_same_volume_opens_with_dm_crypt_and_in_userspace(agent: Agent, admin: httpx.Client,
+                                                              tmp_path: Path) -> None:
+    key = group_key(admin, agent.group)
+    image = tmp_path / "both.img"
+    agent.ok("create", "both", str(image), "--key", key["name"], "--size", "64M", "--yes")
+    # cryptsetup attaches an image file to a loop device of its own for dm-crypt.
+    agent.ok("open", "both", "--dm-crypt")
+    device = agent.opened("both")["device"]
+    assert device == "/dev/mapper/strongroom-both"
+    assert _sh("mkfs.ext4", "-q", device).returncode == 0
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    assert _sh("mount", device, str(mnt)).returncode == 0
+    (mnt / "written-by-dm-crypt").write_text("kernel\n")
+    assert _sh("umount", str(mnt)).returncode == 0
+    agent.ok("close", "both")
+    agent.ok("open", "both", "--userspace", "--mount", str(mnt))
+    assert (mnt / "written-by-dm-crypt").read_text() == "kernel\n"
+    agent.ok("close", "both")
