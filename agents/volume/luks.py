@@ -172,10 +172,13 @@ def reencrypt(path: Path, passphrase: bytes, slot: int, *, resume: bool,
         if isinstance(doc, dict) and "device_bytes" in doc and "device_size" in doc:
             progress(int(doc["device_bytes"]), int(doc["device_size"]))
 
-    args = ["reencrypt", "-q", "--force-offline-reencrypt", "--progress-json", "--progress-frequency", "1",
-            *SEALED_KDF, "--key-slot", str(slot), "--key-file", "{0}", str(path)]
-    if resume:
-        args.insert(1, "--resume-only")
+    progress_args = ["--progress-json", "--progress-frequency", "1"]
+    if resume:  # the header holds the rest (new keyslot, segments, checkpoint): only the passphrase is asked
+        args = ["reencrypt", "-q", "--resume-only", "--force-offline-reencrypt", *progress_args, "--key-file",
+                "{0}", str(path)]
+    else:
+        args = ["reencrypt", "-q", "--force-offline-reencrypt", *progress_args, *SEALED_KDF, "--key-slot",
+                str(slot), "--key-file", "{0}", str(path)]
     run(args, secrets=[passphrase], what=f"re-encrypt {path}", on_line=line)
 
 

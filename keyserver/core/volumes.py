@@ -249,6 +249,9 @@ class VolumeService:
                 vol.rekey_progress = rekey
                 if rekey.get("finished") and int(rekey.get("generation", 0)) > vol.rekey_applied:
                     vol.rekey_applied = int(rekey["generation"])
+                    # A re-key the host ran of its own accord counts as asked for: the next
+                    # request is a new generation, not one already done.
+                    vol.rekey_generation = max(vol.rekey_generation, vol.rekey_applied)
                     details["rekeyed"] = vol.rekey_applied
                     # LUKS2 re-encryption keeps only the sealed keyslot: a recovery
                     # passphrase made before it no longer opens the volume.

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -404,3 +405,42 @@ def test_the_same_volume_opens_with_dm_crypt_and_in_userspace(agent: Agent, admi
     agent.ok("open", "both", "--userspace", "--mount", str(mnt))
     assert (mnt / "written-by-dm-crypt").read_text() == "kernel\n"
     agent.ok("close", "both")
+
+
+def test_a_rekey_killed_half_way_resumes(agent: Agent, admin: httpx.Client, tmp_path: Path) -> None:
+    """kill -9 of the agent during a re-key: the volume refuses to open half re-encrypted,
+    says how to finish, and `rekey` resumes from cryptsetup's checkpoint in the header."""
+    key = group_key(admin, agent.group)
+    image = tmp_path / "half.img"
+    agent.ok("create", "half", str(image), "--key", key["name"], "--size", "400M", "--yes")
+    agent.ok("open", "half", "--userspace")
+    device = agent.opened("half")["device"]
+    payload = os.urandom(8 << 20)
+    with open(device, "r+b") as f:  # raw data across the volume: every part of it is re-encrypted
+        for at in range(0, 380 << 20, 40 << 20):
+            f.seek(at)
+            f.write(payload)
+        os.fsync(f.fileno())
+    agent.ok("close", "half")
+    kms = shutil.which("kms-agent") or str(Path(sys.executable).parent / "kms-agent")
+    proc = subprocess.Popen([kms, "--config", str(agent.config), "volume", "rekey", "half"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not luks.reencryption_pending(luks.metadata(image)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the re-key ended before it could be killed"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)  # the agent and its cryptsetup
+    finally:
+        proc.wait(30)
+    assert luks.reencryption_pending(luks.metadata(image))
+    code, _, err = agent("open", "half", "--userspace")
+    assert code == Exit.USAGE and "interrupted" in err and "kms-agent volume rekey half" in err
+    assert "re-encrypted" in agent.ok("rekey", "half")
+    assert not luks.reencryption_pending(luks.metadata(image))
+    agent.ok("open", "half", "--userspace")
+    with open(agent.opened("half")["device"], "rb") as f:
+        for at in range(0, 380 << 20, 40 << 20):
+            f.seek(at)
+            assert f.read(len(payload)) == payload, f"data at {at} changed"
+    agent.ok("close", "half")
