@@ -150,19 +150,14 @@ def token(path: Path) -> tuple[int, dict[str, Any]] | None:
 
 def write_token(path: Path, doc: dict[str, Any], *, token_id: int = 0) -> None:
     """Write (or replace) the token; cryptsetup checks the keyslots it names exist."""
-    with _secret_fds([json.dumps(doc, separators=(",", ":")).encode()]) as fds:
-        argv = [cryptsetup_path(), "token", "import", "--token-replace", "--token-id", str(token_id),
-                "--json-file", f"/dev/fd/{fds[0]}", str(path)]
-        proc = subprocess.run(argv, pass_fds=fds, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise LuksError(f"write the token of {path}: cryptsetup: {proc.stderr.strip()}")
+    run(["token", "import", "--token-replace", "--token-id", str(token_id), "--json-file", "{0}", str(path)],
+        secrets=[json.dumps(doc, separators=(",", ":")).encode()], what=f"write the token of {path}")
 
 
-def reencrypt(path: Path, passphrase: bytes, slot: int, *, resume: bool,
-              progress: Callable[[int, int], None]) -> None:
+def reencrypt(path: Path, passphrase: bytes, slot: int | None, *, progress: Callable[[int, int], None]) -> None:
     """LUKS2 re-encryption under a new volume key, offline (the volume closed), keeping
     only `slot`: resumable after a crash or kill (cryptsetup keeps its checkpoint in the
-    header), progress in bytes."""
+    header; `slot` None resumes it), progress in bytes."""
 
     def line(text: str) -> None:
         try:
@@ -173,7 +168,7 @@ def reencrypt(path: Path, passphrase: bytes, slot: int, *, resume: bool,
             progress(int(doc["device_bytes"]), int(doc["device_size"]))
 
     progress_args = ["--progress-json", "--progress-frequency", "1"]
-    if resume:  # the header holds the rest (new keyslot, segments, checkpoint): only the passphrase is asked
+    if slot is None:  # resuming: the header holds the rest (keyslots, segments, checkpoint)
         args = ["reencrypt", "-q", "--resume-only", "--force-offline-reencrypt", *progress_args, "--key-file",
                 "{0}", str(path)]
     else:

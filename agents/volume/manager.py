@@ -399,8 +399,8 @@ class VolumeManager:
         self._client.report_volume(vol["id"], "rekeying", rekey={"generation": generation, "done": 0,
                                                                  "total": vol["size_bytes"] or 0,
                                                                  "finished": False})
-        slot = -1 if resume else luks.slot_of(path, secret.passphrase)
-        luks.reencrypt(path, secret.passphrase, slot, resume=resume, progress=tick)
+        slot = None if resume else luks.slot_of(path, secret.passphrase)
+        luks.reencrypt(path, secret.passphrase, slot, progress=tick)
         size = _device_size(path)
         return self._client.report_volume(vol["id"], "closed", rekey={
             "generation": generation, "done": size, "total": size, "finished": True},

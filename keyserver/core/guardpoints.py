@@ -52,7 +52,7 @@ def default_backing(path: str) -> str:
     return posixpath.join(parent, f".{name}.strongroom")
 
 
-def _check_path(label: str, path: str) -> str:
+def check_path(label: str, path: str) -> str:
     if not path.startswith("/") or "\0" in path or len(path) > 1024:
         raise InvalidInput(f"{label} must be an absolute path (at most 1024 characters)")
     if posixpath.normpath(path) != path or path == "/":
@@ -88,8 +88,8 @@ class GuardPointService:
             raise InvalidInput("a host group is 1-64 characters: lower-case letters, digits and . _ -")
         if spec.host_id is not None and s.get(Host, spec.host_id) is None:
             raise NotFound(f"no host {spec.host_id}", code="host_not_found")
-        path = _check_path("path", spec.path)
-        backing = _check_path("backing_path", spec.backing_path or default_backing(path))
+        path = check_path("path", spec.path)
+        backing = check_path("backing_path", spec.backing_path or default_backing(path))
         if _inside(backing, path) or _inside(path, backing):
             raise InvalidInput("backing_path and path must not contain one another")
         if not 512 <= spec.chunk_size <= 1 << 20 or spec.chunk_size & (spec.chunk_size - 1):

@@ -11,7 +11,6 @@ The passphrase leaves the server only encrypted under the asking host's public k
 
 from __future__ import annotations
 
-import posixpath
 import re
 import uuid
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.datakeys import DataKeyService, parse_blob
 from keyserver.core.errors import Conflict, CoreError, InvalidInput, NotFound
+from keyserver.core.guardpoints import check_path
 from keyserver.core.hosts import may_receive
 from keyserver.core.keys import key_filter, require_aes
 from keyserver.core.permissions import Permission
@@ -73,13 +73,6 @@ class Secret:
     grace_until: datetime | None = None
 
 
-def _check_path(path: str) -> str:
-    if not path.startswith("/") or "\0" in path or len(path) > 1024 or posixpath.normpath(path) != path:
-        raise InvalidInput("path must be a normalised absolute path (a block device or an image file), "
-                           "at most 1024 characters")
-    return path
-
-
 def _for_host(host: Host, secret: bytes) -> bytes:
     public = serialization.load_der_public_key(host.public_key_der)
     if not isinstance(public, rsa.RSAPublicKey):
@@ -119,7 +112,7 @@ class VolumeService:
         """Record a new volume of this host and make its first keyslot passphrase."""
         if not NAME_RE.match(spec.name):
             raise InvalidInput("a volume name is 1-64 characters: lower-case letters, digits and . _ -")
-        _check_path(spec.path)
+        check_path("path", spec.path)
         if spec.scope not in SCOPES:
             raise InvalidInput(f"scope is one of {', '.join(SCOPES)}")
         if spec.sector_size not in SECTOR_SIZES:
@@ -303,13 +296,18 @@ class VolumeService:
             where.append(Volume.state == state)
         return self._rows(*where)
 
-    def get(self, ctx: RequestContext, volume_id: uuid.UUID) -> tuple[Volume, str, str]:
-        self._policy.require(ctx, Permission.HOSTS_READ, action="volume.read", object_type="volume",
-                             object_id=str(volume_id))
+    def describe(self, volume_id: uuid.UUID) -> tuple[Volume, str, str]:
+        """The volume with its key's name and host's, for the answer to a call that this
+        service has just authorised (no policy check of its own)."""
         rows = self._rows(Volume.id == volume_id)
         if not rows:
             raise NotFound(f"no volume {volume_id}", code="volume_not_found")
         return rows[0]
+
+    def get(self, ctx: RequestContext, volume_id: uuid.UUID) -> tuple[Volume, str, str]:
+        self._policy.require(ctx, Permission.HOSTS_READ, action="volume.read", object_type="volume",
+                             object_id=str(volume_id))
+        return self.describe(volume_id)
 
     def _row(self, s: Session, volume_id: uuid.UUID) -> Volume:
         vol = s.get(Volume, volume_id, with_for_update=True)

@@ -68,6 +68,13 @@ class Agent:
         with ServerClient.for_host(self.agent_url, HostIdentity.load_or_create(self.state)) as c:
             return c.unseal_volume(tok["volume_id"], base64.b64decode(tok["blob"])).passphrase
 
+    def formatted(self, name: str, image: Path, key: str, *create: str) -> None:
+        """A new volume with an empty ext4 on it, closed."""
+        self.ok("create", name, str(image), "--key", key, "--yes", *create)
+        self.ok("open", name, "--userspace")
+        assert _sh("mkfs.ext4", "-q", self.opened(name)["device"]).returncode == 0
+        self.ok("close", name)
+
     def opened(self, name: str) -> dict[str, Any]:
         return dict(json.loads((self.run_dir / "volumes" / f"{name}.json").read_text()))
 
@@ -231,11 +238,7 @@ def test_a_killed_data_plane_leaves_a_file_system_that_checks_clean(agent: Agent
                                                                     tmp_path: Path) -> None:
     key = group_key(admin, agent.group)
     image = tmp_path / "crash.img"
-    agent.ok("create", "crash", str(image), "--key", key["name"], "--size", "64M", "--yes")
-    agent.ok("open", "crash", "--userspace")
-    device = agent.opened("crash")["device"]
-    assert _sh("mkfs.ext4", "-q", device).returncode == 0
-    agent.ok("close", "crash")
+    agent.formatted("crash", image, key["name"], "--size", "64M")
     mnt = tmp_path / "m"
     agent.ok("open", "crash", "--userspace", "--mount", str(mnt))
     (mnt / "kept").write_bytes(b"k" * 100_000)
@@ -360,10 +363,7 @@ def _fsx(path: Path, ops: int, seed: int, *, max_size: int = 4 << 20) -> bytearr
 def test_fsx_on_a_file_system_on_an_opened_volume(agent: Agent, admin: httpx.Client, tmp_path: Path) -> None:
     key = group_key(admin, agent.group)
     image = tmp_path / "fsx.img"
-    agent.ok("create", "fsx", str(image), "--key", key["name"], "--size", "64M", "--sector-size", "512", "--yes")
-    agent.ok("open", "fsx", "--userspace")
-    assert _sh("mkfs.ext4", "-q", agent.opened("fsx")["device"]).returncode == 0
-    agent.ok("close", "fsx")
+    agent.formatted("fsx", image, key["name"], "--size", "64M", "--sector-size", "512")
     mnt = tmp_path / "m"
     agent.ok("open", "fsx", "--userspace", "--mount", str(mnt))
     models = {seed: _fsx(mnt / f"fsx-{seed}", 1500, seed) for seed in (1, 2)}

@@ -198,9 +198,8 @@ def _blob(text: str) -> bytes:
         raise InvalidInput("blob is not base64", code="invalid_blob") from None
 
 
-def _public(services: ServicesDep, volume_id: uuid.UUID, caller: HostDep) -> VolumePublic:
-    rows = [r for r in services.volumes.for_host(caller.host) if r[0].id == volume_id]
-    return volume_public(*rows[0])
+def _public(services: ServicesDep, volume_id: uuid.UUID) -> VolumePublic:
+    return volume_public(*services.volumes.describe(volume_id))
 
 
 @router.get("/volumes", operation_id="listAgentVolumes", response_model=list[VolumePublic])
@@ -216,7 +215,7 @@ def create_volume(body: VolumeIn, caller: HostDep, services: ServicesDep) -> Vol
     spec = VolumeSpec(name=body.name, path=body.path, key=body.key, scope=body.scope, sector_size=body.sector_size,
                       size_bytes=body.size_bytes)
     vol, secret = services.volumes.create(caller.ctx, caller.host, spec)
-    return VolumeSecret(volume=_public(services, vol.id, caller), secret=_secret(secret))
+    return VolumeSecret(volume=_public(services, vol.id), secret=_secret(secret))
 
 
 @router.post("/volumes/{volume_id}/unseal", operation_id="unsealAgentVolume", response_model=VolumeSecret)
@@ -224,14 +223,14 @@ def unseal_volume(volume_id: uuid.UUID, body: SealedIn, caller: HostDep, service
     """The keyslot passphrase, to open the volume: refused (403) for a revoked volume or
     another host's, (409) for a destroyed or unusable key version."""
     _, secret = services.volumes.unseal(caller.ctx, caller.host, volume_id, _blob(body.blob))
-    return VolumeSecret(volume=_public(services, volume_id, caller), secret=_secret(secret))
+    return VolumeSecret(volume=_public(services, volume_id), secret=_secret(secret))
 
 
 @router.post("/volumes/{volume_id}/reseal", operation_id="resealAgentVolume", response_model=VolumeResealed)
 def reseal_volume(volume_id: uuid.UUID, body: SealedIn, caller: HostDep, services: ServicesDep) -> VolumeResealed:
     """Rotation: the passphrase in use and a new one under the key's Active version."""
     _, current, new = services.volumes.reseal(caller.ctx, caller.host, volume_id, _blob(body.blob))
-    return VolumeResealed(volume=_public(services, volume_id, caller), current=_secret(current), new=_secret(new))
+    return VolumeResealed(volume=_public(services, volume_id), current=_secret(current), new=_secret(new))
 
 
 @router.post("/volumes/{volume_id}/report", operation_id="reportAgentVolume", response_model=VolumePublic)
@@ -240,7 +239,7 @@ def report_volume(volume_id: uuid.UUID, body: VolumeReport, caller: HostDep, ser
     services.volumes.report(caller.ctx, caller.host, volume_id, state=body.state, opened_by=body.opened_by,
                             luks_uuid=body.luks_uuid, size_bytes=body.size_bytes, key_version=body.key_version,
                             rekey=None if body.rekey is None else body.rekey.model_dump(), detail=body.detail)
-    return _public(services, volume_id, caller)
+    return _public(services, volume_id)
 
 
 @router.post("/volumes/{volume_id}/recovery", operation_id="recordAgentVolumeRecovery", response_model=VolumePublic)
@@ -248,4 +247,4 @@ def record_recovery(volume_id: uuid.UUID, caller: HostDep, services: ServicesDep
     """The host is adding a recovery passphrase (made and shown on the host only): once
     per volume (409 recovery_exists after)."""
     services.volumes.record_recovery(caller.ctx, caller.host, volume_id)
-    return _public(services, volume_id, caller)
+    return _public(services, volume_id)
