@@ -39,6 +39,7 @@ from agents.guardpoint.dataplane import DataPlane, DataPlaneError, Event, recove
 from agents.guardpoint.dataplane import available as dataplane_unavailable
 from agents.guardpoint.policy import AccessPolicy, Effect, Mode, Rule
 from agents.guardpoint.protect import plan
+from agents.guardpoint.shield import ShieldError, mounts_at, serving, shield, unmount_to_shield, unshield
 from agents.keyclient.spool import EventSpool
 
 log = logging.getLogger("strongroom.agent.guardpoints")
@@ -203,10 +204,23 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
     def status(state_name: str, detail: str, **extra: Any) -> None:
         _write_json(status_file, {"revision": definition["revision"], "state": state_name, "detail": detail, **extra})
 
-    if _mounted(mount):  # left by an agent that died (its mount process may live on): take it over
-        _unmount(mount)
+    # A dead data plane, or one an agent that died left serving: take it over. Only down to
+    # the shield: from here until the new mount is up, the path answers EROFS.
+    unmount_to_shield(mount)
+    owner_file, shield_record = folder / f"{gp_id}.pid", folder / f"{gp_id}.shield.json"
+    owner_file.write_text(str(os.getpid()))
     if definition["mode"] == "off":
-        _serve_raw(definition_file, status_file, folder / f"{gp_id}.unprotect.json", keyring, spool, gp_id)
+        _serve_raw(definition_file, status_file, folder / f"{gp_id}.unprotect.json", keyring, spool, gp_id,
+                   shield_record)
+        return
+    try:
+        adopt(mount, backing)
+        shield(mount, shield_record)
+    except ProtectionRefused as exc:
+        status("error", str(exc))
+        return
+    except (ShieldError, OSError) as exc:
+        status("error", f"{exc}: the guard point is not served until it can be shielded")
         return
     unavailable = dataplane_unavailable()
     if unavailable:
@@ -357,6 +371,9 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
     # The data plane's exit status tells a clean stop (0) from a crash: the console's
     # guard-point timeline shows the difference.
     spool.append({"event": "guardpoint.unmounted", "guard_point": gp_id, "path": mount, "status": code})
+    with contextlib.suppress(OSError, ValueError):
+        if int(owner_file.read_text()) != os.getpid():
+            return  # taken over by a newer process (the agent died and came back): it reports now
     if code != 0 and definition_file.exists():  # not stopped by the daemon: say what happened, and be restarted
         _write_json(status_file, {"revision": state.definition["revision"], "state": "error",
                                   "detail": f"the data plane ended with status {code}; see the agent's log"})
@@ -375,7 +392,7 @@ def _encrypted_files(backing: str) -> Iterator[str]:
 
 # --- mode off: the backing files as stored -------------------------------------------------
 def _serve_raw(definition_file: Path, status_file: Path, unprotect_file: Path, keyring: Any, spool: Any,
-               gp_id: str) -> None:
+               gp_id: str, shield_record: Path) -> None:
     """Encryption off: the backing directory is bind-mounted at the path, so applications
     see the files as stored (ciphertext stays ciphertext; new files are written in clear,
     and encrypted by initial protection when the mode returns to enforce or learn). Only
@@ -398,10 +415,10 @@ def _serve_raw(definition_file: Path, status_file: Path, unprotect_file: Path, k
 
     try:
         adopt(mount, backing)
-        top = os.stat(mount)  # the raw view's root is the backing directory: give it the path's owner and mode
-        os.chmod(backing, stat.S_IMODE(top.st_mode))
-        os.chown(backing, top.st_uid, top.st_gid)
-    except (ProtectionRefused, OSError) as exc:
+        owner = shield(mount, shield_record)  # the bind mount goes on it: a crash uncovers the shield only
+        os.chmod(backing, owner.mode)  # the raw view's root is the backing directory: the path's owner and mode
+        os.chown(backing, owner.uid, owner.gid)
+    except (ProtectionRefused, ShieldError, OSError) as exc:
         report("error", str(exc))
         return
     bound = subprocess.run(["mount", "--bind", backing, mount], capture_output=True, text=True, check=False)
@@ -532,6 +549,12 @@ class GuardPointManager:
             elif running.process.exitcode == 0:  # ended on purpose: tried again at each heartbeat
                 _unmount(running.path)
                 self._start(gp_id)
+        for record in self._dir.glob("*.shield.json"):  # guard points deleted while the agent was down
+            gp_id = record.name.split(".", 1)[0]
+            path = (_read_json(record) or {}).get("path")
+            if gp_id not in wanted and gp_id not in self._running and isinstance(path, str):
+                unshield(path, record)
+                (self._dir / f"{gp_id}.pid").unlink(missing_ok=True)
 
     def reports(self) -> list[dict[str, Any]]:
         """What each guard point applied, for the heartbeat."""
@@ -561,15 +584,21 @@ class GuardPointManager:
         unprotected = (_read_json(self._dir / f"{gp_id}.unprotect.json") or {}).get("done_generation", 0)
         for suffix in ("json", "status.json", "rekey.json", "unprotect.json"):
             (self._dir / f"{gp_id}.{suffix}").unlink(missing_ok=True)
-        self._halt(gp_id)
-        if d is not None and d["mode"] == "off" and unprotected and unprotected == d.get("unprotect_generation"):
+        path = self._halt(gp_id)
+        # Deleted: the path is no longer a guard point, so the shield goes and the bare
+        # directory gets its owner and mode back.
+        shielded_ok = unshield(path, self._dir / f"{gp_id}.shield.json")
+        (self._dir / f"{gp_id}.pid").unlink(missing_ok=True)
+        if d is not None and d["mode"] == "off" and unprotected and unprotected == d.get("unprotect_generation") \
+                and shielded_ok:
             if release(d["path"], d["backing_path"], uuid.UUID(d["key_id"])):
                 log.info("guard point %s released: its files are back at the path, in clear", d["path"])
             else:
                 log.warning("guard point %s was unprotected but could not be released: the files stay in %s",
                             d["path"], d["backing_path"])
 
-    def _halt(self, gp_id: str) -> None:
+    def _halt(self, gp_id: str) -> str:
+        """Stop the guard point's process and unmount down to the shield; its path."""
         self._crashes.pop(gp_id, None)
         running = self._running.pop(gp_id)
         if running.process.is_alive() and running.process.pid:
@@ -579,6 +608,7 @@ class GuardPointManager:
         if running.process.is_alive():
             running.process.kill()
             running.process.join(timeout=5)
+        return running.path
 
     def stop_all(self) -> None:
         self._stopping.set()
@@ -597,7 +627,7 @@ def local_reports(state_dir: Path) -> list[dict[str, Any]]:
         if d is None:
             continue
         status = _read_json(definition_file.with_suffix(".status.json")) or {}
-        mounted = os.path.ismount(d["path"])
+        mounted = serving(d["path"])
         out.append({"path": d["path"], "key": d["key_name"], "revision": status.get("revision"),
                     "state": "mounted" if mounted else status.get("state", "unmounted"),
                     "detail": status.get("detail", "")})
@@ -605,21 +635,12 @@ def local_reports(state_dir: Path) -> list[dict[str, Any]]:
 
 
 def _mounted(path: str) -> bool:
-    """From the mount table: os.path.ismount cannot stat a mount whose process died
-    ("transport endpoint is not connected") and says False."""
-    target = os.path.realpath(path)
-    try:
-        with open("/proc/self/mountinfo") as f:
-            return any(line.split()[4].replace("\\040", " ") == target for line in f)
-    except OSError:
-        return os.path.ismount(path)
+    """Anything mounted at `path`, the shield included (from the mount table:
+    os.path.ismount cannot stat a mount whose process died and says False)."""
+    return bool(mounts_at(path))
 
 
 def _unmount(path: str) -> None:
-    """A FUSE mount or mode off's bind mount; lazily if busy: applications holding files
-    keep them until they close."""
-    for command in (["fusermount3", "-u", path], ["umount", path], ["fusermount3", "-uz", path],
-                    ["umount", "-l", path]):
-        if not _mounted(path):
-            return
-        subprocess.run(command, capture_output=True, check=False)
+    """A FUSE mount or mode off's bind mount, down to the shield; lazily if busy:
+    applications holding files keep them until they close."""
+    unmount_to_shield(path)

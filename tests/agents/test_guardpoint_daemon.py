@@ -21,6 +21,7 @@ from agents.config import AgentConfig
 from agents.cryptfile import read_header
 from agents.daemon import AgentDaemon
 from agents.guardpoint.manager import GuardPointManager
+from agents.guardpoint.shield import serving, shielded, unshield_all
 from agents.keyclient.client import HostRevoked, ServerKeyring
 from agents.keyclient.spool import EventSpool
 from keyserver.services import Services
@@ -66,7 +67,8 @@ def agent(tmp_path: Path, base_url: str, agent_url: str, admin: httpx.Client) ->
     try:
         yield host, daemon
     finally:
-        manager.stop_all()
+        manager.stop_all()  # a stop keeps each path shielded (fail closed); the test's paths are let go
+        unshield_all(config.state_dir)
 
 
 def test_a_server_defined_guard_point_end_to_end(tmp_path: Path, agent: tuple[Host, AgentDaemon],
@@ -79,7 +81,7 @@ def test_a_server_defined_guard_point_end_to_end(tmp_path: Path, agent: tuple[Ho
         "host_id": host.id, "path": str(mnt), "backing_path": str(backing), "key": key["name"],
         "rules": rules, "default_effect": "permit"}).json()
     daemon.beat()
-    eventually(lambda: os.path.ismount(mnt), "the mount")
+    eventually(lambda: serving(str(mnt)), "the mount")
 
     (mnt / "notes.txt").write_text("the plaintext")
     assert (mnt / "notes.txt").read_text() == "the plaintext"
@@ -155,11 +157,15 @@ def test_revocation_takes_the_guard_points_down(tmp_path: Path, agent: tuple[Hos
                                              "backing_path": str(tmp_path / "b"), "key": key["name"],
                                              "default_effect": "permit"})
     daemon.beat()
-    eventually(lambda: os.path.ismount(mnt), "the mount")
+    eventually(lambda: serving(str(mnt)), "the mount")
     assert admin.post(f"/api/v1/hosts/{host.id}/revoke").status_code == 200
     with pytest.raises(HostRevoked):
         daemon.beat()
-    assert not os.path.ismount(mnt)
+    # Down to the shield: an empty read-only directory, never the bare one (fails closed).
+    assert not serving(str(mnt)) and shielded(str(mnt))
+    with pytest.raises(OSError) as refused:
+        (mnt / "after-revocation").write_text("nowhere")
+    assert refused.value.errno == 30  # EROFS
 
 
 def test_initial_protection_of_a_directory_that_holds_data(tmp_path: Path, agent: tuple[Host, AgentDaemon],
@@ -175,7 +181,7 @@ def test_initial_protection_of_a_directory_that_holds_data(tmp_path: Path, agent
     admin.post("/api/v1/guard-points", json={"host_id": host.id, "path": str(mnt), "backing_path": str(backing),
                                              "key": key["name"], "default_effect": "permit"})
     daemon.beat()
-    eventually(lambda: os.path.ismount(mnt), "the mount")
+    eventually(lambda: serving(str(mnt)), "the mount")
     assert (mnt / "plain.txt").read_text() == "already here"
     assert (mnt / "sub" / "data.bin").read_bytes() == b"\x00\x01" * 50000
     assert read_header(str(backing / "plain.txt")).key_id == uuid.UUID(key["id"])
@@ -216,7 +222,7 @@ def test_a_killed_mount_process_is_restarted_and_loses_nothing(tmp_path: Path, a
     admin.post("/api/v1/guard-points", json={"host_id": host.id, "path": str(mnt), "backing_path": str(tmp_path / "kb"),
                                              "key": key["name"], "default_effect": "permit"})
     daemon.beat()
-    eventually(lambda: os.path.ismount(mnt), "the mount")
+    eventually(lambda: serving(str(mnt)), "the mount")
     with open(mnt / "kept", "wb") as f:
         f.write(b"synced" * 1000)
         os.fsync(f.fileno())
@@ -313,13 +319,13 @@ def test_stopping_the_daemon_keeps_what_a_restart_resumes_from(tmp_path: Path, a
                                                   "backing_path": str(tmp_path / "kept-b"), "key": key["name"],
                                                   "default_effect": "permit"}).json()
     daemon.beat()
-    eventually(lambda: os.path.ismount(mnt), "the mount")
+    eventually(lambda: serving(str(mnt)), "the mount")
     state = host.identity.state_dir / "guardpoints"
     (state / f"{gp['id']}.rekey.json").write_text('{"generation": 1, "files": {}}')
     manager = daemon._manager
     assert manager is not None
     manager.stop_all()
-    assert not os.path.ismount(mnt)
+    assert not serving(str(mnt)) and shielded(str(mnt))
     assert (state / f"{gp['id']}.json").exists() and (state / f"{gp['id']}.rekey.json").exists()
 
 
@@ -332,7 +338,7 @@ def test_a_crashed_guard_point_comes_back_at_once_and_the_crash_is_audited(
                                                   "backing_path": str(tmp_path / "crashy-b"), "key": key["name"],
                                                   "default_effect": "permit"}).json()
     daemon.beat()
-    eventually(lambda: os.path.ismount(mnt), "the mount")
+    eventually(lambda: serving(str(mnt)), "the mount")
     (mnt / "kept.txt").write_text("survives the crash")
     manager = daemon._manager
     assert manager is not None
@@ -364,7 +370,7 @@ def test_the_data_plane_dying_is_restarted_and_integrity_failures_are_audited(
                                                   "backing_path": str(backing), "key": key["name"],
                                                   "default_effect": "permit"}).json()
     daemon.beat()
-    eventually(lambda: os.path.ismount(mnt), "the mount")
+    eventually(lambda: serving(str(mnt)), "the mount")
     (mnt / "ledger").write_bytes(os.urandom(20_000))
     manager = daemon._manager
     assert manager is not None
