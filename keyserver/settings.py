@@ -141,6 +141,16 @@ class Settings(BaseSettings):
     agent_heartbeat_seconds: int = Field(default=30, ge=5, le=3600,
                                          description="agents heartbeat this often; offline after 3 missed")
 
+    # Resource limits against hostile clients (docs/api.md "Limits", docs/kmip.md
+    # "Connection limits"); the HTTP ones are per worker process and per port.
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
+    http_max_header_bytes: int = Field(default=64 << 10, ge=4096, le=1 << 20)
+    http_header_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    http_max_connections: int = Field(default=2048, ge=16, le=65536)
+    http_max_connections_per_source: int = Field(default=64, ge=1, le=65536)
+    tls_handshake_timeout_seconds: float = Field(default=5.0, gt=0, le=120)
+    kmip_max_connections_per_source: int = Field(default=16, ge=1, le=4096)
+
     log_level: str = "INFO"
 
     @model_validator(mode="after")

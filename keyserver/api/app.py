@@ -55,7 +55,7 @@ from keyserver.services import Services
 
 log = logging.getLogger("keyserver.access")
 WEBUI_DIST = Path(__file__).resolve().parents[2] / "webui" / "dist"
-MAX_BODY = 1 << 20
+MAX_BODY = 1 << 20  # STRONGROOM_MAX_BODY_BYTES overrides it (create_app)
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 Scope = MutableMapping[str, Any]
@@ -145,12 +145,27 @@ class ConsoleMount(Mount):
         return super().matches(scope)
 
 
+class _BodyTooLarge(Exception):
+    """Raised into the application by `receive` once the body passes the limit; the 413
+    has already been sent."""
+
+
+# Over TLS a browser must never be told to come back over plain HTTP (RFC 6797); not sent
+# on --insecure-http, where it would pin a local test server's name to HTTPS it lacks.
+HSTS = b"max-age=31536000"
+
+
 class RequestMiddleware:
     """Request id, access log, metrics, body limit and security headers, as plain ASGI
-    (BaseHTTPMiddleware costs a task per request on the hot path)."""
+    (BaseHTTPMiddleware costs a task per request on the hot path).
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
+    The body limit counts the bytes as they are received, whatever the framing
+    (Content-Length, chunked, or a Content-Length that lies): the 413 goes out as soon as
+    the limit is passed, with `Connection: close`, so the rest is never read, let alone
+    buffered. A declared length over the limit is refused before the application runs."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, max_body: int = MAX_BODY) -> None:
+        self.app, self.metrics, self.max_body = app, metrics, max_body
 
     @staticmethod
     def _route(scope: Scope) -> str:
@@ -177,8 +192,13 @@ class RequestMiddleware:
         is_api = path.startswith("/api/")
 
         started = [False]
+        refused = [False]  # the 413 went out: the application's own answer is dropped
+        max_body = self.max_body
+        received = 0
 
         async def send_wrapped(message: Message) -> None:
+            if refused[0]:
+                return
             if message["type"] == "http.response.start":
                 started[0] = True
                 status_holder[0] = message["status"]
@@ -186,6 +206,8 @@ class RequestMiddleware:
                 h.append((b"x-request-id", rid.encode()))
                 h.append((b"x-content-type-options", b"nosniff"))
                 h.append((b"referrer-policy", b"no-referrer"))
+                if scope.get("scheme") == "https":
+                    h.append((b"strict-transport-security", HSTS))
                 if is_api:
                     h.append((b"cache-control", b"no-store"))
                 else:
@@ -194,15 +216,32 @@ class RequestMiddleware:
                 message["headers"] = h
             await send(message)
 
+        async def refuse() -> None:
+            await problems.problem(413, "payload_too_large", f"request bodies are limited to {max_body} bytes",
+                                   headers={"connection": "close"})(scope, receive, send_wrapped)
+
+        async def receive_counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > max_body:
+                    if not started[0]:
+                        await refuse()
+                    refused[0] = True
+                    raise _BodyTooLarge
+            return message
+
         try:
             length = headers.get(b"content-length")
-            if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
-                resp = problems.problem(413, "payload_too_large", f"request bodies are limited to {MAX_BODY} bytes")
-                await resp(scope, receive, send_wrapped)
+            if length is not None and (not length.isdigit() or int(length) > max_body):
+                await refuse()
                 return
             try:
-                await self.app(scope, receive, send_wrapped)
+                await self.app(scope, receive_counted, send_wrapped)
             except Exception:
+                if refused[0]:
+                    return  # the 413 is the answer, whatever the application made of it
                 # Answered here, inside the request's context, so the problem carries the
                 # request id the log line has (Starlette's outermost handler runs after it).
                 if started[0]:
@@ -212,6 +251,12 @@ class RequestMiddleware:
                                        "request id to the server's operator (it is in the log)")(
                     scope, receive, send_wrapped)
         finally:
+            if refused[0]:
+                # What the application had read (up to the limit) hangs in the exception's
+                # reference cycles, which the raised collection thresholds (decision 0012)
+                # would keep for thousands of requests: an attacker's refused bodies would
+                # pile up. Collect the young generations now.
+                gc.collect(1)
             elapsed = time.perf_counter() - start
             route = self._route(scope)
             method = scope["method"]
@@ -306,5 +351,5 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
     # Inside RequestMiddleware (request ids, metrics, limits, headers apply to both paths),
     # outside the router: see hotpath.py.
     app.add_middleware(DataKeyHotPath, services=services, exception_handlers=app.exception_handlers)
-    app.add_middleware(RequestMiddleware, metrics=app_metrics)
+    app.add_middleware(RequestMiddleware, metrics=app_metrics, max_body=services.settings.max_body_bytes)
     return app

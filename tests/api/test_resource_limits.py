@@ -1,0 +1,175 @@
+"""Hostile HTTP clients against a real `keyserver serve` process, on the REST/console port
+and on the agent port: bodies however they are framed, oversized and slow headers, many
+connections from one source. Each attack asserts a functional bound — the refusal comes
+before the attacker is done, the server's resident memory grows by less than a few tens
+of MB, and a good client is served while the attack runs — never a time threshold."""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.serve import Server
+
+CHUNK = b"x" * 65536
+ATTACK_BYTES = 96 << 20  # per connection: what the old server buffered in full
+RSS_BOUND = 40 << 20  # growth allowed while attacks run: buffers, not bodies
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with Server(tmp_path_factory.mktemp("limits"), STRONGROOM_KMIP_ENABLED="false") as s:
+        yield s
+
+
+def agent_port(server: Server) -> int:
+    return int(server.env["STRONGROOM_AGENT_PORT"])
+
+
+def connect(server: Server, port: int, source: str = "127.0.0.1") -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0))
+    ctx = ssl.create_default_context(cafile=str(server.data / "ca.pem"))
+    ctx.check_hostname = False
+    return ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def read_response(conn: ssl.SSLSocket, data: bytes = b"") -> bytes:
+    with contextlib.suppress(OSError):
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+def answered(conn: ssl.SSLSocket) -> bytes:
+    """Whatever answer has arrived, without waiting (readable alone may be a TLS 1.3
+    session ticket, not an answer)."""
+    if not select.select([conn], [], [], 0)[0] and not conn.pending():
+        return b""
+    conn.setblocking(False)
+    try:
+        return conn.recv(65536)
+    except (ssl.SSLWantReadError, BlockingIOError):
+        return b""
+    except OSError:
+        return b""
+    finally:
+        conn.setblocking(True)
+        conn.settimeout(30)
+
+
+def chunked_attack(server: Server, port: int, path: str, *, total: int = ATTACK_BYTES) -> tuple[int, bytes]:
+    """POST a chunked body of up to `total` bytes, stopping as soon as an answer arrives:
+    (bytes sent, the answer's head)."""
+    conn = connect(server, port)
+    sent = 0
+    try:
+        conn.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n".encode())
+        frame = b"%x\r\n" % len(CHUNK) + CHUNK + b"\r\n"
+        early = b""
+        while sent < total and not early:
+            early = answered(conn)
+            if early:
+                break
+            try:
+                conn.sendall(frame)
+            except OSError:
+                break  # closed by the server after its answer
+            sent += len(CHUNK)
+        return sent, read_response(conn, early)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("where", ["rest", "agent"])
+def test_chunked_body_is_refused_before_it_ends(server: Server, where: str) -> None:
+    port, path = (server.port, "/api/v1/auth/login") if where == "rest" else (agent_port(server), "/api/v1/enroll")
+    sent, head = chunked_attack(server, port, path)
+    assert head.startswith(b"HTTP/1.1 413"), head[:200]
+    assert b"application/problem+json" in head and b"connection: close" in head.lower()
+    assert sent < ATTACK_BYTES, "the answer came only after the whole body"
+
+
+def test_body_at_the_limit_is_still_read(server: Server) -> None:
+    """Counting is exact: a chunked body of exactly the limit reaches the route."""
+    body = b"{" + b" " * ((1 << 20) - 2) + b"}"
+
+    def gen() -> Iterator[bytes]:
+        for i in range(0, len(body), 65536):
+            yield body[i:i + 65536]
+
+    with server.client() as c:
+        r = c.post("/api/v1/auth/login", content=gen(), headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text  # the route's own answer: not a login
+    with server.client() as c:
+        r = c.post("/api/v1/auth/login", content=iter([body, b" "]), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+
+
+def test_memory_stays_bounded_and_a_good_client_is_served(server: Server) -> None:
+    """Four attackers at once on each port, again and again, while a good client signs
+    nothing but asks /readyz and reads the CA: it completes its requests, and the
+    server's RSS rises by buffers, not by the bodies (the old server grew ~3 MB per MB)."""
+    baseline = rss(server.proc.pid)
+    peak = [baseline]
+    stop = threading.Event()
+    answers: list[bytes] = []
+
+    def attacker(port: int, path: str) -> None:
+        while not stop.is_set():
+            answers.append(chunked_attack(server, port, path, total=32 << 20)[1][:12])
+
+    def sampler() -> None:
+        while not stop.wait(0.05):
+            peak[0] = max(peak[0], rss(server.proc.pid))
+
+    threads = [threading.Thread(target=attacker, args=(p, path)) for p, path in
+               [(server.port, "/api/v1/auth/login"), (agent_port(server), "/api/v1/enroll")] * 4]
+    threads.append(threading.Thread(target=sampler))
+    for t in threads:
+        t.start()
+    served = 0
+    try:
+        with server.client() as good, httpx.Client(base_url=f"https://127.0.0.1:{agent_port(server)}",
+                                                   verify=server.tls(), timeout=30) as agent_good:
+            for _ in range(40):
+                assert good.get("/readyz").status_code == 200
+                assert agent_good.get("/ca.pem").status_code == 200
+                served += 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    assert served == 40
+    assert len(answers) >= 8 and all(a.startswith(b"HTTP/1.1 413") for a in answers), answers[:5]
+    grown = peak[0] - baseline
+    assert grown < RSS_BOUND, f"RSS grew by {grown >> 20} MiB under attack"
+
+
+def test_declared_length_over_the_limit_is_refused_unread(server: Server) -> None:
+    conn = connect(server, server.port)
+    try:
+        conn.sendall(b"POST /api/v1/auth/login HTTP/1.1\r\nHost: x\r\nContent-Length: 300000000\r\n\r\n")
+        head = read_response(conn)
+    finally:
+        conn.close()
+    assert head.startswith(b"HTTP/1.1 413"), head[:200]
+
