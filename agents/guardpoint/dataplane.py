@@ -349,6 +349,37 @@ class DataPlane:
                 self._cond.notify_all()
 
 
+_UNDO = ".undo"
+_UNDO_HEAD = struct.Struct(">8sQQQQ")
+
+
+def _undo(real: str, record: str) -> bool:
+    """Put back what the data plane's last change to `real` overwrote, when a kill cut it
+    between its steps (content_srcf.c writes the old ciphertext and lengths before each
+    change and disarms the record after it). True when the file was put back. A cut that
+    had already reached its new, shorter length is complete: the record is dropped."""
+    try:
+        with open(record, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return False
+    if len(data) < _UNDO_HEAD.size:
+        return False
+    magic, old_end, new_end, off, length = _UNDO_HEAD.unpack_from(data)
+    if magic != b"SRUNDO01" or len(data) < _UNDO_HEAD.size + length:
+        return False  # disarmed, or cut while being written: the file was not touched yet
+    fd = os.open(real, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        if new_end < old_end and os.fstat(fd).st_size == new_end:
+            return False
+        os.pwrite(fd, data[_UNDO_HEAD.size:_UNDO_HEAD.size + length], off)
+        os.ftruncate(fd, old_end)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
 def recover_journal(backing: str, journal_dir: str, keyring: Keyring) -> list[str]:
     """Before the data plane starts: repair the files its journal says were being written
     when it died (a size change cut between its steps leaves a tail without a final
@@ -362,10 +393,18 @@ def recover_journal(backing: str, journal_dir: str, keyring: Keyring) -> list[st
     repaired = []
     for name in sorted(os.listdir(journal_dir)):
         entry = os.path.join(journal_dir, name)
+        if name.endswith(_UNDO):
+            if not os.path.exists(entry.removesuffix(_UNDO)):
+                with contextlib.suppress(FileNotFoundError):  # its entry's turn removed it
+                    os.unlink(entry)  # else its entry went after the file was durable: disarmed
+            continue
         with open(entry, "rb") as f:
             rel = f.read().decode(errors="replace").lstrip("/")
         real = os.path.join(backing, rel)
         try:
+            if os.path.isfile(real) and not os.path.islink(real) and _undo(real, entry + _UNDO):
+                repaired.append(rel)
+                log.warning("put back %s as it was before a change a crash cut", real)
             if os.path.isfile(real) and not os.path.islink(real) and repair_torn_tail(real, keyring) is not None:
                 repaired.append(rel)
                 log.warning("repaired %s: its last write was cut by a crash", real)
@@ -374,6 +413,8 @@ def recover_journal(backing: str, journal_dir: str, keyring: Keyring) -> list[st
             continue
         except (FormatError, IntegrityError, OSError) as exc:
             log.error("%s could not be repaired: %s", real, exc)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry + _UNDO)
         os.unlink(entry)
     for dirpath, _, names in os.walk(backing):
         for name in names:

@@ -18,7 +18,17 @@
  * the journal directory; it is removed when the last user of the file closes it. A
  * crash between the steps of a size change leaves a tail that the control plane
  * repairs at the next start for journalled files only (FORMAT.md, "Interrupted
- * writes"). */
+ * writes").
+ *
+ * Failure atomicity. A change that fails leaves the file as it was: everything is
+ * sealed in memory and the backing file system's limits are checked (EFBIG) and the
+ * space the change writes is reserved (fallocate, FALLOC_FL_KEEP_SIZE: ENOSPC) before
+ * the first byte moves; the ciphertext a change overwrites is kept, and put back (and
+ * the length restored) when a backing write fails after all. For a kill between the
+ * steps, that old ciphertext is also written to an undo record beside the journal
+ * entry ("<entry>.undo") before the change and disarmed after it; the control plane
+ * puts it back before anything else at the next start, so a killed change leaves the
+ * old file, never a torn chunk. */
 #define _GNU_SOURCE
 #include "content.h"
 #include "control.h"
@@ -34,6 +44,7 @@
 #include <sys/random.h>
 #include <time.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -54,6 +65,8 @@ struct sr_content {
 	pthread_rwlock_t lock;
 	int journalled;
 	char journal_name[64];
+	int undo_fd;              /* the journal entry's undo record, opened on first use, or -1 */
+	int broken;               /* a failed change could not be put back: EIO until reopened */
 	/* streaming writes: stored offsets [flushed, started) are being written back */
 	uint64_t started, flushed, stream_end;
 };
@@ -71,6 +84,8 @@ static struct srcf_layer layer_cfg;
 struct bufs {
 	uint8_t *stored, *plain;
 	size_t stored_cap, plain_cap;
+	uint8_t *aux, *old;       /* a second sealed piece; the ciphertext a change overwrites */
+	size_t aux_cap, old_cap;
 };
 static pthread_key_t bufs_key;
 static pthread_once_t bufs_once = PTHREAD_ONCE_INIT;
@@ -83,8 +98,11 @@ static void bufs_free(void *p)
 	/* plaintext passed through here: wipe before the heap reuses it */
 	if (b->plain)
 		explicit_bzero(b->plain, b->plain_cap);
+	/* the old ciphertext of a file is not secret, but its undo copy need not linger */
 	free(b->stored);
 	free(b->plain);
+	free(b->aux);
+	free(b->old);
 	free(b);
 }
 
@@ -121,6 +139,26 @@ static struct bufs *bufs_get(size_t stored, size_t plain)
 			return NULL;
 	}
 	return b;
+}
+
+/* The second-piece and old-ciphertext buffers of this thread (after bufs_get). */
+static int bufs_extra(struct bufs *b, size_t aux, size_t old)
+{
+	if (b->aux_cap < aux) {
+		uint8_t *p = realloc(b->aux, aux);
+		if (!p)
+			return -ENOMEM;
+		b->aux = p;
+		b->aux_cap = aux;
+	}
+	if (b->old_cap < old) {
+		uint8_t *p = realloc(b->old, old);
+		if (!p)
+			return -ENOMEM;
+		b->old = p;
+		b->old_cap = old;
+	}
+	return 0;
 }
 
 /* ---- helpers ----------------------------------------------------------------------- */
@@ -171,9 +209,51 @@ static void rel_path(int fd, char *out, size_t len)
 	snprintf(out, len, "%s", rel);
 }
 
+/* One event per file, kind and period: a damaged file that a program opens in a loop
+ * would otherwise flood the audit log (about 1,000 records a minute were seen). The
+ * table is small and the oldest slot is reused: a file forgotten early just reports
+ * again. */
+#define EVENT_PERIOD_SECONDS 600
+#define EVENT_SLOTS 128
+static struct event_slot {
+	dev_t dev;
+	ino_t ino;
+	int kind;
+	time_t at;
+	int used;
+} event_seen[EVENT_SLOTS];
+static pthread_mutex_t event_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int event_due(enum sr_event_kind kind, int fd)
+{
+	struct stat st;
+	struct timespec now;
+	if (fstat(fd, &st) < 0 || clock_gettime(CLOCK_MONOTONIC, &now) < 0)
+		return 1;
+	pthread_mutex_lock(&event_lock);
+	struct event_slot *oldest = &event_seen[0];
+	for (int i = 0; i < EVENT_SLOTS; i++) {
+		struct event_slot *e = &event_seen[i];
+		if (e->used && e->dev == st.st_dev && e->ino == st.st_ino && e->kind == (int)kind) {
+			int due = now.tv_sec - e->at >= EVENT_PERIOD_SECONDS;
+			if (due)
+				e->at = now.tv_sec;
+			pthread_mutex_unlock(&event_lock);
+			return due;
+		}
+		if (!e->used || (oldest->used && e->at < oldest->at))
+			oldest = e;
+	}
+	*oldest = (struct event_slot){ .dev = st.st_dev, .ino = st.st_ino, .kind = (int)kind, .at = now.tv_sec, .used = 1 };
+	pthread_mutex_unlock(&event_lock);
+	return 1;
+}
+
 /* An integrity failure or a missing key, for the audit log (no caller: the file's path). */
 static void content_event(enum sr_event_kind kind, int fd)
 {
+	if (!event_due(kind, fd))
+		return;
 	char rel[PATH_MAX + 2];
 	rel[0] = '/';
 	rel_path(fd, rel + 1, sizeof(rel) - 1);
@@ -322,6 +402,9 @@ static void journal_flush(void)
 	}
 	while (batch) {
 		struct journal_entry *next = batch->next;
+		char undo[80];
+		snprintf(undo, sizeof(undo), "%s.undo", batch->name);
+		unlinkat(layer_cfg.journal_fd, undo, 0); /* disarmed: the file is whole */
 		unlinkat(layer_cfg.journal_fd, batch->name, 0);
 		free(batch);
 		batch = next;
@@ -440,6 +523,7 @@ static int srcf_open(void *layer, int fd, int writable, struct sr_content **out)
 	c->file = f;
 	c->cs = h.chunk_size;
 	c->size = size;
+	c->undo_fd = -1;
 	pthread_rwlock_init(&c->lock, NULL);
 	*out = c;
 	return 0;
@@ -482,9 +566,111 @@ out:
 	return result;
 }
 
-/* Re-seal the current final chunk `index` as a full, non-final chunk (zeros after its
- * data): the first step of every extension past it. */
-static int seal_old_final_full(struct sr_content *c, struct bufs *b)
+/* ---- failure atomicity ------------------------------------------------------------ */
+/* What a change overwrites: the stored bytes [off, off + len) as they were, and the
+ * stored lengths before and after it. */
+struct undo {
+	uint64_t old_end, new_end, off;
+	size_t len;
+	const uint8_t *bytes;
+};
+
+/* Undo record on disk: "SRUNDO01" once complete, then u64 old_end, new_end, off, len
+ * (big-endian), then the bytes. The magic is written last, in its own 8-byte write at
+ * offset 0, so a record cut by a kill is never taken for a complete one. */
+#define UNDO_MAGIC "SRUNDO01"
+#define UNDO_HEAD 40
+
+static void put_be64(uint8_t *p, uint64_t v)
+{
+	for (int i = 7; i >= 0; i--, v >>= 8)
+		p[i] = (uint8_t)v;
+}
+
+static int undo_arm(struct sr_content *c, const struct undo *u)
+{
+	if (!c->journalled)
+		return 0; /* no journal: a failed change is still put back from memory */
+	if (c->undo_fd < 0) {
+		char name[80];
+		snprintf(name, sizeof(name), "%s.undo", c->journal_name);
+		c->undo_fd = openat(layer_cfg.journal_fd, name, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+		if (c->undo_fd < 0)
+			return -errno;
+	}
+	uint8_t head[UNDO_HEAD - 8];
+	put_be64(head, u->old_end);
+	put_be64(head + 8, u->new_end);
+	put_be64(head + 16, u->off);
+	put_be64(head + 24, u->len);
+	int r = io_full(c->undo_fd, head, sizeof(head), 8, 1);
+	if (r == 0 && u->len)
+		r = io_full(c->undo_fd, (void *)u->bytes, u->len, UNDO_HEAD, 1);
+	if (r == 0)
+		r = io_full(c->undo_fd, UNDO_MAGIC, 8, 0, 1);
+	return r;
+}
+
+/* The change is complete (or put back): the record must never be replayed. */
+static int undo_disarm(struct sr_content *c)
+{
+	if (c->undo_fd < 0)
+		return 0;
+	static const uint8_t zero[8];
+	int r = io_full(c->undo_fd, (void *)zero, sizeof(zero), 0, 1);
+	if (r < 0 && ftruncate(c->undo_fd, 0) < 0)
+		return r;
+	return 0;
+}
+
+/* A backing write failed half way: the overwritten bytes back, the old length back. */
+static void undo_apply(struct sr_content *c, const struct undo *u)
+{
+	int r = u->len ? io_full(c->fd, (void *)u->bytes, u->len, (off_t)u->off, 1) : 0;
+	struct stat st;
+	if (r == 0 && fstat(c->fd, &st) < 0)
+		r = -errno;
+	if (r == 0 && (uint64_t)st.st_size != u->old_end && ftruncate(c->fd, (off_t)u->old_end) < 0)
+		r = -errno;
+	if (r < 0) {
+		/* the record stays armed and the journal entry stays: the next start puts it back */
+		c->broken = 1;
+		return;
+	}
+	if (undo_disarm(c) < 0)
+		c->broken = 1; /* armed still, with these same old bytes: a replay changes nothing */
+}
+
+/* Space for [off, off + len) allocated before it is written, so the write cannot meet
+ * ENOSPC half way; a file system without fallocate gets the put-back path instead. */
+static int reserve(int fd, uint64_t off, uint64_t len)
+{
+	if (!len)
+		return 0;
+	for (;;) {
+		if (fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) == 0)
+			return 0;
+		if (errno == EINTR)
+			continue;
+		return errno == EOPNOTSUPP || errno == ENOSYS ? 0 : -errno;
+	}
+}
+
+/* EFBIG before anything changes: a length the backing file system cannot hold (ext4:
+ * 16 TiB) would otherwise fail half way through an extension. lseek checks the file
+ * system's own maximum (s_maxbytes) and moves nothing: every I/O here is positional. */
+static int fits(int fd, uint64_t stored_end)
+{
+	if (stored_end > INT64_MAX)
+		return -EFBIG;
+	if (lseek(fd, (off_t)stored_end, SEEK_SET) < 0)
+		return errno == EINVAL ? -EFBIG : -errno;
+	return 0;
+}
+
+/* Seal the current final chunk as a full, non-final chunk (zeros after its data) into
+ * `out` (cs + overhead bytes): part of every extension past it. */
+static int seal_old_final_full(struct sr_content *c, struct bufs *b, uint8_t *out, size_t *len)
 {
 	uint32_t cs = c->cs;
 	uint64_t index = chunks_of(c->size, cs) - 1;
@@ -495,22 +681,26 @@ static int seal_old_final_full(struct sr_content *c, struct bufs *b)
 		if (r < 0)
 			return r;
 	}
-	size_t len;
-	int rc = srcf_seal_run(c->file, index, SRCF_NO_FINAL, b->plain, cs, b->stored, b->stored_cap, &len, NULL);
-	if (rc != SRCF_OK)
-		return srcf_errno(rc, c->fd);
-	return io_full(c->fd, b->stored, len, chunk_off(index, cs), 1);
+	int rc = srcf_seal_run(c->file, index, SRCF_NO_FINAL, b->plain, cs, out, (size_t)cs + SRCF_CHUNK_OVERHEAD, len,
+			       NULL);
+	return rc == SRCF_OK ? 0 : srcf_errno(rc, c->fd);
 }
 
 /* Under the write lock. Writes `size` bytes at `off` (size may be 0 with new_size >
- * c->size: an extension by zeros, as truncate and fallocate do). */
+ * c->size: an extension by zeros, as truncate and fallocate do). All or nothing. */
 static int write_locked(struct sr_content *c, const uint8_t *data, size_t size, uint64_t off, uint64_t new_size)
 {
+	if (c->broken)
+		return -EIO;
 	uint32_t cs = c->cs;
-	uint64_t stored_end;
+	uint64_t stored_end, old_end;
 	if (srcf_stored_size(new_size, cs, &stored_end) != SRCF_OK)
 		return -EFBIG;
-	int r = journal_mark(c);
+	(void)srcf_stored_size(c->size, cs, &old_end);
+	int r = fits(c->fd, stored_end);
+	if (r < 0)
+		return r;
+	r = journal_mark(c);
 	if (r < 0)
 		return r;
 	uint64_t old_size = c->size, old_n = chunks_of(old_size, cs), new_n = chunks_of(new_size, cs);
@@ -521,17 +711,16 @@ static int write_locked(struct sr_content *c, const uint8_t *data, size_t size, 
 		last = final; /* a write reaching past the end: its last chunk is the new final */
 	uint64_t run_end = (last + 1) * (uint64_t)cs < new_size ? (last + 1) * (uint64_t)cs : new_size;
 	size_t plain_len = (size_t)(run_end - first * cs);
-	struct bufs *b = bufs_get(plain_len + (size_t)(last - first + 3) * SRCF_CHUNK_OVERHEAD + cs,
-				  plain_len > cs ? plain_len : cs);
-	if (!b)
+	size_t run_stored = plain_len + (size_t)(last - first + 1) * SRCF_CHUNK_OVERHEAD;
+	struct bufs *b = bufs_get(run_stored + 2 * SRCF_CHUNK_OVERHEAD + cs, plain_len > cs ? plain_len : cs);
+	if (!b || bufs_extra(b, (size_t)cs + SRCF_CHUNK_OVERHEAD, run_stored + (size_t)cs + SRCF_CHUNK_OVERHEAD) < 0)
 		return -ENOMEM;
 	/* Growing past the old final chunk, which lies before this run: it becomes a full,
-	 * non-final chunk first (in this order, a crash leaves a tail repair can read). */
-	if (new_n > old_n && old_n - 1 < first) {
-		r = seal_old_final_full(c, b);
-		if (r < 0)
-			return r;
-	}
+	 * non-final chunk too (sealed now, written after the run). */
+	size_t alen = 0;
+	int grow = new_n > old_n && old_n - 1 < first;
+	if (grow && (r = seal_old_final_full(c, b, b->aux, &alen)) < 0)
+		return r;
 	const uint8_t *plain;
 	if (size && off == first * cs && size == plain_len) {
 		plain = data; /* whole chunks, or up to the end: no copy */
@@ -546,10 +735,10 @@ static int write_locked(struct sr_content *c, const uint8_t *data, size_t size, 
 				break;
 			if (i >= old_n || i * cs >= old_size)
 				continue; /* past the old end: zeros */
-			uint64_t old_end = (i + 1) * (uint64_t)cs < old_size ? (i + 1) * (uint64_t)cs : old_size;
-			if (size && off <= i * cs && off + size >= old_end)
+			uint64_t old_chunk_end = (i + 1) * (uint64_t)cs < old_size ? (i + 1) * (uint64_t)cs : old_size;
+			if (size && off <= i * cs && off + size >= old_chunk_end)
 				continue; /* wholly overwritten */
-			r = read_chunks(c, i, i, p + (i - first) * cs, (size_t)(old_end - i * cs), b->stored);
+			r = read_chunks(c, i, i, p + (i - first) * cs, (size_t)(old_chunk_end - i * cs), b->stored);
 			if (r < 0)
 				return r;
 		}
@@ -562,12 +751,34 @@ static int write_locked(struct sr_content *c, const uint8_t *data, size_t size, 
 	int rc = srcf_seal_run(c->file, first, final, plain, plain_len, stored, b->stored_cap, &len, NULL);
 	if (rc != SRCF_OK)
 		return srcf_errno(rc, c->fd);
-	r = io_full(c->fd, stored, len, chunk_off(first, cs), 1);
-	if (r < 0)
+	uint64_t from = (uint64_t)chunk_off(first, cs), to = from + len;
+	/* The stored bytes this change overwrites, kept to be put back: the old final chunk
+	 * when it is re-sealed, else what the run covers of the old file. */
+	struct undo u = { .old_end = old_end, .new_end = stored_end, .bytes = b->old };
+	u.off = grow ? (uint64_t)chunk_off(old_n - 1, cs) : from;
+	uint64_t until = grow ? old_end : (to < old_end ? to : old_end);
+	u.len = until > u.off ? (size_t)(until - u.off) : 0;
+	if (u.len && (r = io_full(c->fd, b->old, u.len, (off_t)u.off, 0)) < 0)
 		return r;
+	if ((r = reserve(c->fd, from, len)) < 0 || (grow && (r = reserve(c->fd, u.off, alen)) < 0))
+		return r;
+	if ((r = undo_arm(c, &u)) < 0)
+		return r;
+	/* The run first, then the old final chunk: a kill between them leaves the old final
+	 * chunk in place, which repair finds even without the undo record. */
+	r = io_full(c->fd, stored, len, (off_t)from, 1);
+	if (r == 0 && grow)
+		r = io_full(c->fd, b->aux, alen, (off_t)u.off, 1);
+	/* A record left armed would undo this write at the next start: then the write
+	 * fails, and is undone now. */
+	if (r == 0)
+		r = undo_disarm(c);
+	if (r < 0) {
+		undo_apply(c, &u);
+		return r;
+	}
 	if (new_size > c->size)
 		c->size = new_size;
-	uint64_t from = (uint64_t)chunk_off(first, cs), to = from + len;
 	if (from > c->stream_end || to < c->started) {
 		c->started = c->flushed = from; /* not sequential: a new stream starts here */
 	}
@@ -605,43 +816,57 @@ static ssize_t srcf_write(struct sr_content *c, const void *buf, size_t size, of
 	return r < 0 ? r : (ssize_t)size;
 }
 
+/* Under the write lock. The new final chunk is written over its old self first, then
+ * the file cut at its exact end in one ftruncate: a failure of either puts the old
+ * chunk back (nothing was cut yet, or the cut did not happen). */
 static int shrink_locked(struct sr_content *c, uint64_t new_size)
 {
+	if (c->broken)
+		return -EIO;
 	uint32_t cs = c->cs;
 	int r = journal_mark(c);
 	if (r < 0)
 		return r;
-	uint64_t n = chunks_of(new_size, cs);
+	uint64_t n = chunks_of(new_size, cs), old_final = chunks_of(c->size, cs) - 1, old_end, new_end;
+	(void)srcf_stored_size(c->size, cs, &old_end);
+	(void)srcf_stored_size(new_size, cs, &new_end);
 	size_t keep = (size_t)(new_size - (n - 1) * cs);
 	struct bufs *b = bufs_get(2 * ((size_t)cs + SRCF_CHUNK_OVERHEAD), cs);
-	if (!b)
+	if (!b || bufs_extra(b, 0, (size_t)cs + SRCF_CHUNK_OVERHEAD) < 0)
 		return -ENOMEM;
+	/* the chunk that becomes final, as stored now (kept to be put back) and opened */
+	struct undo u = { .old_end = old_end, .new_end = new_end, .off = (uint64_t)chunk_off(n - 1, cs),
+			  .bytes = b->old };
+	uint64_t until = (uint64_t)chunk_off(n, cs) < old_end ? (uint64_t)chunk_off(n, cs) : old_end;
+	u.len = (size_t)(until - u.off);
+	if ((r = io_full(c->fd, b->old, u.len, (off_t)u.off, 0)) < 0)
+		return r == -EIO ? (content_event(SR_EV_INTEGRITY, c->fd), -EIO) : r;
 	if (keep) {
-		/* the new final chunk's kept bytes, read while it is still whole */
-		uint64_t old_final = chunks_of(c->size, cs) - 1;
-		size_t have = n - 1 == old_final ? (size_t)(c->size - old_final * cs) : cs;
-		r = read_chunks(c, n - 1, n - 1, b->plain, have, b->stored);
-		if (r < 0)
-			return r;
+		size_t have = n - 1 == old_final ? (size_t)(c->size - old_final * cs) : cs, got;
+		uint64_t bad;
+		int rc = srcf_open_run(c->file, n - 1, old_final, b->old, have + SRCF_CHUNK_OVERHEAD, b->plain, have, &got,
+				       &bad);
+		if (rc != SRCF_OK)
+			return srcf_errno(rc, c->fd);
 	}
 	size_t len;
 	int rc = srcf_seal_run(c->file, n - 1, n - 1, b->plain, keep, b->stored, b->stored_cap, &len, NULL);
 	if (rc != SRCF_OK)
 		return srcf_errno(rc, c->fd);
-	/* Whole chunks cut first (the kept one still marked not final), then the new final
-	 * chunk, then the exact end: every intermediate state is one repair can read. */
-	struct stat st;
-	if (fstat(c->fd, &st) < 0)
-		return -errno;
-	if (st.st_size > chunk_off(n, cs) && ftruncate(c->fd, chunk_off(n, cs)) < 0)
-		return -errno;
-	r = io_full(c->fd, b->stored, len, chunk_off(n - 1, cs), 1);
-	if (r < 0)
+	if ((r = reserve(c->fd, u.off, len)) < 0) /* the chunk may be a hole */
 		return r;
-	uint64_t stored_end;
-	(void)srcf_stored_size(new_size, cs, &stored_end);
-	if (ftruncate(c->fd, (off_t)stored_end) < 0)
-		return -errno;
+	if ((r = undo_arm(c, &u)) < 0)
+		return r;
+	r = io_full(c->fd, b->stored, len, (off_t)u.off, 1);
+	if (r == 0 && ftruncate(c->fd, (off_t)new_end) < 0)
+		r = -errno;
+	if (r < 0) {
+		undo_apply(c, &u);
+		return r;
+	}
+	/* An armed record of a finished cut is never replayed (the file has its new end),
+	 * and nothing could put the cut chunks back: the cut stands. */
+	(void)undo_disarm(c);
 	c->size = new_size;
 	return 0;
 }
@@ -704,18 +929,15 @@ static int srcf_fallocate(struct sr_content *c, int mode, off_t off, off_t len)
 	if (__builtin_add_overflow((uint64_t)off, (uint64_t)len, &end) || end > INT64_MAX)
 		return -EFBIG;
 	pthread_rwlock_wrlock(&c->lock);
-	int r = 0;
 	uint64_t stored_end;
-	if (srcf_stored_size(end, c->cs, &stored_end) != SRCF_OK)
-		r = -EFBIG;
-	else if (!(mode & FALLOC_FL_KEEP_SIZE) && end > c->size)
+	int r = srcf_stored_size(end, c->cs, &stored_end) != SRCF_OK ? -EFBIG : fits(c->fd, stored_end);
+	/* The space the stored bytes of the range take, as the caller asked, reserved before
+	 * the size changes: a refusal (ENOSPC) leaves the file as it was. */
+	if (r == 0)
+		r = reserve(c->fd, (uint64_t)chunk_off((uint64_t)off / c->cs, c->cs),
+			    stored_end - (uint64_t)chunk_off((uint64_t)off / c->cs, c->cs));
+	if (r == 0 && !(mode & FALLOC_FL_KEEP_SIZE) && end > c->size)
 		r = write_locked(c, NULL, 0, c->size, end);
-	if (r == 0) {
-		/* reserve the space the stored bytes of the range take, as the caller asked */
-		off_t from = chunk_off((uint64_t)off / c->cs, c->cs);
-		if (fallocate(c->fd, FALLOC_FL_KEEP_SIZE, from, (off_t)stored_end - from) < 0 && errno != EOPNOTSUPP)
-			r = -errno;
-	}
 	pthread_rwlock_unlock(&c->lock);
 	return r;
 }
@@ -737,8 +959,10 @@ static void srcf_release(struct sr_content *c)
 	/* The last user closed it: every size change is complete; its journal entry goes
 	 * once the flusher has made the file durable. */
 	struct stat st;
-	if (c->journalled && fstat(c->fd, &st) == 0)
-		journal_release(c, &st);
+	if (c->journalled && !c->broken && fstat(c->fd, &st) == 0)
+		journal_release(c, &st); /* broken: entry and undo record stay for the next start */
+	if (c->undo_fd >= 0)
+		close(c->undo_fd);
 	srcf_file_free(c->file);
 	close(c->fd);
 	pthread_rwlock_destroy(&c->lock);
@@ -796,6 +1020,14 @@ static int srcf_rekey(struct sr_content *c, int dirfd, const char *name)
 	}
 	if (fstat(c->fd, &st) < 0) {
 		r = -errno;
+		goto out;
+	}
+	/* A re-key needs room for one more copy of this file (as allocated: holes stay
+	 * holes), checked before anything is written: ENOSPC says why it cannot run. */
+	struct statvfs vfs;
+	if (fstatvfs(c->fd, &vfs) == 0 &&
+	    (uint64_t)vfs.f_bavail * vfs.f_frsize < (uint64_t)st.st_blocks * 512 + 2 * ((uint64_t)cs + SRCF_CHUNK_OVERHEAD)) {
+		r = -ENOSPC;
 		goto out;
 	}
 	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd)) {

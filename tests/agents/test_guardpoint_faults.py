@@ -1,0 +1,551 @@
+"""Fault injection on a guard point's data plane (issue 25): a write, truncate or
+fallocate that fails — ENOSPC from a real full file system, EIO/ENOSPC/EFBIG injected
+into the Nth backing call, EFBIG from the backing file system's size limit, or the
+daemon killed with SIGKILL at any of its steps — leaves every file exactly as it was
+before the call or as after it, never torn, and every fsynced byte readable: through a
+remounted guard point (after the supervisor's journal recovery) and through the Python
+reference decryptor (agents/cryptfile).
+
+The injecting layer is agents/dataplane/tests/faultfs.c, an LD_PRELOAD shim built by
+`make -C agents/dataplane faultfs`. STRONGROOM_TEST_FUSE names another daemon binary
+(to show that these tests fail on an older build)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import mmap
+import os
+import random
+import shutil
+import struct
+import subprocess
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agents.cryptfile import EncryptedFile, KeyVersion, StaticKeyring
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+                                reason="needs /dev/fuse and fusermount3 (apt-get install fuse3)")
+
+DATAPLANE = Path(__file__).resolve().parents[2] / "agents" / "dataplane"
+SHIM = DATAPLANE / "build" / "faultfs.so"
+KILL = 9999  # faultfs.c: SIGKILL at that call
+CS = 4096
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+FALLOC_FL_KEEP_SIZE = 1
+
+
+def _daemon() -> Path:
+    from agents.guardpoint.dataplane import DAEMON
+    return Path(os.environ.get("STRONGROOM_TEST_FUSE", str(DAEMON)))
+
+
+@pytest.fixture(scope="module")
+def shim() -> Path:
+    r = subprocess.run(["make", "-s", "-C", str(DATAPLANE), "faultfs"], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        pytest.fail(f"make faultfs failed:\n{r.stdout}{r.stderr}", pytrace=False)
+    return SHIM
+
+
+class Faults:
+    """The shim's shared control block (faultfs.c)."""
+
+    def __init__(self, path: Path) -> None:
+        path.write_bytes(bytes(64))
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR)
+        self._map = mmap.mmap(self._fd, 64)
+
+    def _set(self, slot: int, value: int) -> None:
+        struct.pack_into("<q", self._map, slot * 8, value)
+
+    def _get(self, slot: int) -> int:
+        return int(struct.unpack_from("<q", self._map, slot * 8)[0])
+
+    def arm(self, nth: int, err: int, *, ops: int = 0, sticky: bool = False, torn: bool = False) -> None:
+        self._set(3, ops)
+        self._set(1, err)
+        self._set(5, 1 if sticky else 0)
+        self._set(6, 1 if torn else 0)
+        self._set(0, nth)
+
+    def disarm(self) -> None:
+        self._set(0, 0)
+        self._set(5, 0)
+
+    @property
+    def calls(self) -> int:
+        return self._get(2)
+
+    @property
+    def injected(self) -> int:
+        return self._get(4)
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._fd)
+
+
+class GuardPoint:
+    """A guard point the way the agent's supervisor runs one: journal recovery, then the
+    daemon; `restart` after a kill does what the supervisor does (lazy unmount, recover,
+    start again)."""
+
+    def __init__(self, root: Path, mnt: Path, env: dict[str, str] | None = None) -> None:
+        self.root, self.mnt = root, mnt
+        self.backing, self.journal = root / "backing", root / "backing.journal"
+        self.backing.mkdir(exist_ok=True)
+        self.mnt.mkdir(exist_ok=True)
+        self.key = KeyVersion(uuid.uuid4(), 1, os.urandom(32))
+        self.env = env or {}
+        self.plane: object = None
+        self.start()
+
+    def start(self) -> None:
+        from agents.guardpoint.dataplane import DataPlane, recover_journal
+        from agents.guardpoint.policy import PERMIT_ALL
+
+        recover_journal(str(self.backing), str(self.journal), StaticKeyring([self.key]))
+        plane = DataPlane(str(self.backing), str(self.mnt), chunk_size=CS, journal=str(self.journal),
+                          executable=_daemon(), threads=4)
+        saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+        try:
+            def configure(p: DataPlane) -> None:
+                p.set_key(self.key)
+                p.set_active(self.key)
+                p.set_policy(PERMIT_ALL)
+            plane.start(configure=configure)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.plane = plane
+
+    def stop(self) -> None:
+        from agents.guardpoint.dataplane import DataPlane
+        assert isinstance(self.plane, DataPlane)
+        if self.plane.process is not None and self.plane.process.poll() is None:
+            self.plane.shutdown()
+        self.plane.kill()
+        subprocess.run(["fusermount3", "-uz", str(self.mnt)], check=False, capture_output=True)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def died(self) -> bool:
+        """Whether the daemon is dying or dead (its connection closes before it is reaped)."""
+        from agents.guardpoint.dataplane import DataPlane
+        assert isinstance(self.plane, DataPlane) and self.plane.process is not None
+        try:
+            self.plane.process.wait(30)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def reference(self, name: str) -> bytes:
+        """The file as the Python reference decryptor reads it from the backing store:
+        every chunk must authenticate and the file must end in its final chunk."""
+        with EncryptedFile.open(str(self.backing / name), StaticKeyring([self.key])) as f:
+            f.verify()
+            return f.read(0, f.size)
+
+    def mounted(self, name: str) -> bytes:
+        return (self.mnt / name).read_bytes()
+
+
+@contextlib.contextmanager
+def guard_point(root: Path, mnt: Path, env: dict[str, str] | None = None) -> Iterator[GuardPoint]:
+    gp = GuardPoint(root, mnt, env)
+    try:
+        yield gp
+    finally:
+        gp.stop()
+
+
+def _outside_backing(root: Path) -> list[str]:
+    """Files a failure left beside the backing store (nothing may be)."""
+    return sorted(p.name for p in root.iterdir() if p.name not in ("backing", "backing.journal", "faults"))
+
+
+# ---- the scripted workload ---------------------------------------------------------------
+# Each step: (name, setup content, operation on an O_RDWR descriptor, expected content after).
+Step = tuple[str, bytes, Callable[[int], None], bytes]
+_written: list[int] = []  # what the last pwrite answered
+
+
+def _pwrite(fd: int, data: bytes, off: int) -> None:
+    """A write the kernel may split into several requests (a partial page ends one): if
+    a later one fails, the call answers the bytes that made it — a legal short write,
+    whose chunks must each be old or new."""
+    _written.clear()
+    written = 0
+    while written < len(data):
+        n = os.pwrite(fd, data[written:], off + written)
+        written += n
+        _written.append(written)
+        if n == 0:
+            break
+
+
+def _fallocate(fd: int, mode: int, off: int, length: int) -> None:
+    if _libc.fallocate(fd, mode, off, length) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def _write(off: int, data: bytes) -> Callable[[int], None]:
+    op = lambda fd: _pwrite(fd, data, off)  # noqa: E731
+    op.write = (off, data)  # type: ignore[attr-defined]
+    return op
+
+
+def _steps() -> list[Step]:
+    rnd = random.Random(25)
+    base = rnd.randbytes(3 * CS + 1234)  # a partial final chunk
+    patch, tail, far, last = rnd.randbytes(CS + 300), rnd.randbytes(2 * CS + 77), rnd.randbytes(555), rnd.randbytes(100)
+    sparse = base + bytes(8 * CS)
+    return [
+        ("overwrite across chunks", base, _write(1000, patch), _apply(base, 1000, patch)),
+        ("overwrite in the final partial chunk", base, _write(3 * CS + 500, last), _apply(base, 3 * CS + 500, last)),
+        ("append from a partial final chunk", base, _write(len(base), tail), base + tail),
+        ("write far past the end", base, _write(40 * CS + 3, far), _apply(base, 40 * CS + 3, far)),
+        ("truncate up", base, lambda fd: os.ftruncate(fd, 25 * CS + 9), base + bytes(25 * CS + 9 - len(base))),
+        ("truncate down mid-chunk", base, lambda fd: os.ftruncate(fd, CS + 17), base[:CS + 17]),
+        ("truncate down within the final chunk", base, lambda fd: os.ftruncate(fd, 3 * CS + 3), base[:3 * CS + 3]),
+        ("truncate to zero", base, lambda fd: os.ftruncate(fd, 0), b""),
+        ("fallocate extends", base, lambda fd: _fallocate(fd, 0, 0, 9 * CS), base + bytes(9 * CS - len(base))),
+        ("fallocate keep size", base, lambda fd: _fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 20 * CS), base),
+        ("fill a hole", sparse, _write(5 * CS + 11, patch), _apply(sparse, 5 * CS + 11, patch)),
+    ]
+
+
+def _setup(gp: GuardPoint, name: str, content: bytes) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (gp.mnt / name).unlink()
+    fd = os.open(gp.mnt / name, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if content:
+            _pwrite(fd, content, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _run(gp: GuardPoint, name: str, op: Callable[[int], None]) -> OSError | None:
+    """The operation's own error, or None; an fsync after it may fail too (EIO) without
+    making the operation's answer a lie."""
+    fd = os.open(gp.mnt / name, os.O_RDWR)
+    try:
+        try:
+            op(fd)
+        except OSError as exc:
+            return exc
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _apply(before: bytes, off: int, data: bytes) -> bytes:
+    out = bytearray(before)
+    if off + len(data) > len(out):
+        out.extend(bytes(off + len(data) - len(out)))
+    out[off:off + len(data)] = data
+    return bytes(out)
+
+
+def _old_or_new(got: bytes, before: bytes, after: bytes, what: str, write: tuple[int, bytes] | None) -> str:
+    if got == before:
+        return "old"
+    if got == after:
+        return "new"
+    if write is not None and _written and got == _apply(before, write[0], write[1][:_written[-1]]):
+        return "short"  # the call answered this many bytes: each chunk old or new
+    raise AssertionError(f"{what}: torn — {len(got)} bytes, neither the {len(before)} before "
+                         f"nor the {len(after)} after")
+
+
+# ---- (2) the Nth backing call fails ------------------------------------------------------
+@pytest.mark.parametrize("sticky", [False, True], ids=["one-call", "every-call-after"])
+def test_every_backing_call_of_a_workload_failing_leaves_old_or_new(tmp_path: Path, shim: Path,
+                                                                    sticky: bool) -> None:
+    """For each step of the workload, and for every backing write, truncate, fallocate
+    and fsync that step makes (its journal and undo writes too), that call fails — a
+    torn half-write where it is a write, then ENOSPC, EIO or EFBIG — once, or (sticky)
+    with every call after it as well, so the put-back itself fails and only the journal
+    can repair the file. The call answers an error or succeeds; the file reads back old
+    or new, through the mount, the reference decryptor and after a remount."""
+    root = tmp_path / "gp"
+    root.mkdir()
+    faults = Faults(tmp_path / "faults")
+    env = {"LD_PRELOAD": str(shim), "SR_FAULT_CTL": str(faults.path), "SR_FAULT_DIR": str(root / "backing")}
+    errors = [errno.ENOSPC, errno.EIO, errno.EFBIG]
+    tried = 0
+    with guard_point(root, tmp_path / "mnt", env) as gp:
+        for i, (what, before, op, after) in enumerate(_steps()):
+            name = f"f{i}"
+            _setup(gp, name, before)
+            start = faults.calls
+            assert _run(gp, name, op) is None, what
+            calls = faults.calls - start
+            assert calls > 0, f"{what}: the shim saw no backing call"
+            assert gp.reference(name) == after
+            for nth in range(1, calls + 1):
+                _setup(gp, name, before)
+                err = errors[nth % len(errors)]
+                injected = faults.injected
+                faults.arm(nth, err, sticky=sticky, torn=True)
+                exc = _run(gp, name, op)
+                faults.disarm()
+                tried += 1
+                label = f"{what}, call {nth}/{calls} failing with {errno.errorcode[err]}"
+                if sticky and faults.injected > injected:
+                    gp.restart()  # a failed put-back leaves the file to the journal
+                got = gp.mounted(name)
+                state = _old_or_new(got, before, after, label, getattr(op, "write", None))
+                assert gp.reference(name) == got, label
+                if exc is not None:  # short: an earlier request of the call succeeded, then this one failed
+                    assert state in ("old", "short"), f"{label}: answered {exc} yet changed the file"
+            gp.restart()
+            assert gp.mounted(name) == gp.reference(name) == after, f"{what}: after a remount"
+    faults.close()
+    assert tried > len(_steps())
+    assert _outside_backing(root) == []
+
+
+# ---- (4) kill -9 at every step --------------------------------------------------------
+def test_kill_9_at_every_backing_call_leaves_old_or_new(tmp_path: Path, shim: Path) -> None:
+    """The daemon SIGKILLs itself at each backing call of each step (after writing half
+    of it, where it is a write): after the supervisor's recovery and a remount every
+    file is old or new, and what was fsynced before the step is intact."""
+    root = tmp_path / "gp"
+    root.mkdir()
+    faults = Faults(tmp_path / "faults")
+    env = {"LD_PRELOAD": str(shim), "SR_FAULT_CTL": str(faults.path), "SR_FAULT_DIR": str(root / "backing")}
+    with guard_point(root, tmp_path / "mnt", env) as gp:
+        for i, (what, before, op, after) in enumerate(_steps()):
+            if "fallocate keep" in what:
+                continue  # changes no byte: nothing to tear
+            name = f"k{i}"
+            _setup(gp, name, before)
+            start = faults.calls
+            assert _run(gp, name, op) is None, what
+            calls = faults.calls - start
+            for nth in range(1, calls + 1):
+                name = f"k{i}-{nth}"
+                _setup(gp, name, before)  # fsynced: must survive whatever follows
+                faults.arm(nth, KILL, torn=True)
+                _run(gp, name, op)
+                faults.disarm()
+                label = f"{what}, killed at call {nth}/{calls}"
+                assert gp.died(), f"{label}: the daemon did not reach that call"
+                gp.restart()
+                got = gp.mounted(name)
+                _old_or_new(got, before, after, label, getattr(op, "write", None))
+                assert gp.reference(name) == got, label
+    faults.close()
+    assert _outside_backing(root) == []
+
+
+# ---- (1) a real full file system ---------------------------------------------------------
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    where = tmp_path / "tiny"
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(where)],
+                       capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
+
+
+def test_writers_filling_a_tiny_file_system_lose_nothing(tmp_path: Path, tiny_tmpfs: Path) -> None:
+    """Three writers extend their files on a 3 MiB tmpfs until it is full (appends of
+    odd sizes, fsync after some), then try truncates up and overwrites of the final
+    partial chunk on the full file system. Each file must hold exactly what its writes
+    that succeeded wrote (a failed one changed nothing), before and after a remount,
+    through the mount and the reference decryptor."""
+    with guard_point(tiny_tmpfs, tmp_path / "mnt") as gp:
+        expect: dict[str, bytearray] = {}
+        synced: dict[str, bytes] = {}
+        lock = threading.Lock()
+
+        def writer(k: int) -> None:
+            rnd = random.Random(k)
+            name = f"w{k}"
+            data = bytearray()
+            fd = os.open(gp.mnt / name, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                full = 0
+                while full < 5:
+                    chunk = rnd.randbytes(rnd.choice([1, 100, CS - 1, CS + 1, 3 * CS + 5, 40000]))
+                    try:
+                        n = os.pwrite(fd, chunk, len(data))
+                    except OSError as exc:
+                        assert exc.errno == errno.ENOSPC, exc
+                        full += 1
+                        continue
+                    data += chunk[:n]
+                    if rnd.random() < 0.3:
+                        os.fsync(fd)
+                        with lock:
+                            synced[name] = bytes(data)
+                # on the full file system: a truncate up and an overwrite of the final chunk
+                for size in (len(data) + 10 * CS + 1, len(data) + 1):
+                    try:
+                        os.ftruncate(fd, size)
+                        data += bytes(size - len(data))
+                    except OSError as exc:
+                        assert exc.errno == errno.ENOSPC, exc
+                if data:
+                    at = max(len(data) - 10, 0)
+                    with contextlib.suppress(OSError):
+                        if os.pwrite(fd, b"Z" * 10, at) == 10:
+                            data[at:at + 10] = b"Z" * 10
+            finally:
+                os.close(fd)
+                with lock:
+                    expect[name] = data
+
+        threads = [threading.Thread(target=writer, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert set(expect) == {"w0", "w1", "w2"}, "a writer failed (its assertion is above)"
+        for name, data in expect.items():
+            assert gp.mounted(name) == bytes(data), name
+            assert gp.reference(name) == bytes(data), name
+        gp.restart()
+        for name, data in expect.items():
+            assert gp.mounted(name) == gp.reference(name) == bytes(data), f"{name} after a remount"
+            fsynced = synced.get(name, b"")[:-10]  # the last ten bytes may have been overwritten since
+            assert gp.mounted(name).startswith(fsynced), f"{name}: fsynced bytes lost"
+        assert synced, "no writer got to fsync"
+
+
+# ---- (3) EFBIG from the backing file system -------------------------------------------------
+@pytest.fixture(params=["tmpfs", "ext4"])
+def small_fs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    where = tmp_path / "fs"
+    where.mkdir()
+    if request.param == "tmpfs":
+        cmd = ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(where)]
+    else:
+        if shutil.which("mkfs.ext4") is None:
+            pytest.skip("mkfs.ext4 is missing (apt-get install e2fsprogs; scripts/test installs it)")
+        image = tmp_path / "ext4.img"
+        with open(image, "wb") as f:
+            f.truncate(32 << 20)
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-b", "4096", str(image)], check=True, capture_output=True)
+        cmd = ["mount", "-o", "loop", str(image), str(where)]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a {request.param} here (needs root and loop devices): {r.stderr.strip()}")
+    try:
+        yield request.param, where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
+
+
+def test_a_size_the_backing_file_system_refuses_is_efbig_and_changes_nothing(
+        tmp_path: Path, small_fs: tuple[str, Path]) -> None:
+    """`printf hello > g; sync; truncate -s 17T g` and a pwrite at 17 TiB: ext4 (16 TiB
+    at most) refuses them, and the guard point must answer EFBIG up front with the file
+    unchanged; tmpfs takes 17 TiB but not a stored length past 2^63, which is refused the
+    same way. Either way the file is old or new, never torn."""
+    kind, where = small_fs
+    with guard_point(where, tmp_path / "mnt") as gp:
+        g = gp.mnt / "g"
+        g.write_bytes(b"hello")
+        os.sync()
+        sizes = [17 << 40, (1 << 63) - 1]
+        for size in sizes:
+            before = gp.mounted("g")
+            try:
+                os.truncate(g, size)
+            except OSError as exc:
+                assert exc.errno == errno.EFBIG, exc
+                assert os.stat(g).st_size == len(before)
+                assert gp.mounted("g") == gp.reference("g") == before
+            else:
+                assert kind == "tmpfs" and size == 17 << 40, f"{kind} took a {size}-byte file"
+                assert os.stat(g).st_size == size
+                os.truncate(g, len(before))
+            assert gp.mounted("g") == gp.reference("g") == before
+            fd = os.open(g, os.O_RDWR)
+            try:
+                os.pwrite(fd, b"x", size - 1)  # ends at `size`
+            except OSError as exc:
+                assert exc.errno == errno.EFBIG, exc
+            else:
+                assert kind == "tmpfs" and size == 17 << 40, f"{kind} took a write at {size}"
+                assert os.fstat(fd).st_size == size
+                os.ftruncate(fd, len(before))
+            finally:
+                os.close(fd)
+            assert gp.mounted("g") == gp.reference("g") == before
+        gp.restart()
+        assert gp.mounted("g") == gp.reference("g") == b"hello"
+
+
+# ---- one integrity failure, one audit event ------------------------------------------------
+def test_a_damaged_file_reports_once_however_often_it_is_opened(tmp_path: Path) -> None:
+    """A file that fails to authenticate, opened 50 times, gives one integrity event
+    (agent.guardpoint.integrity_error) for the period, not fifty."""
+    from agents.guardpoint.dataplane import DataPlane
+    from agents.guardpoint.policy import PERMIT_ALL
+
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    key = KeyVersion(uuid.uuid4(), 1, os.urandom(32))
+    events: list[str] = []
+    plane = DataPlane(str(backing), str(mnt), chunk_size=CS, executable=_daemon(),
+                      on_event=lambda e: events.append(e.as_audit()["event"]))
+
+    def configure(p: DataPlane) -> None:
+        p.set_key(key)
+        p.set_active(key)
+        p.set_policy(PERMIT_ALL)
+
+    plane.start(configure=configure)
+    try:
+        (mnt / "d").write_bytes(os.urandom(3 * CS))
+        (mnt / "other").write_bytes(os.urandom(3 * CS))
+        for name in ("d", "other"):
+            with open(backing / name, "r+b") as f:
+                f.seek(128 + CS + 40)
+                f.write(b"\xff")
+        for name in ("d", "other"):  # the mount's page cache still holds what was written
+            fd = os.open(mnt / name, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        for _ in range(50):
+            for name in ("d", "other"):
+                with pytest.raises(OSError) as info, open(mnt / name, "rb", buffering=0) as f:
+                    f.read()
+                assert info.value.errno == errno.EIO
+        plane.status()  # a round trip: every event sent before it has arrived
+        integrity = [e for e in events if e.endswith("integrity_error")]
+        assert len(integrity) == 2, integrity  # one per damaged file
+    finally:
+        plane.shutdown()
+        subprocess.run(["fusermount3", "-uz", str(mnt)], check=False, capture_output=True)
