@@ -199,14 +199,13 @@ def shield(path: str, record: Path) -> Owner:
     try:
         st = os.fstat(fd)
         mode = stat.S_IMODE(st.st_mode)
-        locked = mode == 0 and _read_record(record) is not None
-        owner = _read_record(record) if locked else Owner(mode, st.st_uid, st.st_gid)
-        assert owner is not None
+        recorded = _read_record(record)
         if os.listdir(fd):
             raise ShieldError(f"{path} is not empty: it cannot be shielded")
-        if not locked:
-            if mode == 0:  # locked by an agent that lost its record: the safest owner and mode
-                owner = Owner(0o700, st.st_uid, st.st_gid)
+        if mode == 0 and recorded is not None:  # locked by us before (a reboot took the shield away)
+            owner = recorded
+        else:  # mode 000 without a record: locked by an agent that lost it; the safest owner and mode
+            owner = Owner(mode or 0o700, st.st_uid, st.st_gid)
             _write_record(record, path, owner)
         if mode != 0:
             _set_immutable(fd, False)
@@ -229,7 +228,7 @@ def unshield(path: str, record: Path) -> bool:
     the bare directory back its owner and mode (the shield's, which a chmod of the
     path may have changed). False when something stays mounted."""
     unmount_to_shield(path)
-    owner = _read_record(record)
+    owner: Owner | None = _read_record(record)
     with contextlib.suppress(OSError):
         t = top(path)
         if t is not None and t.shield:
