@@ -12,10 +12,13 @@ holds nothing: no byte ever went to disk in plaintext beside the backing store."
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agents.guardpoint.shield import mounts_at, unshield_all
+from agents.guardpoint.shield import mounts_at, shield, unshield, unshield_all
 from keyserver.services import Services
 from tests.agents.test_agent_port import Host, enroll_host
 from tests.conftest import unique
@@ -219,7 +222,7 @@ def _bare(mnt: Path, peek: Path) -> list[str]:
         subprocess.run(["umount", str(peek)], check=True, capture_output=True)
 
 
-@pytest.mark.parametrize("victim", ["data plane", "supervisor", "agent"])
+@pytest.mark.parametrize("victim", ["data plane", "supervisor", "agent", "umount"])
 def test_kill_9_never_lets_a_write_land_in_plaintext(rig: Rig, victim: str, admin: httpx.Client) -> None:
     key = admin.post("/api/v1/keys", json={"name": unique("gpfc")}).json()
     gp = admin.post("/api/v1/guard-points", json={
@@ -242,10 +245,12 @@ def test_kill_9_never_lets_a_write_land_in_plaintext(rig: Rig, victim: str, admi
             os.kill(plane, signal.SIGKILL)
         elif victim == "supervisor":
             os.kill(supervisor, signal.SIGKILL)
-        else:
+        elif victim == "agent":
             rig.agent.kill()
             rig.agent.wait()
             rig.start_agent()  # what its service manager does (Restart=always)
+        else:  # someone unmounts the guard point under the agent's feet
+            subprocess.run(["umount", "-l", str(rig.mnt)], check=True, capture_output=True)
         # Back by itself: a new data plane serving, and the writer succeeding through it.
         eventually(lambda old=plane: rig.plane() not in (None, old),  # type: ignore[misc]
                    f"the guard point back after kill -9 of its {victim}")
@@ -273,3 +278,36 @@ def test_kill_9_never_lets_a_write_land_in_plaintext(rig: Rig, victim: str, admi
     eventually(lambda: not mounts_at(str(rig.mnt)), "every mount gone after the deletion")
     assert os.listdir(rig.mnt) == []
     assert os.stat(rig.mnt).st_mode & 0o7777 == 0o750
+
+
+def test_without_its_shield_the_bare_directory_refuses_everyone(request: pytest.FixtureRequest) -> None:
+    """After a reboot the shield is gone until the agent starts: the directory underneath
+    is mode 000 and immutable, so nobody (root included) creates anything in it; the
+    agent's next start shields it with the owner and mode it had, and deleting the guard
+    point gives them back."""
+    base = Path(tempfile.mkdtemp(prefix="gp-shield-", dir="/tmp"))  # reachable by nobody, unlike pytest's
+    request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
+    os.chmod(base, 0o755)  # noqa: S103
+    mnt, record = base / "p", base / "p.shield.json"
+    mnt.mkdir()
+    os.chmod(mnt, 0o775)  # noqa: S103 - writable by its group: the shield must show it and refuse anyway
+    try:
+        shield(str(mnt), record)
+        with pytest.raises(OSError) as refused:
+            (mnt / "x").write_text("plaintext")
+        assert refused.value.errno == errno.EROFS and os.stat(mnt).st_mode & 0o7777 == 0o775
+        subprocess.run(["umount", str(mnt)], check=True, capture_output=True)  # what a reboot does
+        assert not mounts_at(str(mnt)) and os.stat(mnt).st_mode & 0o7777 == 0
+        with pytest.raises(OSError) as refused:
+            (mnt / "x").write_text("plaintext")
+        assert refused.value.errno == errno.EPERM  # immutable: root too (ext4, xfs, btrfs, tmpfs have it)
+        nobody = subprocess.run(["runuser", "-u", "nobody", "--", "touch", str(mnt / "y")], capture_output=True,
+                                text=True, check=False)
+        assert nobody.returncode != 0 and "Permission denied" in nobody.stderr
+        assert shield(str(mnt), record).mode == 0o775  # the agent's next start
+        assert os.stat(mnt).st_mode & 0o7777 == 0o775 and mounts_at(str(mnt))[-1].shield
+    finally:
+        assert unshield(str(mnt), record)
+    assert not mounts_at(str(mnt)) and os.stat(mnt).st_mode & 0o7777 == 0o775
+    (mnt / "x").write_text("a plain directory again")
+    assert os.listdir(mnt) == ["x"]
