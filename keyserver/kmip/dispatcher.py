@@ -19,6 +19,8 @@ from kmip.core import enums
 from kmip.core.messages import contents, messages
 from kmip.core.utils import BytearrayStream
 
+from keyserver.core.audit import PendingRecord
+from keyserver.core.errors import Forbidden
 from keyserver.core.principal import Principal, RequestContext
 from keyserver.kmip import codec  # noqa: F401  (installs the whole-slice Byte String codec)
 from keyserver.kmip.context import Call, Engine
@@ -30,6 +32,8 @@ log = logging.getLogger(__name__)
 R = enums.ResultReason
 T = enums.Tags
 DEFAULT_VERSION = (1, 2)
+# Failures of the server, not refusals of the request: audited as errors.
+SERVER_FAILURES = frozenset({R.GENERAL_FAILURE, R.CRYPTOGRAPHIC_FAILURE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,18 @@ def _operation(value: int | None) -> enums.Operation | None:
         return None
 
 
+def _printable(text: str) -> str:
+    """Client text as an audit record can hold it: a NUL or control byte from a hostile
+    request must not fail the record (PostgreSQL's text refuses NUL) or forge a line."""
+    return "".join(c if c.isprintable() else "\ufffd" for c in text)
+
+
+def _uid_of(payload: Any) -> str | None:
+    value = getattr(payload, "unique_identifier", None)
+    value = getattr(value, "value", value)
+    return str(value)[:128] if value else None
+
+
 class Dispatcher:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -127,44 +143,62 @@ class Dispatcher:
         return self._encode(version or DEFAULT_VERSION,
                             [self._item(operation=None, batch_id=None, reason=reason, message=message)])
 
-    def _undecodable(self, data: bytes) -> bytes:
+    def _refused(self, ctx: RequestContext, operation: enums.Operation | None, reason: enums.ResultReason,
+                 message: str, *, uid: str | None = None) -> None:
+        """Audit one refusal: who, which operation, which result reason and why. Every
+        KMIP refusal passes here (docs/kmip.md), so none depends on the operation
+        remembering to record it."""
+        record = PendingRecord(
+            ctx=ctx, action=f"kmip.{operation.name.lower() if operation is not None else 'request'}",
+            object_type="kmip_object" if uid else None, object_id=_printable(uid) if uid else None,
+            outcome="error" if reason in SERVER_FAILURES else "denied",
+            details={"result_reason": reason.name, "message": _printable(message[:500])})
+        try:
+            self._engine.objects.record(record)
+        except Exception:
+            # The client still gets its refusal; the audit sinks report their own failure.
+            log.exception("could not audit a KMIP refusal (%s: %s)", reason.name, message)
+
+    def _undecodable(self, data: bytes, ctx: RequestContext) -> bytes:
         shape = outline(data)
         if shape is None or not shape.items:
+            self._refused(ctx, None, R.INVALID_MESSAGE, "the request is not a decodable KMIP request message")
             return self.error(R.INVALID_MESSAGE, "the request is not a decodable KMIP request message")
         version = shape.version if shape.version in SUPPORTED else DEFAULT_VERSION
         items = []
         for op_value, batch_id in shape.items:
             op = _operation(op_value)
             if op is None or op not in REGISTRY:
-                items.append(self._item(operation=op, batch_id=batch_id, reason=R.OPERATION_NOT_SUPPORTED,
-                                        message=f"operation {op.name if op else op_value} is not supported"))
+                reason, message = R.OPERATION_NOT_SUPPORTED, f"operation {op.name if op else op_value} is not supported"
             else:
-                items.append(self._item(operation=op, batch_id=batch_id, reason=R.INVALID_MESSAGE,
-                                        message="the batch item could not be decoded"))
+                reason, message = R.INVALID_MESSAGE, "the batch item could not be decoded"
+            self._refused(ctx, op, reason, message)
+            items.append(self._item(operation=op, batch_id=batch_id, reason=reason, message=message))
         return self._encode(version, items)
 
     # --- the work ------------------------------------------------------------------
     def handle(self, data: bytes, *, principal: Principal, source_ip: str | None) -> bytes:
+        ctx = RequestContext(principal=principal, source_ip=source_ip, request_id=uuid.uuid4().hex)
         request = messages.RequestMessage()
         try:
             request.read(BytearrayStream(data))
         except Exception:
             # The codec raises many types on bad input; the outline decides the answer.
-            return self._undecodable(data)
+            return self._undecodable(data, ctx)
         header = request.request_header
         version = (int(header.protocol_version.major), int(header.protocol_version.minor))
+        refusal: tuple[enums.ResultReason, str] | None = None
         if version not in SUPPORTED:
-            return self.error(R.INVALID_MESSAGE, f"KMIP {version[0]}.{version[1]} is not supported; "
-                              "use DiscoverVersions", version=DEFAULT_VERSION)
-        if header.asynchronous_indicator is not None and header.asynchronous_indicator.value:
-            return self.error(R.FEATURE_NOT_SUPPORTED, "asynchronous operations are not supported",
-                              version=version)
+            refusal = R.INVALID_MESSAGE, f"KMIP {version[0]}.{version[1]} is not supported; use DiscoverVersions"
+        elif header.asynchronous_indicator is not None and header.asynchronous_indicator.value:
+            refusal = R.FEATURE_NOT_SUPPORTED, "asynchronous operations are not supported"
         option = (header.batch_error_cont_option.value if header.batch_error_cont_option is not None
                   else enums.BatchErrorContinuationOption.STOP)
-        if option == enums.BatchErrorContinuationOption.UNDO:
-            return self.error(R.FEATURE_NOT_SUPPORTED, "the Undo batch error option is not supported",
-                              version=version)
-        ctx = RequestContext(principal=principal, source_ip=source_ip, request_id=uuid.uuid4().hex)
+        if refusal is None and option == enums.BatchErrorContinuationOption.UNDO:
+            refusal = R.FEATURE_NOT_SUPPORTED, "the Undo batch error option is not supported"
+        if refusal is not None:
+            self._refused(ctx, None, *refusal)
+            return self.error(*refusal, version=version if version in SUPPORTED else DEFAULT_VERSION)
         call = Call(ctx=ctx, engine=self._engine)
         items = []
         for item in request.batch_items:
@@ -178,12 +212,16 @@ class Dispatcher:
                 items.append(self._item(operation=op, batch_id=batch_id, payload=payload))
             except Exception as exc:
                 reason, message = translate(exc)
+                # The policy layer audits its own refusals (with the object); the rest here.
+                if not isinstance(exc, Forbidden):
+                    self._refused(ctx, op, reason, message, uid=_uid_of(item.request_payload))
                 items.append(self._item(operation=op, batch_id=batch_id, reason=reason, message=message))
                 if option == enums.BatchErrorContinuationOption.STOP:
                     break
         out = self._encode(version, items)
         limit = header.maximum_response_size.value if header.maximum_response_size is not None else None
         if limit is not None and len(out) > limit:
-            return self.error(R.RESPONSE_TOO_LARGE, f"the response would be {len(out)} bytes, over the "
-                              f"Maximum Response Size of {limit}", version=version)
+            message = f"the response would be {len(out)} bytes, over the Maximum Response Size of {limit}"
+            self._refused(ctx, None, R.RESPONSE_TOO_LARGE, message)
+            return self.error(R.RESPONSE_TOO_LARGE, message, version=version)
         return out
