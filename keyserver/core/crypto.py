@@ -37,7 +37,7 @@ from hsm import (
     SealedPrivateKey,
     WrappedKey,
 )
-from keyserver.core.audit import PendingRecord
+from keyserver.core.audit import PendingRecord, utcnow
 from keyserver.core.errors import Conflict, IntegrityFailure, InvalidInput, hsm_failure
 from keyserver.core.gcm import GcmBudget
 from keyserver.core.keys import HMAC_ALGORITHMS, version_wrapped
@@ -51,6 +51,7 @@ from keyserver.core.kmip_objects import (
     audit_identity,
     object_type_of,
     usage_of,
+    use_refusal,
 )
 from keyserver.core.permissions import Permission
 from keyserver.core.principal import RequestContext
@@ -104,6 +105,8 @@ class CryptoService:
         elif not usage_of(obj) & mask:
             refusal = Conflict(f"the {object_type_of(obj)}'s Cryptographic Usage Mask does not allow "
                                f"{use.replace('_', ' ')}", code="usage_not_allowed")
+        elif (dated := use_refusal(obj, use, utcnow())) is not None:
+            refusal = Conflict(dated, code="illegal_state")
         if refusal is not None:
             self._record(ctx, use, obj, {"refused": refusal.message}, outcome="denied")
             raise refusal

@@ -26,7 +26,7 @@ from keyserver.core.permissions import Permission
 from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import DESTROYED_STATES, KeyState, check_transition
-from keyserver.store.models import KeyVersion, ManagedKey
+from keyserver.store.models import KeyVersion, KmipPublicKey, KmipSealedObject, ManagedKey
 from keyserver.store.notify import Notifier, Topic
 
 MAX_TAGS = 50
@@ -220,6 +220,12 @@ class KeyService:
         if spec.activation_date and spec.deactivation_date and spec.deactivation_date <= spec.activation_date:
             raise InvalidInput("deactivation_date must be after activation_date")
         active_now = spec.activate and (spec.activation_date is None or spec.activation_date <= now)
+        # A Deactivation Date already past makes the key Deactivated from its first moment
+        # (KMIP: dates drive state): it may process (decrypt) but never protect.
+        deactivated = spec.deactivation_date is not None and spec.deactivation_date <= now
+        if deactivated and spec.rotation_period_days is not None:
+            raise InvalidInput("a key created deactivated is never rotated: leave out the rotation period")
+        state = KeyState.DEACTIVATED if deactivated else KeyState.ACTIVE if active_now else KeyState.PRE_ACTIVE
         if spec.algorithm not in ALGORITHMS:
             raise InvalidInput(f"a key's algorithm is one of {', '.join(sorted(ALGORITHMS))}")
         hmac = spec.algorithm in HMAC_ALGORITHMS
@@ -251,15 +257,15 @@ class KeyService:
                 algorithm=spec.algorithm, length_bits=spec.length_bits, exportable=spec.exportable,
                 kmip_attributes=dict(spec.kmip_attributes or {}),
                 next_rotation_at=(now + timedelta(days=spec.rotation_period_days)
-                                  if spec.rotation_period_days and active_now else None),
+                                  if spec.rotation_period_days and active_now and not deactivated else None),
             )
-            key.versions = [self._new_version(key, 1, wrapped, now,
-                                              state=KeyState.ACTIVE if active_now else KeyState.PRE_ACTIVE,
-                                              activation_date=now if active_now else spec.activation_date,
+            key.versions = [self._new_version(key, 1, wrapped, now, state=state,
+                                              activation_date=now if active_now and not deactivated
+                                              else spec.activation_date,
                                               deactivation_date=spec.deactivation_date)]
             s.add(key)
             self._audit.add(s, ctx, action="key.create", object_type="key", object_id=str(key.id),
-                            details={"name": key.name, "version": 1, "state": "active" if active_now else "pre-active",
+                            details={"name": key.name, "version": 1, "state": state.value,
                                      **({"imported": True} if spec.material is not None else {})})
         return key
 
@@ -492,8 +498,10 @@ class KeyService:
             due = list(s.execute(select(ManagedKey.id).where(ManagedKey.next_rotation_at <= now)).scalars())
             to_activate = list(s.execute(select(KeyVersion.key_id).where(
                 KeyVersion.state == KeyState.PRE_ACTIVE.value, KeyVersion.activation_date <= now)).scalars())
+            # A Pre-Active key whose Deactivation Date passes is deactivated too (KMIP 1.4 §3.22).
             to_deactivate = list(s.execute(select(KeyVersion.key_id).where(
-                KeyVersion.state == KeyState.ACTIVE.value, KeyVersion.deactivation_date <= now)).scalars())
+                KeyVersion.state.in_([KeyState.PRE_ACTIVE.value, KeyState.ACTIVE.value]),
+                KeyVersion.deactivation_date <= now)).scalars())
         for key_id in due:
             with self._db() as s:
                 k = s.get(ManagedKey, key_id)
@@ -513,10 +521,53 @@ class KeyService:
                 counts["activated"] += 1
             except (Conflict, NotFound):
                 pass
-        for key_id in to_deactivate:
+        for key_id in dict.fromkeys(to_deactivate):
             try:
                 self._transition(ctx, str(key_id), None, KeyState.DEACTIVATED, action="key.deactivate")
                 counts["deactivated"] += 1
             except (Conflict, NotFound):
                 pass
+        activated, deactivated = self._objects_due(ctx, now)
+        counts["activated"] += activated
+        counts["deactivated"] += deactivated
         return counts
+
+    def _objects_due(self, ctx: RequestContext, now: datetime) -> tuple[int, int]:
+        """KMIP's other objects (key pairs' halves, secret data, certificates) follow
+        their Activation and Deactivation Dates like key versions do."""
+        activated = deactivated = 0
+        models: tuple[type[KmipPublicKey] | type[KmipSealedObject], ...] = (KmipPublicKey, KmipSealedObject)
+        for model in models:
+            with self._db() as s:
+                due = list(s.execute(select(model.id).where(or_(
+                    (model.state == KeyState.PRE_ACTIVE.value) & (model.activation_date <= now),
+                    model.state.in_([KeyState.PRE_ACTIVE.value, KeyState.ACTIVE.value])
+                    & (model.deactivation_date <= now)))).scalars())
+            for object_id in due:
+                with self._db.begin() as s:
+                    row = (s.get(KmipPublicKey, object_id, with_for_update=True) if model is KmipPublicKey
+                           else s.get(KmipSealedObject, object_id, with_for_update=True))
+                    if row is None:
+                        continue
+                    current = KeyState(row.state)
+                    if (current in (KeyState.PRE_ACTIVE, KeyState.ACTIVE) and row.deactivation_date is not None
+                            and row.deactivation_date <= now):
+                        target, action = KeyState.DEACTIVATED, "kmip.deactivate"
+                    elif (current is KeyState.PRE_ACTIVE and row.activation_date is not None
+                          and row.activation_date <= now):
+                        target, action = KeyState.ACTIVE, "kmip.activate"
+                    else:
+                        continue  # changed since it was selected
+                    row.state = target.value
+                    if isinstance(row, KmipSealedObject):
+                        row.updated_at = now
+                    self._notifier.publish(s, Topic.KEYS)  # replicas drop what Get cached of it
+                    object_type = row.object_type if isinstance(row, KmipSealedObject) else "public-key"
+                    self._audit.add(s, ctx, action=action, object_type=object_type.replace("-", "_"),
+                                    object_id=str(row.id), details={"state": target.value, "from": current.value,
+                                                                    "by_date": True})
+                if target is KeyState.ACTIVE:
+                    activated += 1
+                else:
+                    deactivated += 1
+        return activated, deactivated

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
@@ -58,6 +58,16 @@ NAME = "Name"
 # Application Specific Information may appear several times).
 CLIENT_ATTRIBUTES = frozenset({NAME, CONTACT_INFORMATION, OBJECT_GROUP, APPLICATION_SPECIFIC_INFORMATION})
 MULTI_INSTANCE = frozenset({OBJECT_GROUP, APPLICATION_SPECIFIC_INFORMATION})
+# Server-kept attributes in `kmip_attributes` a client sets only when it creates or
+# registers the object: a symmetric key's Process Start and Protect Stop Dates, per
+# version ({"<version>": epoch seconds}: a ReKey's replacement starts without them), and
+# the Cryptographic Parameters each use takes by default (a list of instances).
+PROCESS_START_DATE, PROTECT_STOP_DATE = "Process Start Date", "Protect Stop Date"
+CRYPTOGRAPHIC_PARAMETERS = "Cryptographic Parameters"
+SERVER_KEPT = frozenset({PROCESS_START_DATE, PROTECT_STOP_DATE, CRYPTOGRAPHIC_PARAMETERS})
+# Uses that apply protection, and those that process protected data (KMIP 1.4 §3.25-3.26).
+PROTECT_USES = frozenset({"encrypt", "sign", "mac", "wrap"})
+PROCESS_USES = frozenset({"decrypt", "verify", "mac_verify", "unwrap"})
 MAX_INSTANCES = 32
 MAX_TEXT = 1024
 PRIVATE_KEY, SECRET_DATA, CERTIFICATE, OPAQUE = "private-key", "secret-data", "certificate", "opaque-object"
@@ -416,6 +426,9 @@ class KmipObjectService:
                 target = self.resolve_for_export(ctx, wrap_under)
                 if isinstance(target, VersionObject) and target.key.algorithm != "AES":
                     raise Conflict("an HMAC key cannot wrap keys", code="wrong_object_type")
+                refusal = use_refusal(target, "wrap", self._now())
+                if refusal is not None:
+                    raise Conflict(refusal, code="illegal_state")
                 if isinstance(target, VersionObject):
                     # AES key wrap inside the token, under an Active AES key version.
                     if KeyState(target.version.state) is not KeyState.ACTIVE:
@@ -448,7 +461,8 @@ class KmipObjectService:
     # --- registered public keys -----------------------------------------------------
     def register_public_key(self, ctx: RequestContext, der: bytes, *, name: str | None,
                             attributes: dict[str, Any] | None = None,
-                            activation_date: datetime | None = None) -> KmipPublicKey:
+                            activation_date: datetime | None = None,
+                            deactivation_date: datetime | None = None) -> KmipPublicKey:
         """An RSA public key (for wrapped delivery and signature verification) or an EC
         one on P-256/P-384 (verification only). Pre-Active unless `activation_date` is
         not in the future, like every registered object (KMIP 1.4 §4.3)."""
@@ -467,10 +481,11 @@ class KmipObjectService:
             raise InvalidInput("public keys are RSA of at least 2048 bits or EC on P-256 or P-384")
         spki = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
         now = self._now()
-        state, activated = self._initial_state(now, activation_date)
+        state, activated = self._initial_state(now, activation_date, deactivation_date)
         row = KmipPublicKey(id=uuid.uuid4(), name=name, owner=ctx.principal.name, der=spki,
                             length_bits=_public_bits(public), state=state.value, created_at=now,
-                            activation_date=activated, kmip_attributes=dict(attributes or {}))
+                            activation_date=activated, deactivation_date=deactivation_date,
+                            kmip_attributes=dict(attributes or {}))
         with self._db.begin() as s:
             s.add(row)
             self._audit.add(s, ctx, action="kmip.register", object_type="public_key", object_id=str(row.id),
@@ -489,6 +504,7 @@ class KmipObjectService:
         self, ctx: RequestContext, *, bits: int, private_name: str | None, public_name: str | None,
         activation_date: datetime | None, private_attributes: dict[str, Any] | None = None,
         public_attributes: dict[str, Any] | None = None, algorithm: str = "RSA",
+        deactivation_date: datetime | None = None,
     ) -> CreatedPair:
         """An RSA key pair (or `algorithm` "EC": `bits` 256 or 384, curve P-256 or P-384)
         generated in the HSM; the private key leaves it only sealed.
@@ -510,18 +526,19 @@ class KmipObjectService:
         except HsmError as exc:
             raise hsm_failure("generate a key pair", exc) from exc
         now = self._now()
-        state, activated = self._initial_state(now, activation_date)
+        state, activated = self._initial_state(now, activation_date, deactivation_date)
         private_id, public_id = uuid.uuid4(), uuid.uuid4()
         private = KmipSealedObject(
             id=private_id, object_type=PRIVATE_KEY, name=private_name, owner=ctx.principal.name, algorithm=algorithm,
             length_bits=bits, data_type="pkcs8", state=state.value, public_key_id=public_id,
             dek_wrapping_key_id=pair.dek.wrapping_key_id, dek_mechanism=pair.dek.mechanism,
             dek_ciphertext=pair.dek.ciphertext, mechanism=pair.mechanism, material=pair.private_key,
-            created_at=now, updated_at=now, activation_date=activated,
+            created_at=now, updated_at=now, activation_date=activated, deactivation_date=deactivation_date,
             kmip_attributes=dict(private_attributes or {}))
         public = KmipPublicKey(id=public_id, name=public_name, owner=ctx.principal.name, der=pair.public_key_der,
                                length_bits=bits, state=state.value, created_at=now, private_key_id=private_id,
-                               activation_date=activated, kmip_attributes=dict(public_attributes or {}))
+                               activation_date=activated, deactivation_date=deactivation_date,
+                               kmip_attributes=dict(public_attributes or {}))
         with self._db.begin() as s:
             s.add_all([private, public])
             self._audit.add(s, ctx, action="kmip.create_key_pair", object_type="private_key",
@@ -535,6 +552,7 @@ class KmipObjectService:
         self, ctx: RequestContext, *, object_type: str, material: bytes, name: str | None,
         data_type: str | None = None, algorithm: str | None = None, length_bits: int | None = None,
         activation_date: datetime | None = None, attributes: dict[str, Any] | None = None,
+        deactivation_date: datetime | None = None,
     ) -> KmipSealedObject:
         """Register a private key (PKCS#8 DER), secret data, or a certificate (DER).
         Secret material is sealed at once; the caller validated its format."""
@@ -546,11 +564,11 @@ class KmipObjectService:
             raise InvalidInput(f"the object must be 1 to {MAX_SECRET_BYTES} bytes long")
         self._check_name(name)
         now = self._now()
-        state, activated = self._initial_state(now, activation_date)
+        state, activated = self._initial_state(now, activation_date, deactivation_date)
         row = KmipSealedObject(id=uuid.uuid4(), object_type=object_type, name=name, owner=ctx.principal.name,
                                algorithm=algorithm, length_bits=length_bits, data_type=data_type,
                                state=state.value, created_at=now, updated_at=now, activation_date=activated,
-                               kmip_attributes=dict(attributes or {}))
+                               deactivation_date=deactivation_date, kmip_attributes=dict(attributes or {}))
         if object_type == CERTIFICATE:
             row.material, row.mechanism = material, None  # public: kept as it is
         else:
@@ -711,7 +729,15 @@ class KmipObjectService:
                             details={**audit_details(found), "attribute": name, "index": index})
         return result
 
-    def _initial_state(self, now: datetime, activation_date: datetime | None) -> tuple[KeyState, datetime | None]:
+    def _initial_state(self, now: datetime, activation_date: datetime | None,
+                       deactivation_date: datetime | None = None) -> tuple[KeyState, datetime | None]:
+        """State and Activation Date of a new object from its template's dates: a
+        Deactivation Date already past makes it Deactivated at once (it may process,
+        never protect), as the scheduler would have a moment later."""
+        if activation_date is not None and deactivation_date is not None and deactivation_date <= activation_date:
+            raise InvalidInput("the Deactivation Date must be after the Activation Date")
+        if deactivation_date is not None and deactivation_date <= now:
+            return KeyState.DEACTIVATED, activation_date
         if activation_date is not None and activation_date <= now:
             return KeyState.ACTIVE, now
         return KeyState.PRE_ACTIVE, activation_date
@@ -797,6 +823,48 @@ def _apply_attribute(row: ManagedKey | KmipPublicKey | KmipSealedObject, operati
     else:
         row.kmip_attributes = store
     return result
+
+
+def _aware(t: datetime) -> datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+def use_window(obj: VersionObject | StandaloneObject) -> tuple[datetime | None, datetime | None]:
+    """(Process Start Date, Protect Stop Date) of a symmetric key version, if it has them."""
+    if not isinstance(obj, VersionObject):
+        return None, None
+    stored = obj.key.kmip_attributes or {}
+    out: list[datetime | None] = []
+    for name in (PROCESS_START_DATE, PROTECT_STOP_DATE):
+        at = (stored.get(name) or {}).get(str(obj.version.version))
+        out.append(datetime.fromtimestamp(int(at), UTC) if at is not None else None)
+    return out[0], out[1]
+
+
+def use_refusal(obj: VersionObject | StandaloneObject, use: str, now: datetime) -> str | None:
+    """Why the object's dates forbid `use` now, or None. Enforced at the moment of use, not
+    only when the scheduler next changes the state: a Deactivation Date that has passed
+    stops protection at once, as do a passed Protect Stop Date and a Process Start Date
+    still to come for processing (KMIP 1.4 §3.24-3.26)."""
+    what = object_type_of(obj)
+    deactivation = obj.version.deactivation_date if isinstance(obj, VersionObject) else obj.deactivation_date
+    if use in PROTECT_USES and deactivation is not None and _aware(deactivation) <= now:
+        return (f"the {what}'s Deactivation Date ({_aware(deactivation).isoformat()}) has passed: it no longer "
+                f"may {use}; it may still process (decrypt, verify)")
+    process_start, protect_stop = use_window(obj)
+    if use in PROTECT_USES and protect_stop is not None and protect_stop <= now:
+        return (f"the {what}'s Protect Stop Date ({protect_stop.isoformat()}) has passed: it no longer may {use}; "
+                "it may still decrypt until it is deactivated")
+    if use in PROCESS_USES and process_start is not None and process_start > now:
+        return (f"the {what}'s Process Start Date ({process_start.isoformat()}) is still to come: it may not "
+                f"{use.replace('_', ' ')} before then")
+    return None
+
+
+def stored_parameters(obj: VersionObject | StandaloneObject) -> list[dict[str, Any]]:
+    """The Cryptographic Parameters instances set when the object was made: each use's defaults."""
+    stored = (obj.key.kmip_attributes if isinstance(obj, VersionObject) else obj.kmip_attributes) or {}
+    return [dict(p) for p in stored.get(CRYPTOGRAPHIC_PARAMETERS) or []]
 
 
 def usage_of(obj: VersionObject | StandaloneObject) -> Usage:

@@ -7,7 +7,9 @@ again (PLATFORM.md), so nothing parsed is ever echoed back.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import Enum
 from typing import Any
 
 from kmip.core import enums
@@ -17,10 +19,14 @@ from keyserver.core.kmip_objects import (
     APPLICATION_SPECIFIC_INFORMATION,
     CERTIFICATE,
     CLIENT_ATTRIBUTES,
+    CRYPTOGRAPHIC_PARAMETERS,
     MULTI_INSTANCE,
     OPAQUE,
     PRIVATE_KEY,
+    PROCESS_START_DATE,
+    PROTECT_STOP_DATE,
     SECRET_DATA,
+    SERVER_KEPT,
     VersionObject,
     public_key_algorithm,
     usage_of,
@@ -93,6 +99,7 @@ def version_values(obj: VersionObject) -> dict[str, Any]:
         X_REPLACEMENT: obj.replacement_uid,
     }
     values.update(_client_values(k.kmip_attributes))
+    values.update(_kept_values(k.kmip_attributes, version=v.version))
     for tag, tag_value in sorted(k.tags.items()):
         if not tag.startswith(RESERVED_TAG_PREFIX):
             values[f"x-{tag}"] = str(tag_value)
@@ -103,8 +110,8 @@ def _client_values(stored: dict[str, Any] | None) -> dict[str, Any]:
     """The attributes clients set (kmip_attributes), as `build` takes them."""
     out: dict[str, Any] = {}
     for name, value in sorted((stored or {}).items()):
-        if name == USAGE_ATTRIBUTE:
-            continue  # reported as the object's usage (usage_of), never as stored
+        if name == USAGE_ATTRIBUTE or name in SERVER_KEPT:
+            continue  # the usage is reported as usage_of says; the others by _kept_values
         if name == APPLICATION_SPECIFIC_INFORMATION:
             out[name] = Instances({"application_namespace": v["namespace"], "application_data": v["data"]}
                                   for v in value)
@@ -112,6 +119,20 @@ def _client_values(stored: dict[str, Any] | None) -> dict[str, Any]:
             out[name] = Instances(value)
         else:
             out[name] = value
+    return out
+
+
+def _kept_values(stored: dict[str, Any] | None, *, version: int | None = None) -> dict[str, Any]:
+    """Process Start / Protect Stop Date (a key version's) and Cryptographic Parameters."""
+    stored = stored or {}
+    out: dict[str, Any] = {}
+    if version is not None:
+        for name in (PROCESS_START_DATE, PROTECT_STOP_DATE):
+            at = (stored.get(name) or {}).get(str(version))
+            if at is not None:
+                out[name] = int(at)
+    if stored.get(CRYPTOGRAPHIC_PARAMETERS):
+        out[CRYPTOGRAPHIC_PARAMETERS] = Instances(parameters_value(p) for p in stored[CRYPTOGRAPHIC_PARAMETERS])
     return out
 
 
@@ -165,6 +186,7 @@ def public_key_values(pk: KmipPublicKey) -> dict[str, Any]:
         A.LAST_CHANGE_DATE.value: _last_change(pk),
         X_LINKED_PRIVATE: str(pk.private_key_id) if pk.private_key_id is not None else None,
         **_client_values(pk.kmip_attributes),
+        **_kept_values(pk.kmip_attributes),
     }
     return {name: value for name, value in values.items() if value is not None}
 
@@ -184,6 +206,7 @@ def sealed_values(obj: KmipSealedObject) -> dict[str, Any]:
         X_LINKED_PUBLIC: str(obj.public_key_id) if obj.public_key_id is not None else None,
         A.CERTIFICATE_TYPE.value: enums.CertificateType.X_509 if obj.object_type == CERTIFICATE else None,
         **_client_values(obj.kmip_attributes),
+        **_kept_values(obj.kmip_attributes),
     }
     return {name: value for name, value in values.items() if value is not None}
 
@@ -295,4 +318,160 @@ def attribute_values(attrs: list[Any]) -> dict[str, Any]:
             out[name] = int(value.value)
         else:
             out[name] = getattr(value, "value", value)
+    return out
+
+
+# --- templates: every attribute applied, or the request refused -----------------------------
+R = enums.ResultReason
+KEY_KINDS = frozenset({"symmetric-key", "public-key", PRIVATE_KEY})
+# What a Create/Register/CreateKeyPair template may carry, and for which kinds of object.
+_FOR_EVERY_KIND = frozenset({A.NAME.value, A.CRYPTOGRAPHIC_USAGE_MASK.value, A.ACTIVATION_DATE.value,
+                             A.DEACTIVATION_DATE.value, A.OBJECT_TYPE.value, *CLIENT_ATTRIBUTES})
+_FOR_KEYS = frozenset({A.CRYPTOGRAPHIC_ALGORITHM.value, A.CRYPTOGRAPHIC_LENGTH.value, CRYPTOGRAPHIC_PARAMETERS})
+_FOR_SYMMETRIC_KEYS = frozenset({PROCESS_START_DATE, PROTECT_STOP_DATE})  # KMIP 1.4 §3.25-3.26
+# Attributes only the server sets (KMIP 1.4 §3: "Initially set by: Server").
+SERVER_SET = frozenset({
+    A.UNIQUE_IDENTIFIER.value, A.STATE.value, A.INITIAL_DATE.value, A.LAST_CHANGE_DATE.value,
+    A.COMPROMISE_DATE.value, A.COMPROMISE_OCCURRENCE_DATE.value, A.DESTROY_DATE.value, A.ARCHIVE_DATE.value,
+    A.REVOCATION_REASON.value, A.DIGEST.value, A.FRESH.value, A.ORIGINAL_CREATION_DATE.value,
+    A.CERTIFICATE_TYPE.value, A.CERTIFICATE_LENGTH.value, A.CERTIFICATE_IDENTIFIER.value,
+    A.CERTIFICATE_SUBJECT.value, A.CERTIFICATE_ISSUER.value, A.DIGITAL_SIGNATURE_ALGORITHM.value,
+    A.LEASE_TIME.value, A.KEY_VALUE_PRESENT.value, A.LINK.value,
+})
+_SINGLE = frozenset({A.CRYPTOGRAPHIC_ALGORITHM.value, A.CRYPTOGRAPHIC_LENGTH.value, A.CRYPTOGRAPHIC_USAGE_MASK.value,
+                     A.ACTIVATION_DATE.value, A.DEACTIVATION_DATE.value, A.OBJECT_TYPE.value,
+                     A.CONTACT_INFORMATION.value, PROCESS_START_DATE, PROTECT_STOP_DATE})
+MAX_PARAMETERS = 8
+# Cryptographic Parameters fields this server honours (cryptoparams.py); the rest are refused.
+PARAMETER_FIELDS = {"block_cipher_mode": enums.BlockCipherMode, "padding_method": enums.PaddingMethod,
+                    "hashing_algorithm": enums.HashingAlgorithm,
+                    "digital_signature_algorithm": enums.DigitalSignatureAlgorithm,
+                    "cryptographic_algorithm": enums.CryptographicAlgorithm, "tag_length": int, "random_iv": bool}
+_UNSERVED_FIELDS = ("key_role_type", "iv_length", "fixed_field_length", "invocation_field_length",
+                    "counter_length", "initial_counter_value")
+
+
+@dataclass
+class Template:
+    """A request's template, read whole: each attribute has a place here or was refused."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    activation: datetime | None = None
+    deactivation: datetime | None = None
+    process_start: datetime | None = None
+    protect_stop: datetime | None = None
+    parameters: list[dict[str, Any]] = field(default_factory=list)
+    custom: dict[str, str] = field(default_factory=dict)  # x-<name> → value
+
+
+def _when(value: Any) -> datetime:
+    return datetime.fromtimestamp(int(value), UTC)
+
+
+def parameters_stored(params: Any) -> dict[str, Any]:
+    """A Cryptographic Parameters structure as kmip_attributes keeps it (enum names)."""
+    out: dict[str, Any] = {}
+    for name in _UNSERVED_FIELDS:
+        if getattr(params, name, None) is not None:
+            raise KmipFailure(R.FEATURE_NOT_SUPPORTED, f"the Cryptographic Parameters field "
+                              f"{name.replace('_', ' ').title()} is not supported")
+    for name, kind in PARAMETER_FIELDS.items():
+        value = getattr(params, name, None)
+        if value is None:
+            continue
+        out[name] = value.name if isinstance(value, Enum) else kind(value)
+    if out.get("random_iv") is False:
+        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "Random IV False is not supported: give the IV with each "
+                                                   "request, or let the server choose it")
+    return out
+
+
+def parameters_value(stored: dict[str, Any]) -> dict[str, Any]:
+    """kmip_attributes' form → what PyKMIP's CryptographicParameters takes."""
+    out: dict[str, Any] = {}
+    for name, value in stored.items():
+        kind = PARAMETER_FIELDS[name]
+        out[name] = kind[value] if isinstance(kind, type) and issubclass(kind, Enum) else value
+    return out
+
+
+def read_template(template: Any, kind: str, *, object_type: enums.ObjectType | None = None,
+                  extra: dict[str, Any] | None = None) -> Template:
+    """Every attribute of a Create/Register/CreateKeyPair template, checked: applied by
+    the caller (through the returned Template) or refused here with the reason KMIP 1.x
+    gives — a server-set attribute Permission Denied, one this server does not implement
+    Feature Not Supported, one that does not apply to the kind of object Invalid Field.
+    Nothing is silently dropped (docs/kmip.md lists which are which)."""
+    out = Template()
+    if template is None:
+        return out
+    if getattr(template, "names", None):
+        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "named templates are not supported")
+    allowed = _FOR_EVERY_KIND | (_FOR_KEYS if kind in KEY_KINDS else frozenset()) | (
+        _FOR_SYMMETRIC_KEYS if kind == "symmetric-key" else frozenset())
+    seen: set[str] = set()
+    for attr in template.attributes or []:
+        name = str(attr.attribute_name.value)
+        value = attr.attribute_value
+        if name.startswith("x-"):
+            settable(name)
+            if name in out.custom:
+                raise KmipFailure(R.INVALID_FIELD, f"the custom attribute '{name}' is given twice; it has one "
+                                                   "instance here")
+            out.custom[name] = _checked_text(name, client_value(name, value))
+            continue
+        if name in SERVER_SET:
+            raise KmipFailure(R.PERMISSION_DENIED, f"'{name}' is set by the server; leave it out of the template")
+        if name not in allowed:
+            known = name in _FOR_EVERY_KIND | _FOR_KEYS | _FOR_SYMMETRIC_KEYS
+            raise KmipFailure(R.INVALID_FIELD if known else R.FEATURE_NOT_SUPPORTED,
+                              f"'{name}' does not apply to a {kind}" if known
+                              else f"the attribute '{name}' is not supported by this server (docs/kmip.md lists "
+                                   "the attributes it applies)")
+        if name in seen and (name in _SINGLE or name == A.NAME.value):
+            raise KmipFailure(R.FEATURE_NOT_SUPPORTED if name == A.NAME.value else R.INVALID_FIELD,
+                              "an object has one Name here" if name == A.NAME.value
+                              else f"'{name}' is given twice; it has one instance")
+        seen.add(name)
+        if name == A.NAME.value:
+            out.values[name] = str(value.name_value.value)
+        elif name == A.CRYPTOGRAPHIC_USAGE_MASK.value:
+            out.values[name] = int(value.value)
+        elif name == CRYPTOGRAPHIC_PARAMETERS:
+            if len(out.parameters) >= MAX_PARAMETERS:
+                raise KmipFailure(R.INVALID_FIELD, f"at most {MAX_PARAMETERS} Cryptographic Parameters instances")
+            out.parameters.append(parameters_stored(value))
+        else:
+            out.values[name] = getattr(value, "value", value)
+    if object_type is not None and out.values.get(A.OBJECT_TYPE.value, object_type) != object_type:
+        raise KmipFailure(R.INVALID_FIELD, "the template's Object Type is not the request's")
+    dates = {n: _when(out.values[n]) for n in (A.ACTIVATION_DATE.value, A.DEACTIVATION_DATE.value,
+                                                 PROCESS_START_DATE, PROTECT_STOP_DATE) if n in out.values}
+    out.activation = dates.get(A.ACTIVATION_DATE.value)
+    out.deactivation = dates.get(A.DEACTIVATION_DATE.value)
+    out.process_start = dates.get(PROCESS_START_DATE)
+    out.protect_stop = dates.get(PROTECT_STOP_DATE)
+    if out.activation and out.deactivation and out.deactivation <= out.activation:
+        raise KmipFailure(R.INVALID_FIELD, "the Deactivation Date must be after the Activation Date")
+    for key, value in (extra or {}).items():
+        if key in out.values and out.values[key] != value:
+            raise KmipFailure(R.INVALID_FIELD, f"the template's {key} does not match the object's")
+    return out
+
+
+def _checked_text(name: str, value: str) -> str:
+    if not 1 <= len(value) <= 1024:
+        raise KmipFailure(R.INVALID_FIELD, f"'{name}' takes a text value of 1 to 1024 characters")
+    return value
+
+
+def kept_attributes(t: Template, version: int = 1) -> dict[str, Any]:
+    """The server-kept attributes a template sets, as kmip_attributes holds them."""
+    out: dict[str, Any] = {}
+    if t.process_start is not None:
+        out[PROCESS_START_DATE] = {str(version): int(t.process_start.timestamp())}
+    if t.protect_stop is not None:
+        out[PROTECT_STOP_DATE] = {str(version): int(t.protect_stop.timestamp())}
+    if t.parameters:
+        out[CRYPTOGRAPHIC_PARAMETERS] = t.parameters
     return out

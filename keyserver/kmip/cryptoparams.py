@@ -2,17 +2,36 @@
 rest. Absent parameters take the defaults docs/kmip.md states: AES-GCM (16-byte tag)
 for symmetric keys, RSA-OAEP with SHA-1 (SoftHSM2's only OAEP, decision 0001) for key
 pairs, RSA-PSS with SHA-256 for RSA signatures, ECDSA with the curve's hash (P-256:
-SHA-256, P-384: SHA-384) for EC ones, the key's own hash for HMAC."""
+SHA-256, P-384: SHA-384) for EC ones, the key's own hash for HMAC.
+
+Cryptographic Parameters set on the object when it was made come first: a request that
+names none uses the object's (a key registered for CBC encrypts with CBC), a request
+that names some is completed from the first of the object's instances it agrees with,
+and one that agrees with none — or names another algorithm than the key's — is refused
+(Invalid Field)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from kmip.core import attributes as kmip_attributes
 from kmip.core import enums
 
 from hsm import AES_CBC_PAD, AES_GCM, ECDSA, RSA_PKCS1V15, RSA_PSS
+from keyserver.core.kmip_objects import (
+    StandaloneObject,
+    VersionObject,
+    public_key_algorithm,
+    stored_parameters,
+    usage_of,
+)
+from keyserver.core.permissions import Permission
+from keyserver.core.usage import Usage
+from keyserver.kmip.attributes import parameters_stored, parameters_value
+from keyserver.kmip.context import Call
 from keyserver.kmip.errors import KmipFailure
+from keyserver.store.models import KmipPublicKey
 
 R = enums.ResultReason
 HASHES = {enums.HashingAlgorithm.SHA_1: "SHA-1", enums.HashingAlgorithm.SHA_256: "SHA-256",
@@ -132,3 +151,88 @@ def mac_hash(params: Any) -> str | None:
     if algorithm not in HMACS:
         raise _refuse(f"MAC with {algorithm.name} is not supported; use HMAC-SHA256/384/512")
     return HMACS[algorithm]
+
+
+# --- the object's own parameters -----------------------------------------------------------
+# Which key algorithm a request's Cryptographic Algorithm names (legacy ones are refused first).
+FAMILIES = {enums.CryptographicAlgorithm.AES: "AES", enums.CryptographicAlgorithm.RSA: "RSA",
+            enums.CryptographicAlgorithm.EC: "EC", enums.CryptographicAlgorithm.ECDSA: "EC",
+            enums.CryptographicAlgorithm.HMAC_SHA256: "HMAC-SHA256",
+            enums.CryptographicAlgorithm.HMAC_SHA384: "HMAC-SHA384",
+            enums.CryptographicAlgorithm.HMAC_SHA512: "HMAC-SHA512"}
+# What each use needs of the caller (as core/crypto.py asks it: a refusal is audited there).
+USES = {"encrypt": Usage.ENCRYPT, "decrypt": Usage.DECRYPT, "sign": Usage.SIGN, "verify": Usage.VERIFY,
+        "mac": Usage.MAC_GENERATE, "mac_verify": Usage.MAC_VERIFY}
+PERMISSIONS = {"encrypt": Permission.KEYS_ENCRYPT, "decrypt": Permission.KEYS_DECRYPT,
+               "sign": Permission.KEYS_ENCRYPT, "verify": Permission.KEYS_VERIFY,
+               "mac": Permission.KEYS_ENCRYPT, "mac_verify": Permission.KEYS_VERIFY}
+
+
+def algorithm_of(obj: VersionObject | StandaloneObject) -> str | None:
+    if isinstance(obj, VersionObject):
+        return obj.key.algorithm
+    if isinstance(obj, KmipPublicKey):
+        return public_key_algorithm(obj)
+    return obj.algorithm
+
+
+def _build(stored: dict[str, Any]) -> Any:
+    return kmip_attributes.CryptographicParameters(**parameters_value(stored))
+
+
+def _agrees(params: Any, algorithm: str | None) -> None:
+    named = _algorithm(params)
+    if named is not None and algorithm is not None and FAMILIES.get(named) != algorithm:
+        raise KmipFailure(R.INVALID_FIELD, f"the Cryptographic Parameters name {named.name}, but the key is "
+                                           f"an {algorithm} key")
+
+
+def effective(requested: Any, obj: VersionObject | StandaloneObject) -> Any:
+    """The parameters a use runs with: the request's, completed from (or, absent, taken
+    from) the object's own; refused when they contradict the object."""
+    algorithm = algorithm_of(obj)
+    own = stored_parameters(obj)
+    if not own:
+        if requested is not None:
+            _agrees(requested, algorithm)
+        return requested
+    asked = parameters_stored(requested) if requested is not None else {}
+    for instance in own:
+        if all(instance.get(k, v) == v for k, v in asked.items()):
+            chosen = _build({**instance, **asked})
+            _agrees(chosen, algorithm)
+            return chosen
+    raise KmipFailure(R.INVALID_FIELD, f"the request's Cryptographic Parameters ({_describe(asked)}) contradict "
+                      f"the object's ({'; '.join(_describe(p) for p in own)}); name none to use the object's")
+
+
+def for_use(call: Call, uid: str, use: str, requested: Any) -> Any:
+    """`effective` for the object `uid` names (the cached resolution the use then repeats)."""
+    obj = call.engine.objects.resolve_for_export(call.ctx, uid, action=f"key.{use}", permission=PERMISSIONS[use])
+    if not usage_of(obj) & USES[use]:
+        return requested  # the object cannot do this at all: the use refuses it (Illegal Operation)
+    return effective(requested, obj)
+
+
+def _describe(stored: dict[str, Any]) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(stored.items())) or "none"
+
+
+def check_defaults(parameters: list[dict[str, Any]], algorithm: str) -> None:
+    """Refuse at Create/Register what no use of the object could honour later."""
+    for stored in parameters:
+        params = _build(stored)
+        _agrees(params, algorithm)
+        if algorithm == "AES":
+            cipher(params)
+        elif algorithm in ("HMAC-SHA256", "HMAC-SHA384", "HMAC-SHA512"):
+            own = "SHA-" + algorithm.removeprefix("HMAC-SHA")
+            if (stored.get("hashing_algorithm") or own.replace("-", "_")) != own.replace("-", "_") or \
+                    set(stored) - {"cryptographic_algorithm", "hashing_algorithm"}:
+                raise KmipFailure(R.INVALID_FIELD, f"an {algorithm} key MACs with {own} and takes no other "
+                                                   "parameters")
+        elif algorithm == "EC" or params.digital_signature_algorithm is not None or params.padding_method in (
+                enums.PaddingMethod.PSS, enums.PaddingMethod.PKCS1v15):
+            signature(params)
+        else:
+            cipher(params)

@@ -9,15 +9,16 @@ attribute (x-strongroom-linked-public-key / x-strongroom-linked-private-key)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from kmip.core import enums
 from kmip.core.messages import payloads
 
-from keyserver.kmip import attributes
+from keyserver.core.kmip_objects import CRYPTOGRAPHIC_PARAMETERS
+from keyserver.kmip import attributes, cryptoparams
 from keyserver.kmip.context import Call
 from keyserver.kmip.errors import KmipFailure
-from keyserver.kmip.operations.create import activation_of
 
 OPERATION = enums.Operation.CREATE_KEY_PAIR
 A = enums.AttributeType
@@ -29,9 +30,15 @@ LENGTHS = {"RSA": "2048, 3072 or 4096", "EC": "256 (P-256) or 384 (P-384)"}
 
 
 def handle(call: Call, payload: Any) -> Any:
-    common = attributes.template_values(payload.common_template_attribute)
-    private = {**common, **attributes.template_values(payload.private_key_template_attribute)}
-    public = {**common, **attributes.template_values(payload.public_key_template_attribute)}
+    templates = [attributes.read_template(t, half, object_type=kind) for t, half, kind in (
+        (payload.common_template_attribute, "private-key", None),
+        (payload.private_key_template_attribute, "private-key", enums.ObjectType.PRIVATE_KEY),
+        (payload.public_key_template_attribute, "public-key", enums.ObjectType.PUBLIC_KEY))]
+    common, own_private, own_public = templates
+    if A.OBJECT_TYPE.value in common.values:
+        raise KmipFailure(R.INVALID_FIELD, "the common template names no Object Type (the halves' templates may)")
+    private = {**common.values, **own_private.values}
+    public = {**common.values, **own_public.values}
     kinds: set[str] = set()
     for values in (private, public):
         algorithm = values.get(A.CRYPTOGRAPHIC_ALGORITHM.value)
@@ -51,14 +58,28 @@ def handle(call: Call, payload: Any) -> Any:
         raise KmipFailure(R.MISSING_DATA, f"CreateKeyPair needs a Cryptographic Length ({LENGTHS[kind]})")
     if int(length) not in lengths:
         raise KmipFailure(R.INVALID_FIELD, f"{kind} key pairs are {LENGTHS[kind]} bits long")
-    _, activation_date = activation_of(private)
+    # One lifecycle for both halves at creation: dates that differ are refused, not half applied.
+    dates = []
+    for date in (A.ACTIVATION_DATE.value, A.DEACTIVATION_DATE.value):
+        if private.get(date) != public.get(date):
+            raise KmipFailure(R.INVALID_FIELD, f"the two halves of a key pair are created with one {date}; "
+                                               "change one half's lifecycle afterwards")
+        dates.append(datetime.fromtimestamp(int(private[date]), UTC) if private.get(date) is not None else None)
+    if dates[0] is not None and dates[1] is not None and dates[1] <= dates[0]:
+        raise KmipFailure(R.INVALID_FIELD, "the Deactivation Date must be after the Activation Date")
+    halves = {}
+    for half, own in (("private-key", own_private), ("public-key", own_public)):
+        parameters = own.parameters or common.parameters
+        cryptoparams.check_defaults(parameters, kind)
+        halves[half] = {**_attributes(payload.common_template_attribute, payload.private_key_template_attribute
+                                      if half == "private-key" else payload.public_key_template_attribute,
+                                      half, kind),
+                        **({CRYPTOGRAPHIC_PARAMETERS: parameters} if parameters else {}),
+                        **common.custom, **own.custom}
     pair = call.engine.objects.create_key_pair(
         call.ctx, bits=int(length), private_name=private.get(A.NAME.value), public_name=public.get(A.NAME.value),
-        activation_date=activation_date, algorithm=kind,
-        private_attributes=_attributes(payload.common_template_attribute, payload.private_key_template_attribute,
-                                       "private-key", kind),
-        public_attributes=_attributes(payload.common_template_attribute, payload.public_key_template_attribute,
-                                      "public-key", kind))
+        activation_date=dates[0], deactivation_date=dates[1], algorithm=kind,
+        private_attributes=halves["private-key"], public_attributes=halves["public-key"])
     return payloads.CreateKeyPairResponsePayload(private_key_unique_identifier=str(pair.private.id),
                                                  public_key_unique_identifier=str(pair.public.id))
 

@@ -20,7 +20,7 @@ def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
     if payload.data is None:
         raise KmipFailure(enums.ResultReason.MISSING_DATA, "Decrypt needs Data")
-    params = cryptoparams.cipher(payload.cryptographic_parameters)
+    params = cryptoparams.cipher(cryptoparams.for_use(call, uid, "decrypt", payload.cryptographic_parameters))
     data = bytes(payload.data)
     tag = bytes(payload.auth_tag) if payload.auth_tag is not None else b""
     iv = bytes(payload.iv_counter_nonce) if payload.iv_counter_nonce is not None else None

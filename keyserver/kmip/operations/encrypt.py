@@ -22,7 +22,7 @@ def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
     if payload.data is None:
         raise KmipFailure(enums.ResultReason.MISSING_DATA, "Encrypt needs Data")
-    params = cryptoparams.cipher(payload.cryptographic_parameters)
+    params = cryptoparams.cipher(cryptoparams.for_use(call, uid, "encrypt", payload.cryptographic_parameters))
     aad = payload.auth_additional_data
     iv = payload.iv_counter_nonce
     out = call.engine.crypto.encrypt(call.ctx, uid, bytes(payload.data), mode=params.mode,

@@ -21,5 +21,6 @@ def handle(call: Call, payload: Any) -> Any:
     if payload.data is None:
         raise KmipFailure(enums.ResultReason.MISSING_DATA, "MAC needs Data")
     tag = call.engine.crypto.mac(call.ctx, uid, bytes(payload.data.value),
-                                 hash=cryptoparams.mac_hash(payload.cryptographic_parameters))
+                                 hash=cryptoparams.mac_hash(
+                                     cryptoparams.for_use(call, uid, "mac", payload.cryptographic_parameters)))
     return payloads.MACResponsePayload(unique_identifier=attributes.UniqueIdentifier(uid), mac_data=MACData(tag))

@@ -21,5 +21,7 @@ def handle(call: Call, payload: Any) -> Any:
         raise KmipFailure(enums.ResultReason.MISSING_DATA, "MACVerify needs Data and MAC Data (streaming is "
                                                            "not supported)")
     valid = call.engine.crypto.mac_verify(call.ctx, uid, payload.data, payload.mac_data,
-                                          hash=cryptoparams.mac_hash(payload.cryptographic_parameters))
+                                          hash=cryptoparams.mac_hash(
+                                              cryptoparams.for_use(call, uid, "mac_verify",
+                                                                   payload.cryptographic_parameters)))
     return MACVerifyResponsePayload(unique_identifier=uid, valid=valid)

@@ -9,7 +9,6 @@ decodes with, does not parse them."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from cryptography import x509
@@ -18,12 +17,11 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from kmip.core import enums
 from kmip.core.messages import payloads
 
-from keyserver.core.keys import KeySpec
 from keyserver.core.kmip_objects import CERTIFICATE, MAX_SECRET_BYTES, OPAQUE, PRIVATE_KEY, SECRET_DATA
-from keyserver.kmip import attributes
+from keyserver.kmip import attributes, cryptoparams
 from keyserver.kmip.context import Call
 from keyserver.kmip.errors import KmipFailure
-from keyserver.kmip.operations.create import activation_of
+from keyserver.kmip.operations.create import symmetric_spec
 
 OPERATION = enums.Operation.REGISTER
 R = enums.ResultReason
@@ -45,16 +43,16 @@ def _enum(value: Any) -> Any:
 def handle(call: Call, payload: Any) -> Any:
     if payload.object_type not in REGISTRABLE:
         raise KmipFailure(R.FEATURE_NOT_SUPPORTED, f"{payload.object_type.name} objects cannot be registered")
-    values = attributes.template_values(payload.template_attribute)
-    name = values.get(A.NAME.value)
     kind = KINDS[payload.object_type]
-    client = attributes.template_client_attributes(payload.template_attribute, kind,
-                                                   "AES" if kind == "symmetric-key" else "RSA")
+    t = attributes.read_template(payload.template_attribute, kind, object_type=payload.object_type)
+    values = t.values
+    name = values.get(A.NAME.value)
+    client = _stored(payload.template_attribute, t, kind, "AES" if kind == "symmetric-key" else "RSA")
     obj = payload.managed_object
     if payload.object_type == enums.ObjectType.CERTIFICATE:
-        return _certificate(call, obj, name, values, client)
+        return _certificate(call, obj, name, t, client)
     if payload.object_type == enums.ObjectType.OPAQUE_DATA:
-        return _opaque(call, obj, name, values, client)
+        return _opaque(call, obj, name, t, client)
     block = obj.key_block
     if block.key_wrapping_data is not None:
         raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "wrapped keys cannot be registered")
@@ -64,14 +62,18 @@ def handle(call: Call, payload: Any) -> Any:
         if fmt not in (enums.KeyFormatType.X_509, enums.KeyFormatType.PKCS_1):
             raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED,
                               "public keys are registered in X.509 (SubjectPublicKeyInfo) or PKCS#1 format")
-        client = attributes.template_client_attributes(payload.template_attribute, kind, _public_algorithm(material))
+        public_algorithm = _public_algorithm(material)
+        _matches(t, public_algorithm, None)
+        cryptoparams.check_defaults(t.parameters, public_algorithm)
+        client = _stored(payload.template_attribute, t, kind, public_algorithm)
         row = call.engine.objects.register_public_key(
-            call.ctx, material, name=name, attributes=client, activation_date=activation_of(values)[1])
+            call.ctx, material, name=name, attributes=client, activation_date=t.activation,
+            deactivation_date=t.deactivation)
         return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
     if payload.object_type == enums.ObjectType.PRIVATE_KEY:
-        return _private_key(call, material, fmt, block, name, values, payload.template_attribute)
+        return _private_key(call, material, fmt, block, name, t, payload.template_attribute)
     if payload.object_type == enums.ObjectType.SECRET_DATA:
-        return _secret_data(call, obj, material, name, values, client)
+        return _secret_data(call, obj, material, name, t, client)
     if fmt != enums.KeyFormatType.RAW:
         raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "symmetric keys are registered in Raw format")
     kmip_algorithm = _enum(block.cryptographic_algorithm) if block.cryptographic_algorithm is not None else None
@@ -81,14 +83,30 @@ def handle(call: Call, payload: Any) -> Any:
                                            "(3DES, RC4, ...) are refused")
     if algorithm == "AES" and len(material) not in (16, 24, 32):
         raise KmipFailure(R.INVALID_FIELD, "AES keys are 16, 24 or 32 bytes long")
-    client = attributes.template_client_attributes(payload.template_attribute, "symmetric-key", algorithm)
-    activate, activation_date = activation_of(values)
-    key = call.engine.keys.create(call.ctx, KeySpec(
-        name=name or f"kmip-{uuid.uuid4().hex[:16]}", description="registered over KMIP",
-        owner=call.ctx.principal.name, activate=activate, activation_date=activation_date,
-        length_bits=len(material) * 8, material=material, unique_name=False, algorithm=algorithm,
-        kmip_attributes=client))
+    _matches(t, algorithm, len(material) * 8)
+    key = call.engine.keys.create(call.ctx, symmetric_spec(
+        call, payload.template_attribute, t, name=name, algorithm=algorithm, length=len(material) * 8,
+        description="registered over KMIP", material=material))
     return payloads.RegisterResponsePayload(unique_identifier=str(key.versions[-1].id))
+
+
+def _stored(template: Any, t: attributes.Template, kind: str, algorithm: str) -> dict[str, Any]:
+    """What an object other than a managed key keeps in kmip_attributes: client
+    attributes, the usage mask, Cryptographic Parameters and custom x- attributes."""
+    return {**attributes.template_client_attributes(template, kind, algorithm), **attributes.kept_attributes(t),
+            **t.custom}
+
+
+def _matches(t: attributes.Template, algorithm: str, bits: int | None) -> None:
+    """A template's Cryptographic Algorithm and Length describe the key registered, or are refused."""
+    named = t.values.get(A.CRYPTOGRAPHIC_ALGORITHM.value)
+    if named is not None and cryptoparams.FAMILIES.get(named) != algorithm:
+        raise KmipFailure(R.INVALID_FIELD, f"the template's Cryptographic Algorithm ({named.name}) is not the "
+                                           f"key's ({algorithm})")
+    length = t.values.get(A.CRYPTOGRAPHIC_LENGTH.value)
+    if length is not None and bits is not None and int(length) != bits:
+        raise KmipFailure(R.INVALID_FIELD, f"the template's Cryptographic Length ({int(length)}) is not the "
+                                           f"key's ({bits} bits)")
 
 
 def _public_algorithm(der: bytes) -> str:
@@ -100,7 +118,7 @@ def _public_algorithm(der: bytes) -> str:
 
 
 def _private_key(call: Call, material: bytes, fmt: Any, block: Any, name: str | None,
-                 values: dict[str, Any], template: Any) -> Any:
+                 t: attributes.Template, template: Any) -> Any:
     if fmt not in (enums.KeyFormatType.PKCS_8, enums.KeyFormatType.PKCS_1):
         raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "private keys are registered in PKCS#8 or PKCS#1 format")
     algorithm = _enum(block.cryptographic_algorithm) if block.cryptographic_algorithm is not None else None
@@ -129,30 +147,32 @@ def _private_key(call: Call, material: bytes, fmt: Any, block: Any, name: str | 
     length = block.cryptographic_length
     if length is not None and int(_enum(length)) != bits:
         raise KmipFailure(R.INVALID_FIELD, "the Cryptographic Length does not match the key")
-    client = attributes.template_client_attributes(template, PRIVATE_KEY, kind)
+    _matches(t, kind, bits)
+    cryptoparams.check_defaults(t.parameters, kind)
+    client = _stored(template, t, PRIVATE_KEY, kind)
     pkcs8 = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
                               serialization.NoEncryption())
-    _, activation_date = activation_of(values)
     row = call.engine.objects.register_object(call.ctx, object_type=PRIVATE_KEY, material=pkcs8, name=name,
                                               data_type="pkcs8", algorithm=kind, length_bits=bits,
-                                              activation_date=activation_date, attributes=client)
+                                              activation_date=t.activation, deactivation_date=t.deactivation,
+                                              attributes=client)
     return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
 
 
-def _secret_data(call: Call, obj: Any, material: bytes, name: str | None, values: dict[str, Any],
+def _secret_data(call: Call, obj: Any, material: bytes, name: str | None, t: attributes.Template,
                  client: dict[str, Any]) -> Any:
     kind = SECRET_DATA_TYPES.get(_enum(obj.secret_data_type))
     if kind is None:
         raise KmipFailure(R.INVALID_FIELD, "secret data is of type Password or Seed")
     if not 1 <= len(material) <= MAX_SECRET_BYTES:
         raise KmipFailure(R.INVALID_FIELD, f"secret data is 1 to {MAX_SECRET_BYTES} bytes long")
-    _, activation_date = activation_of(values)
     row = call.engine.objects.register_object(call.ctx, object_type=SECRET_DATA, material=material, name=name,
-                                              data_type=kind, activation_date=activation_date, attributes=client)
+                                              data_type=kind, activation_date=t.activation,
+                                              deactivation_date=t.deactivation, attributes=client)
     return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
 
 
-def _opaque(call: Call, obj: Any, name: str | None, values: dict[str, Any], client: dict[str, Any]) -> Any:
+def _opaque(call: Call, obj: Any, name: str | None, t: attributes.Template, client: dict[str, Any]) -> Any:
     kind = OPAQUE_DATA_TYPES.get(_enum(obj.opaque_data_type))
     if kind is None:
         raise KmipFailure(R.INVALID_FIELD, "an opaque object's Opaque Data Type is None (the only one KMIP 1.4 "
@@ -160,13 +180,13 @@ def _opaque(call: Call, obj: Any, name: str | None, values: dict[str, Any], clie
     material = bytes(_enum(obj.opaque_data_value))
     if not 1 <= len(material) <= MAX_SECRET_BYTES:
         raise KmipFailure(R.INVALID_FIELD, f"an opaque object is 1 to {MAX_SECRET_BYTES} bytes long")
-    _, activation_date = activation_of(values)
     row = call.engine.objects.register_object(call.ctx, object_type=OPAQUE, material=material, name=name,
-                                              data_type=kind, activation_date=activation_date, attributes=client)
+                                              data_type=kind, activation_date=t.activation,
+                                              deactivation_date=t.deactivation, attributes=client)
     return payloads.RegisterResponsePayload(unique_identifier=str(row.id))
 
 
-def _certificate(call: Call, obj: Any, name: str | None, values: dict[str, Any], client: dict[str, Any]) -> Any:
+def _certificate(call: Call, obj: Any, name: str | None, t: attributes.Template, client: dict[str, Any]) -> Any:
     if _enum(obj.certificate_type) != enums.CertificateType.X_509:
         raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "only X.509 certificates can be registered")
     der = bytes(_enum(obj.certificate_value))
@@ -178,9 +198,8 @@ def _certificate(call: Call, obj: Any, name: str | None, values: dict[str, Any],
         raise KmipFailure(R.INVALID_FIELD, "the certificate is not DER-encoded X.509") from None
     public = cert.public_key()
     algorithm = "RSA" if isinstance(public, rsa.RSAPublicKey) else None
-    _, activation_date = activation_of(values)
     row = call.engine.objects.register_object(
         call.ctx, object_type=CERTIFICATE, material=der, name=name, data_type="x509", algorithm=algorithm,
         length_bits=public.key_size if isinstance(public, rsa.RSAPublicKey) else None,
-        activation_date=activation_date, attributes=client)
+        activation_date=t.activation, deactivation_date=t.deactivation, attributes=client)
     return payloads.RegisterResponsePayload(unique_identifier=str(row.id))

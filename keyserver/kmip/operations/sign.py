@@ -19,6 +19,6 @@ def handle(call: Call, payload: Any) -> Any:
     if payload.data is None:
         raise KmipFailure(enums.ResultReason.MISSING_DATA, "Sign needs Data (digested data and streaming are "
                                                            "not supported)")
-    scheme, name = cryptoparams.signature(payload.cryptographic_parameters)
+    scheme, name = cryptoparams.signature(cryptoparams.for_use(call, uid, "sign", payload.cryptographic_parameters))
     signature = call.engine.crypto.sign(call.ctx, uid, bytes(payload.data), scheme=scheme, hash=name)
     return payloads.SignResponsePayload(unique_identifier=uid, signature_data=signature)

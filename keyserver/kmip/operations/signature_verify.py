@@ -21,7 +21,8 @@ def handle(call: Call, payload: Any) -> Any:
     if payload.data is None or payload.signature_data is None:
         raise KmipFailure(enums.ResultReason.MISSING_DATA, "SignatureVerify needs Data and Signature Data "
                                                            "(digested data and streaming are not supported)")
-    scheme, name = cryptoparams.signature(payload.cryptographic_parameters)
+    scheme, name = cryptoparams.signature(
+        cryptoparams.for_use(call, uid, "verify", payload.cryptographic_parameters))
     valid = call.engine.crypto.verify(call.ctx, uid, bytes(payload.data), bytes(payload.signature_data),
                                       scheme=scheme, hash=name)
     return payloads.SignatureVerifyResponsePayload(
