@@ -291,13 +291,24 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
                     files[os.path.relpath(real, backing)] = read_header(real).file_id.hex()
             plan = {"generation": generation, "files": files}
             _write_json(rekey_file_, plan)
-        total, skipped = len(plan["files"]), []
+        # Each file is written anew beside itself: the largest one must fit, or the run
+        # would stop half way on ENOSPC. Said before anything is written.
+        largest = max((os.stat(os.path.join(backing, rel)).st_blocks * 512
+                       for rel in plan["files"] if os.path.isfile(os.path.join(backing, rel))), default=0)
+        vfs = os.statvfs(backing)
+        if largest > vfs.f_bavail * vfs.f_frsize:
+            raise OSError(errno.ENOSPC, f"re-key needs {largest} bytes free on the backing file system "
+                                        f"(its largest file), {vfs.f_bavail * vfs.f_frsize} are free")
+        total, skipped, damaged = len(plan["files"]), [], []
         for done, (rel, old_id) in enumerate(plan["files"].items(), start=1):
             try:
                 if read_header(os.path.join(backing, rel)).file_id.hex() == old_id:
                     rc = plane.rekey(rel)
                     if rc == errno.EMLINK:
                         skipped.append(rel)  # hard-linked: re-keying one name would split the file
+                    elif rc == errno.EIO:
+                        damaged.append(rel)  # fails to authenticate (audited): the others go on
+                        log.warning("re-key of %s skipped: it fails to authenticate", rel)
                     elif rc not in (0, errno.ENOENT):
                         raise OSError(rc, f"re-key of {rel}: {os.strerror(rc)}")
             except (FormatError, FileNotFoundError) as exc:  # gone or replaced since: its key is new or gone
@@ -309,9 +320,11 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
                        **({"skipped_hard_links": skipped[:100]} if skipped else {})}
         state.rekeyed = generation
         _write_json(rekey_file_, {**plan, "done_generation": generation})
-        report()
+        report(f"re-key skipped {len(damaged)} file(s) that fail to authenticate: {', '.join(damaged[:5])}"
+               if damaged else "")
         spool.append({"event": "guardpoint.rekeyed", "guard_point": gp_id, "path": mount,
-                      "generation": generation, "files": total - len(skipped), "skipped": len(skipped)})
+                      "generation": generation, "files": total - len(skipped) - len(damaged),
+                      "skipped": len(skipped) + len(damaged), "damaged": len(damaged)})
 
     def maybe_rekey(d: dict[str, Any]) -> None:
         generation = int(d.get("rekey_generation", 0))

@@ -25,10 +25,17 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
-from agents.cryptfile import EncryptedFile, KeyVersion, StaticKeyring
+from agents.cryptfile import EncryptedFile, KeyVersion, StaticKeyring, read_header
+from agents.daemon import AgentDaemon
+from agents.guardpoint.shield import serving
+from tests.agents.test_agent_port import Host
+from tests.agents.test_guardpoint_daemon import agent, eventually  # noqa: F401 - the agent fixture
+from tests.conftest import unique
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
                                 reason="needs /dev/fuse and fusermount3 (apt-get install fuse3)")
@@ -549,3 +556,83 @@ def test_a_damaged_file_reports_once_however_often_it_is_opened(tmp_path: Path) 
     finally:
         plane.shutdown()
         subprocess.run(["fusermount3", "-uz", str(mnt)], check=False, capture_output=True)
+
+
+# ---- re-key: bounded free space, a damaged file does not block the others -------------------
+def test_rekey_says_enospc_before_it_starts_and_skips_nothing_else(tmp_path: Path, tiny_tmpfs: Path,
+                                                                    shim: Path) -> None:
+    """A re-key writes the file anew beside itself: on a file system without room for
+    that copy it answers ENOSPC before writing anything (the file as it was, no
+    temporary file left); a file that fails to authenticate answers EIO, and the next
+    file re-keys all the same."""
+    from agents.guardpoint.dataplane import DataPlane
+
+    faults = Faults(tmp_path / "faults")  # never armed: it counts the backing writes
+    env = {"LD_PRELOAD": str(shim), "SR_FAULT_CTL": str(faults.path), "SR_FAULT_DIR": str(tiny_tmpfs / "backing")}
+    with guard_point(tiny_tmpfs, tmp_path / "mnt", env) as gp:
+        assert isinstance(gp.plane, DataPlane)
+        big = os.urandom(1900 * 1024)  # more than half of the 3 MiB
+        (gp.mnt / "big").write_bytes(big)
+        (gp.mnt / "bad").write_bytes(os.urandom(3 * CS))
+        (gp.mnt / "good").write_bytes(b"good" * 1000)
+        with open(gp.backing / "bad", "r+b") as f:
+            f.seek(128 + CS + 9)
+            f.write(b"\0")
+        new = KeyVersion(gp.key.key_id, 2, os.urandom(32))
+        gp.plane.set_key(new)
+        gp.plane.set_active(new)
+        stored = (gp.backing / "big").read_bytes()
+        calls = faults.calls
+        assert gp.plane.rekey("big") == errno.ENOSPC
+        assert faults.calls == calls, "the re-key wrote before it found there was no room"
+        assert (gp.backing / "big").read_bytes() == stored
+        assert sorted(os.listdir(gp.backing)) == ["bad", "big", "good"]
+        assert gp.plane.rekey("bad") == errno.EIO
+        assert gp.plane.rekey("good") == 0
+        keyring = StaticKeyring([gp.key, new])
+        with EncryptedFile.open(str(gp.backing / "good"), keyring) as f:
+            assert f.header.key_version == 2 and f.read(0, f.size) == b"good" * 1000
+        assert gp.mounted("big") == big
+
+
+def test_the_agent_rekeys_around_a_damaged_file_and_says_when_there_is_no_room(
+        tmp_path: Path, tiny_tmpfs: Path, agent: tuple[Host, AgentDaemon], admin: httpx.Client) -> None:  # noqa: F811
+    """Through the agent and the key server: a re-key finishes with the damaged file
+    skipped and named in the guard point's status; a re-key the backing file system has
+    no room for is refused before it starts, with the reason in the status, every file
+    as it was."""
+    host, daemon = agent
+    key = admin.post("/api/v1/keys", json={"name": unique("gpf")}).json()
+    mnt, backing = tmp_path / "protected", tiny_tmpfs / "b"
+    gp = admin.post("/api/v1/guard-points", json={"host_id": host.id, "path": str(mnt), "backing_path": str(backing),
+                                                  "key": key["name"], "default_effect": "permit"}).json()
+    daemon.beat()
+    eventually(lambda: serving(str(mnt)), "the mount")
+    (mnt / "good").write_bytes(b"good" * 1000)
+    (mnt / "bad").write_bytes(os.urandom(3 * CS))
+    with open(backing / "bad", "r+b") as f:
+        f.seek(128 + CS + 9)
+        f.write(b"\0")
+    good_id = read_header(str(backing / "good")).file_id
+
+    def status() -> dict[str, Any]:
+        daemon.beat()
+        return dict(admin.get(f"/api/v1/hosts/{host.id}").json()["guard_points"][0])
+
+    assert admin.post(f"/api/v1/guard-points/{gp['id']}/rekey").status_code == 202
+    daemon.beat()
+    eventually(lambda: (status().get("rekey") or {}).get("finished"), "the re-key around the damaged file")
+    assert read_header(str(backing / "good")).file_id != good_id
+    assert "fail to authenticate: bad" in status()["detail"]
+    assert (mnt / "good").read_bytes() == b"good" * 1000
+
+    big = os.urandom(1900 * 1024)
+    (mnt / "big").write_bytes(big)
+    big_id = read_header(str(backing / "big")).file_id
+    assert admin.post(f"/api/v1/guard-points/{gp['id']}/rekey").status_code == 202
+    daemon.beat()
+    detail = eventually(lambda: "re-key needs" in status()["detail"] and status()["detail"], "the refusal")
+    assert "bytes free on the backing file system" in detail
+    assert read_header(str(backing / "big")).file_id == big_id
+    assert (mnt / "big").read_bytes() == big
+    assert not [n for n in os.listdir(backing) if n.startswith(".srtmp-")]
