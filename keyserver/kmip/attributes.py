@@ -144,11 +144,18 @@ def settable(attribute_name: str) -> str:
     Information, Object Group, Application Specific Information, or a custom `x-<name>`
     (on a symmetric key: its tag `<name>`). The others are the server's."""
     custom = attribute_name.startswith("x-") and not attribute_name[2:].startswith(RESERVED_TAG_PREFIX)
-    if attribute_name not in CLIENT_ATTRIBUTES and not custom:
-        raise KmipFailure(enums.ResultReason.PERMISSION_DENIED,
-                          f"'{attribute_name}' is set by the server; clients change "
-                          f"{', '.join(sorted(CLIENT_ATTRIBUTES))} and custom x-<name> attributes")
-    return attribute_name
+    if attribute_name in CLIENT_ATTRIBUTES or custom:
+        return attribute_name
+    them = f"clients change {', '.join(sorted(CLIENT_ATTRIBUTES))} and custom x-<name> attributes"
+    if attribute_name in SERVER_SET or attribute_name.startswith(("x-", "y-")):
+        raise KmipFailure(R.PERMISSION_DENIED, f"'{attribute_name}' is set by the server; {them}")
+    if attribute_name in _FIXED:
+        raise KmipFailure(R.PERMISSION_DENIED, f"'{attribute_name}' is fixed when the object is made; {them}")
+    if attribute_name in _FOR_EVERY_KIND | _FOR_KEYS | _FOR_SYMMETRIC_KEYS:
+        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, f"'{attribute_name}' is set in the Create or Register template "
+                          "(states change with Activate and Revoke); this server does not change it afterwards")
+    raise KmipFailure(R.FEATURE_NOT_SUPPORTED, f"the attribute '{attribute_name}' is not supported by this server; "
+                      f"{them}")
 
 # Key pairs' algorithms (an EC pair is created with EC or ECDSA and reported as EC, the
 # key's type; ECDSA is what it may do, its usage mask says so).
@@ -341,6 +348,9 @@ SERVER_SET = frozenset({
 _SINGLE = frozenset({A.CRYPTOGRAPHIC_ALGORITHM.value, A.CRYPTOGRAPHIC_LENGTH.value, A.CRYPTOGRAPHIC_USAGE_MASK.value,
                      A.ACTIVATION_DATE.value, A.DEACTIVATION_DATE.value, A.OBJECT_TYPE.value,
                      A.CONTACT_INFORMATION.value, PROCESS_START_DATE, PROTECT_STOP_DATE})
+# Fixed for an object's life (KMIP 1.4 §3: "Modifiable by client: No").
+_FIXED = frozenset({A.CRYPTOGRAPHIC_ALGORITHM.value, A.CRYPTOGRAPHIC_LENGTH.value, A.CRYPTOGRAPHIC_USAGE_MASK.value,
+                    A.OBJECT_TYPE.value})
 MAX_PARAMETERS = 8
 # Cryptographic Parameters fields this server honours (cryptoparams.py); the rest are refused.
 PARAMETER_FIELDS = {"block_cipher_mode": enums.BlockCipherMode, "padding_method": enums.PaddingMethod,

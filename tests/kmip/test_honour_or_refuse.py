@@ -32,7 +32,7 @@ from keyserver.services import Services
 from keyserver.store.models import AuditEvent, KmipPublicKey, KmipSealedObject
 from tests.conftest import unique
 from tests.kmip.conftest import ClientFiles, make_client
-from tests.kmip.raw import connect, query_request, roundtrip
+from tests.kmip.raw import connect, query_request, request, roundtrip
 
 A = enums.AttributeType
 R = enums.ResultReason
@@ -269,3 +269,27 @@ def test_every_class_of_refusal_is_audited(kmip: Any, officer_files: ClientFiles
         auditor.close()
     [record] = refusals(services, f"kmip:{auditor_files.name}", "key.encrypt")
     assert record.details["missing_permission"] == "keys:encrypt"
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    (A.STATE, enums.State.ACTIVE, R.PERMISSION_DENIED),
+    (A.CRYPTOGRAPHIC_LENGTH, 128, R.PERMISSION_DENIED),
+    (A.DEACTIVATION_DATE, 0, R.FEATURE_NOT_SUPPORTED),
+    (A.OPERATION_POLICY_NAME, "default", R.FEATURE_NOT_SUPPORTED),
+])
+def test_add_attribute_refuses_what_it_does_not_apply_with_its_reason(
+        kmip: Any, officer_files: ClientFiles, kmip_listener: KmipListener, name: Any, value: Any,
+        expected: Any) -> None:
+    from kmip.core.messages.payloads import ModifyAttributeRequestPayload
+
+    from keyserver.kmip.payloads import AddAttributeRequestPayload
+
+    uid = kmip.create(enums.CryptographicAlgorithm.AES, 256)
+    with connect(officer_files, kmip_listener.port) as conn:
+        r = roundtrip(conn, request([
+            (enums.Operation.ADD_ATTRIBUTE, AddAttributeRequestPayload(unique_identifier=uid,
+                                                                       attribute=attr(name, value))),
+            (enums.Operation.MODIFY_ATTRIBUTE, ModifyAttributeRequestPayload(unique_identifier=uid,
+                                                                             attribute=attr(name, value)))],
+            continue_on_error=True))
+    assert [item.result_reason.value for item in r.batch_items] == [expected, expected]
