@@ -122,6 +122,16 @@ def test_a_past_protect_stop_date_stops_encryption_but_not_decryption(kmip: Any)
     assert attributes[0].attribute_value.value == now - 60
 
 
+def test_a_key_past_its_protect_stop_date_wraps_no_key(kmip: Any) -> None:
+    wrapping = created(register_aes(kmip, os.urandom(32), attr(A.ACTIVATION_DATE, int(time.time()) - HOUR),
+                                    attr(A.PROTECT_STOP_DATE, int(time.time()) - 60)))
+    target = kmip.create(enums.CryptographicAlgorithm.AES, 256)
+    spec = {"wrapping_method": enums.WrappingMethod.ENCRYPT,
+            "encryption_key_information": {"unique_identifier": wrapping}}
+    why, message = reason(lambda: kmip.get(target, key_wrapping_specification=spec))
+    assert why == R.ILLEGAL_OPERATION and "Protect Stop Date" in message
+
+
 def test_a_future_process_start_date_holds_decryption_back(kmip: Any) -> None:
     material = os.urandom(32)
     now = int(time.time())
