@@ -36,6 +36,7 @@ from agents.guardpoint.manager import GuardPointManager, local_reports
 from agents.keyclient.cache import ServerUnreachable
 from agents.keyclient.client import HostRevoked, ServerClient, ServerKeyring, ServerRefused
 from agents.keyclient.identity import HostIdentity, IdentityError
+from agents.keyclient.revocation import RevocationLedger, host_refusal_message, host_revocation
 from agents.keyclient.spool import EventSpool
 from agents.volume.luks import LuksError
 from agents.volume.manager import VolumeError, VolumeManager, parse_tab
@@ -288,13 +289,18 @@ def run() -> None:
     """The daemon, in the foreground: heartbeats, guard points, event shipping, revocation."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     config = _config()
+    _identity(config)
+    refused = host_revocation(config.state_dir)
+    if refused is not None:  # before any guard point starts, whether the server answers or not
+        raise Fail(Exit.NOT_ENROLLED, refused)
     with _client(config) as c:
         keyring = ServerKeyring(c, ttl_seconds=config.key_cache_ttl_seconds, max_entries=config.key_cache_max_entries)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         manager = GuardPointManager(config, _state.get("config_path"))
-        daemon = AgentDaemon(c, keyring, _spool(config), guard_points=manager)
+        daemon = AgentDaemon(c, keyring, _spool(config), guard_points=manager,
+                             revocations=RevocationLedger(config.state_dir))
         try:
             code = daemon.run(stop)
         finally:
@@ -307,7 +313,7 @@ volume_app = typer.Typer(help="LUKS2 block volumes unlocked through the key serv
                          no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(volume_app, name="volume")
 _VOLUME_EXIT = {"usage": Exit.USAGE, "file": Exit.FILE, "key": Exit.KEY, "unreachable": Exit.UNREACHABLE,
-                "failed": Exit.FAILED}
+                "host": Exit.NOT_ENROLLED, "failed": Exit.FAILED}
 
 
 @contextmanager
@@ -382,17 +388,24 @@ def volume_close(ref: Annotated[str, typer.Argument(help="volume name, id or pat
 def volume_status(as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False) -> None:
     """The volumes this host may open, the server's state of each and what is open here."""
     with _volumes() as m:
-        rows = m.status()
+        rows, unreachable = m.status()
+    if unreachable:
+        err.print(f"[yellow]key server unreachable[/yellow] ({unreachable}): its state of each volume is as last "
+                  "seen here")
     if as_json:
         out.print_json(json.dumps(rows))
         return
-    table = Table("volume", "path", "key", "server state", "here", "recovery")
+    table = Table("volume", "path", "key", "server state", "here", "recovery", "offline")
     for v in rows:
         local = v["local"]
         here = "-" if local is None else (f"{local['device']} ({local['opened_by']})" if local["alive"]
                                           else "stale: run `kms-agent volume close`")
-        table.add_row(v["name"], v["path"], f"{v['key_name']} v{v['key_version']}", v["state"], here,
-                      "yes" if v["has_recovery"] else "no")
+        offline = (f"refused: {v['revoked_here']}" if v["revoked_here"] else
+                   "grace kept" if v["grace_kept"] else "fail closed")
+        key = f"{v['key_name']} v{v['key_version']}" if v.get("key_name") else "?"
+        recovery = "?" if v.get("has_recovery") is None else "yes" if v["has_recovery"] else "no"
+        table.add_row(v["name"], v["path"], key, v["state"] + (" (last seen)" if unreachable else ""), here,
+                      recovery, offline)
     out.print(table if rows else "no volumes for this host")
 
 
@@ -409,9 +422,11 @@ def volume_open_all(wait: Annotated[float, typer.Option(help="seconds to wait fo
         if not entries:
             out.print(f"no volumes in {tab or config.volumes_file}")
             return
+        refused = m.host_refusal()
+        reachable = True
         try:
-            m.wait_for_server(wait)
-            reachable = True
+            if refused is None:  # a revoked host has nothing to wait for
+                m.wait_for_server(wait)
         except ServerUnreachable as exc:
             err.print(f"[yellow]key server unreachable[/yellow] ({exc}): only volumes within their offline grace "
                       "open")
@@ -424,6 +439,8 @@ def volume_open_all(wait: Annotated[float, typer.Option(help="seconds to wait fo
             else:
                 failed += 0 if entry.nofail else 1
                 err.print(f"[red]{entry.name}[/red]: {error}" + (" (nofail: going on)" if entry.nofail else ""))
+    if refused is not None:
+        raise Fail(Exit.NOT_ENROLLED, host_refusal_message(refused))
     if failed:
         raise Fail(Exit.KEY if reachable else Exit.UNREACHABLE,
                    f"{failed} volume(s) of {tab or config.volumes_file} did not open")

@@ -6,7 +6,10 @@ spool, and keeps this host's guard points mounted as the server defines them
 to beat at. When the server says this host is revoked, the daemon drops every cached
 key at once, unmounts its guard points and stops (exit status 6: restarting cannot help, re-enrollment can). While
 the server is unreachable it keeps beating, and the key cache keeps serving until its
-TTL ends.
+TTL ends. A revocation seen by any of the agent's processes (a volume command, a guard
+point) is remembered on disk (agents/keyclient/revocation.py) and stops the daemon the
+same way, at its next turn, whether the server answers or not; with that record the
+daemon does not start at all until the host is enrolled again.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 from agents.guardpoint.manager import GuardPointManager
 from agents.keyclient.cache import ServerUnreachable
 from agents.keyclient.client import HostRevoked, ServerClient, ServerKeyring, ServerRefused
+from agents.keyclient.revocation import RevocationLedger, host_refusal_message
 from agents.keyclient.spool import EventSpool
 
 log = logging.getLogger("strongroom.agent")
@@ -38,8 +42,10 @@ def clock_skew(server_time: str, now: datetime | None = None) -> float:
 
 class AgentDaemon:
     def __init__(self, client: ServerClient, keyring: ServerKeyring, spool: EventSpool, *,
-                 guard_points: GuardPointManager | None = None) -> None:
+                 guard_points: GuardPointManager | None = None,
+                 revocations: RevocationLedger | None = None) -> None:
         self._client = client
+        self._revocations = revocations
         self._keyring = keyring
         self._spool = spool
         self._manager = guard_points
@@ -56,17 +62,14 @@ class AgentDaemon:
         try:
             answer = self._client.heartbeat(os_name=os_description(), guard_points=reports)
         except HostRevoked:
-            self._keyring.cache.drop_all()
-            if self._manager:
-                self._manager.stop_all()  # their processes hold keys too
-            self.revoked = True
+            self._stand_down()
             raise
         self.interval = float(answer.get("heartbeat_seconds", self.interval))
         skew = clock_skew(answer["server_time"])
         if abs(skew) > MAX_CLOCK_SKEW_SECONDS:
             log.warning("this host's clock is %.0f s %s the key server's: fix NTP, or certificates and "
                         "audit times will be wrong", abs(skew), "ahead of" if skew > 0 else "behind")
-        if self._manager is not None:
+        if self._manager is not None and self._host_refusal() is None:
             if answer.get("guard_points_tag") != self._tag:
                 self._definitions = self._client.guard_points()
                 self._tag = answer.get("guard_points_tag")
@@ -77,6 +80,16 @@ class AgentDaemon:
         if sent:
             log.info("shipped %d events", sent)
         return answer
+
+    def _stand_down(self) -> None:
+        self._keyring.cache.drop_all()
+        if self._manager:
+            self._manager.stop_all()  # their processes hold keys too
+        self.revoked = True
+
+    def _host_refusal(self) -> str | None:
+        seen = self._revocations.host() if self._revocations is not None else None
+        return None if seen is None else host_refusal_message(seen)
 
     def ship_events(self) -> None:
         """Ship what the spool holds now (at a graceful stop: the unmounts and anything
@@ -91,6 +104,11 @@ class AgentDaemon:
     def run(self, stop: threading.Event) -> int:
         """Beat until `stop` is set (0) or the host is revoked (6)."""
         while not stop.is_set():
+            refused = self._host_refusal()  # seen by another process, perhaps while the server is away
+            if refused is not None:
+                self._stand_down()
+                log.error("%s", refused)
+                return 6
             try:
                 self.beat()
                 if self.last_error:

@@ -4,6 +4,8 @@ and, once enrolled, the host's certificate and key for mutual TLS.
 Errors say what to do next: ServerUnreachable (network, TLS, 5xx: keep working from the
 cache), HostRevoked (stop: this host must be re-enrolled), ServerRefused (the server
 answered no, with its problem code: a forbidden key, a destroyed version, a used token).
+A HostRevoked is also remembered on disk before it is raised (keyclient/revocation.py),
+whoever made the call: no offline path of this host opens anything after it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from agents.cryptfile.errors import KeyUnavailable
 from agents.cryptfile.keys import KeyVersion
 from agents.keyclient.cache import KeyCache, ServerUnreachable
 from agents.keyclient.identity import CA_FILE, CERT_FILE, KEY_FILE, HostIdentity
+from agents.keyclient.revocation import RevocationLedger, certificate_fingerprint
 
 # Events are sent in batches no larger than the server takes (EventBatch).
 MAX_EVENT_BATCH = 500
@@ -81,7 +84,11 @@ class ServerClient:
         self.server_url = server_url.rstrip("/")
         context = ssl.create_default_context(cafile=str(ca_file))
         context.minimum_version = ssl.TLSVersion.TLSv1_2
+        # The certificate this client presents: a refusal of it is about it, not about one
+        # a later enrollment wrote.
+        self._certificate = ""
         if identity is not None and identity.enrolled:
+            self._certificate = certificate_fingerprint(identity.state_dir)
             context.load_cert_chain(identity.state_dir / CERT_FILE, identity.state_dir / KEY_FILE)
         self._identity = identity
         self._http = httpx.Client(base_url=self.server_url, verify=context, timeout=timeout,
@@ -113,8 +120,12 @@ class ServerClient:
             raise ServerUnreachable(f"{self.server_url} answered {r.status_code}: {_detail(r)}")
         if r.status_code >= 400:
             code = _code(r)
-            error = HostRevoked if code in ("host_revoked", "host_unknown") else ServerRefused
-            raise error(r.status_code, code, _detail(r))
+            if code in ("host_revoked", "host_unknown"):
+                if self._identity is not None and self._certificate:
+                    RevocationLedger(self._identity.state_dir).mark_host(code=code, detail=_detail(r),
+                                                                         certificate=self._certificate)
+                raise HostRevoked(r.status_code, code, _detail(r))
+            raise ServerRefused(r.status_code, code, _detail(r))
         return r.json()
 
     def enroll(self, token: str, *, hostname: str | None = None, os_name: str = "") -> dict[str, Any]:
@@ -125,6 +136,7 @@ class ServerClient:
                 "os": os_name, "agent_version": __version__}
         result: dict[str, Any] = self._call("POST", "/api/v1/enroll", json=body)
         self._identity.save_certificates(result["certificate_pem"].encode(), result["ca_pem"].encode())
+        RevocationLedger(self._identity.state_dir).clear_host()  # a new certificate: the refusal was of the old one
         return result
 
     def heartbeat(self, *, os_name: str, guard_points: Iterable[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -205,12 +217,13 @@ class ServerClient:
 
 def to_wire(event: dict[str, Any]) -> dict[str, Any]:
     """A spooled event (flat: event, time, and its fields) in the server's shape: the
-    file path or key it concerns becomes the audited object."""
+    volume, file path or key it concerns becomes the audited object (a volume's is what
+    its page in the console lists)."""
     fields = {k: v for k, v in event.items() if k not in ("event", "time")}
     obj_type, obj_id = None, None
-    for name in ("path", "key_id"):
-        if name in fields:
-            obj_type, obj_id = ("file" if name == "path" else "key"), str(fields.pop(name))
+    for name, kind in (("volume_id", "volume"), ("path", "file"), ("key_id", "key")):
+        if fields.get(name) is not None:
+            obj_type, obj_id = kind, str(fields.pop(name))
             break
     clean = {k: v if isinstance(v, (int, float, bool)) or v is None else str(v)[:1024] for k, v in fields.items()}
     return {"event": event["event"], "time": float(event.get("time", datetime.now(UTC).timestamp())),

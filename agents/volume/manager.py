@@ -17,21 +17,33 @@ import secrets
 import select
 import subprocess
 import time
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from agents.config import AgentConfig
+from agents.cryptfile.replace import atomic_replace
 from agents.guardpoint.dataplane import available
 from agents.keyclient.cache import ServerUnreachable
-from agents.keyclient.client import ServerClient, ServerRefused, VolumeSecret
+from agents.keyclient.client import HostRevoked, ServerClient, ServerRefused, VolumeSecret
 from agents.keyclient.identity import HostIdentity
+from agents.keyclient.revocation import (
+    GRACE_DIR,
+    KEY_REVOKED_CODES,
+    KNOWN_FILE,
+    VOLUME_REVOKED_CODES,
+    RevocationLedger,
+    Tombstone,
+    host_refusal_message,
+)
 from agents.keyclient.spool import EventSpool
 from agents.volume import luks
 
+# What is remembered of the server's list for use while it is unreachable (no secret).
+KNOWN_FIELDS = ("id", "name", "path", "state", "key_name", "key_version", "has_recovery", "grace_seconds")
 DAEMON = Path(__file__).resolve().parent.parent / "dataplane" / "volume" / "strongroom-volume"
 READY_SECONDS = 30.0
 STOP_SECONDS = 30.0
@@ -42,7 +54,7 @@ class VolumeError(Exception):
 
     def __init__(self, message: str, kind: str = "failed") -> None:
         super().__init__(message)
-        self.kind = kind  # usage | file | key | unreachable | failed
+        self.kind = kind  # usage | file | key | unreachable | host | failed
 
 
 @dataclass
@@ -98,32 +110,35 @@ class VolumeManager:
         self._config = config
         self._dir = config.run_dir / "volumes"
         # Passphrases a volume's offline grace lets this host keep, wrapped under its key.
-        self._grace = config.state_dir / "volume-grace"
+        self._grace = config.state_dir / GRACE_DIR
+        # Revocations seen: checked before anything kept is used, offline.
+        self._revoked = RevocationLedger(config.state_dir)
         self._spool = spool
 
     # --- the offline grace ------------------------------------------------------------
     def _keep_for_grace(self, secret: VolumeSecret) -> None:
-        path = self._grace / f"{secret.volume['id']}.json"
+        vid = secret.volume["id"]
         if not secret.grace_until:
-            path.unlink(missing_ok=True)
+            self._revoked.drop_grace(vid)
             return
         self._grace.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"until": secret.grace_until, "mechanism": secret.mechanism,
-                       "wrapped": base64.b64encode(secret.wrapped).decode()}, f)
-        tmp.replace(path)
+        with atomic_replace(self._grace / f"{vid}.json", mode=0o600) as f:
+            f.write(json.dumps({"until": secret.grace_until, "mechanism": secret.mechanism,
+                                "wrapped": base64.b64encode(secret.wrapped).decode()}).encode())
 
     def _from_grace(self, volume_id: str) -> bytes | None:
-        """The kept passphrase while the grace lasts; an expired one is deleted."""
+        """The kept passphrase while the grace lasts; an expired one is deleted, and so is
+        one of a volume (or host) whose revocation this host has seen."""
+        if self._revoked.refusal(volume_id) is not None:
+            self._revoked.drop_grace(volume_id)
+            return None
         path = self._grace / f"{volume_id}.json"
         try:
             kept = json.loads(path.read_text())
         except FileNotFoundError:
             return None
         if datetime.fromisoformat(kept["until"]) <= datetime.now(UTC):
-            path.unlink(missing_ok=True)
+            self._revoked.drop_grace(volume_id)
             return None
         identity = HostIdentity.load_or_create(self._config.state_dir)
         return identity.unwrap(base64.b64decode(kept["wrapped"]), mechanism=kept["mechanism"])
@@ -132,16 +147,60 @@ class VolumeManager:
         if self._spool is not None:  # shipped, and audited, when the server answers
             self._spool.append({"event": event, **fields})
 
+    # --- revocation, remembered (agents/keyclient/revocation.py) ----------------------
+    def host_refusal(self) -> Tombstone | None:
+        """This host's revocation, if it has seen one since it was last enrolled."""
+        return self._revoked.host()
+
+    def _check_host(self, ref: str) -> None:
+        seen = self._revoked.host()
+        if seen is None:
+            return
+        known = next((v for v in self._known() if ref in (v["name"], v["id"], v["path"])), None)
+        what = {"volume_id": known["id"], "name": known["name"]} if known else {"name": ref}
+        self._record("volume.open_failed", **what, reason="revoked", revocation=seen.code)
+        raise VolumeError(host_refusal_message(seen), "host")
+
+    def _seen(self, vol: dict[str, Any], code: str, detail: str) -> None:
+        """The server said no to this volume for good: forget its passphrase, remember why."""
+        first = self._revoked.volume(vol["id"]) is None
+        self._revoked.mark_volume(vol["id"], name=vol["name"], code=code, detail=detail)
+        if first:  # in the audit chain too, beside the server's own refusal
+            self._record("volume.revocation_seen", volume_id=vol["id"], name=vol["name"], revocation=code)
+
+    @contextmanager
+    def _asking(self, vol: dict[str, Any], *, unseal: bool) -> Iterator[None]:
+        """A call about `vol`: a refusal that ends its use is remembered before it is
+        raised (an unseal's refusal by its key too, see KEY_REVOKED_CODES)."""
+        try:
+            yield
+        except HostRevoked:
+            raise  # remembered by the client, for the whole host
+        except ServerRefused as exc:
+            if exc.code in VOLUME_REVOKED_CODES or (unseal and exc.code in KEY_REVOKED_CODES):
+                self._seen(vol, exc.code, exc.detail)
+            raise
+
     # --- local state ----------------------------------------------------------------
     def _save_known(self, volumes: list[dict[str, Any]]) -> None:
-        """The server's last list: names and paths to open by while it is unreachable."""
+        """The server's last list: names and paths to open by while it is unreachable.
+        A volume it lists as revoked is a revocation seen; one it no longer lists loses
+        its kept passphrase."""
+        for v in volumes:
+            if v["state"] == "revoked":
+                self._seen(v, "volume_revoked", f"volume '{v['name']}' is revoked on the key server")
+        listed = {v["id"] for v in volumes}
+        for gone in self._known():
+            if gone["id"] not in listed:
+                self._revoked.drop_grace(gone["id"])
         self._grace.mkdir(mode=0o700, parents=True, exist_ok=True)
-        keep = [{k: v[k] for k in ("id", "name", "path", "state")} for v in volumes]
-        (self._grace / "volumes.json").write_text(json.dumps(keep))
+        keep = [{k: v.get(k) for k in KNOWN_FIELDS} for v in volumes]
+        with atomic_replace(self._grace / KNOWN_FILE, mode=0o600) as f:
+            f.write(json.dumps(keep).encode())
 
     def _known(self) -> list[dict[str, Any]]:
         try:
-            return list(json.loads((self._grace / "volumes.json").read_text()))
+            return list(json.loads((self._grace / KNOWN_FILE).read_text()))
         except FileNotFoundError:
             return []
 
@@ -161,12 +220,18 @@ class VolumeManager:
         tmp.replace(self._state_file(state.name))
 
     # --- the server's view ----------------------------------------------------------
+    def _listed(self) -> list[dict[str, Any]]:
+        """The server's list of this host's volumes, remembered (and what it says is
+        revoked remembered as seen)."""
+        listed = self._client.volumes()
+        self._save_known(listed)
+        return listed
+
     def find(self, ref: str, *, offline: bool = False) -> dict[str, Any]:
         """A volume this host may open, by name, id or path (`offline`: from what is
         known here when the server is unreachable: a volume with a kept passphrase)."""
         try:
-            listed = self._client.volumes()
-            self._save_known(listed)
+            listed = self._listed()
         except ServerUnreachable:
             if not offline:
                 raise
@@ -191,6 +256,7 @@ class VolumeManager:
         """Format `path` (made `size` bytes long if it is a new image file) as LUKS2 with
         a keyslot sealed by the server, and its token."""
         luks.cryptsetup_path()
+        made = False
         if path.exists():
             if luks.is_luks(path):
                 raise VolumeError(f"{path} is already a LUKS volume: nothing was changed (to reuse the device, "
@@ -205,11 +271,17 @@ class VolumeManager:
                 raise VolumeError("a volume needs at least 32 MiB (16 MiB of it is the LUKS2 header)", "usage")
             with open(path, "xb") as f:  # exclusive create, then a sparse length
                 f.truncate(size)
-        length = _device_size(path)
-        secret = self._client.create_volume(name=name, path=str(path), key=key, scope=scope,
-                                            sector_size=sector_size, size_bytes=length)
+            made = True
+        try:
+            length = _device_size(path)
+            secret = self._client.create_volume(name=name, path=str(path), key=key, scope=scope,
+                                                sector_size=sector_size, size_bytes=length)
+            luks.format_volume(path, secret.passphrase, sector_size=sector_size, label=f"strongroom:{name}")
+        except BaseException:
+            if made:  # an image this call made and could not make a volume of: not left behind
+                path.unlink(missing_ok=True)
+            raise
         vid = secret.volume["id"]
-        luks.format_volume(path, secret.passphrase, sector_size=sector_size, label=f"strongroom:{name}")
         self._write_token(path, secret, slot=0)
         return self._client.report_volume(vid, "closed", luks_uuid=luks.luks_uuid(path), size_bytes=length,
                                           detail="formatted")
@@ -222,6 +294,7 @@ class VolumeManager:
 
     # --- open / close ---------------------------------------------------------------
     def open(self, ref: str, *, mountpoint: Path | None = None, userspace: bool | None = None) -> OpenVolume:
+        self._check_host(ref)
         vol = self.find(ref, offline=True)
         name, path = vol["name"], Path(vol["path"])
         current = self.opened(name)
@@ -240,18 +313,15 @@ class VolumeManager:
                               "device path", "file")
         offline = False
         try:
-            secret = self._client.unseal_volume(vol["id"], base64.b64decode(tok["blob"]))
+            with self._asking(vol, unseal=True):
+                secret = self._client.unseal_volume(vol["id"], base64.b64decode(tok["blob"]))
+            # The server's word now: a refusal remembered before no longer holds.
+            self._revoked.clear_volume(vol["id"])
             self._keep_for_grace(secret)
             passphrase = secret.passphrase
         except ServerUnreachable as exc:
-            kept = self._from_grace(vol["id"])
-            if kept is None:  # fail closed
-                self._record("volume.open_failed", volume=name, volume_id=vol["id"], reason="server_unreachable")
-                raise VolumeError(f"the key server is unreachable ({exc}) and volume '{name}' has no offline grace "
-                                  "left: it stays closed until the server answers (or open it with its recovery "
-                                  "passphrase and cryptsetup)", "unreachable") from None
-            passphrase, offline = kept, True
-            self._record("volume.open_offline", volume=name, volume_id=vol["id"], reason="server_unreachable")
+            passphrase = self._offline_passphrase(vol, str(exc))
+            offline = True
         use_dm = luks.dm_crypt_available() if userspace is None else not userspace
         if use_dm:
             mapping = f"strongroom-{name}"
@@ -270,8 +340,32 @@ class VolumeManager:
             self.close(name, report=False)
             raise
         if not offline:
-            self._client.report_volume(vol["id"], "open", opened_by=state.opened_by)
+            with self._asking(vol, unseal=False):
+                self._client.report_volume(vol["id"], "open", opened_by=state.opened_by)
         return state
+
+    def _offline_passphrase(self, vol: dict[str, Any], why: str) -> bytes:
+        """The kept passphrase of `vol`, unless a revocation was seen (checked first) or
+        its grace is over. Every outcome is spooled with the volume's id and name."""
+        name = vol["name"]
+        seen = self._revoked.refusal(vol["id"])
+        if seen is not None:
+            self._revoked.drop_grace(vol["id"])
+            self._record("volume.open_failed", volume_id=vol["id"], name=name, reason="revoked",
+                         revocation=seen.code)
+            if seen.subject == "host":
+                raise VolumeError(host_refusal_message(seen), "host")
+            raise VolumeError(f"volume '{name}' was refused by the key server ({seen.describe()}); it does not open "
+                              "offline again. The key server is unreachable now, and only its answer can open the "
+                              "volume (or its recovery passphrase with cryptsetup, if one was made)", "key")
+        kept = self._from_grace(vol["id"])
+        if kept is None:  # fail closed
+            self._record("volume.open_failed", volume_id=vol["id"], name=name, reason="server_unreachable")
+            raise VolumeError(f"the key server is unreachable ({why}) and volume '{name}' has no offline grace "
+                              "left: it stays closed until the server answers (or open it with its recovery "
+                              "passphrase and cryptsetup)", "unreachable")
+        self._record("volume.open_offline", volume_id=vol["id"], name=name, reason="server_unreachable")
+        return kept
 
     def _open_userspace(self, name: str, volume_id: str, path: Path, passphrase: bytes) -> OpenVolume:
         why = available(DAEMON)
@@ -346,7 +440,8 @@ class VolumeManager:
         vol = self.find(ref)
         path = Path(vol["path"])
         _, tok = self._sealed(path)
-        current, new = self._client.reseal_volume(vol["id"], base64.b64decode(tok["blob"]))
+        with self._asking(vol, unseal=False):
+            current, new = self._client.reseal_volume(vol["id"], base64.b64decode(tok["blob"]))
         old_slot = luks.slot_of(path, current.passphrase)
         slot = luks.add_keyslot(path, current.passphrase, new.passphrase, sealed=True)
         self._write_token(path, new, slot=slot)
@@ -363,7 +458,8 @@ class VolumeManager:
                               "it was made)", "usage")
         path = Path(vol["path"])
         _, tok = self._sealed(path)
-        secret = self._client.unseal_volume(vol["id"], base64.b64decode(tok["blob"]))
+        with self._asking(vol, unseal=True):
+            secret = self._client.unseal_volume(vol["id"], base64.b64decode(tok["blob"]))
         words = recovery_passphrase()
         slot = luks.add_keyslot(path, secret.passphrase, words.encode(), sealed=False)
         try:
@@ -384,7 +480,8 @@ class VolumeManager:
             raise VolumeError(f"volume '{name}' is open: close it first (`kms-agent volume close {name}`); the "
                               "re-key runs offline", "usage")
         _, tok = self._sealed(path)
-        secret = self._client.unseal_volume(vol["id"], base64.b64decode(tok["blob"]))
+        with self._asking(vol, unseal=True):
+            secret = self._client.unseal_volume(vol["id"], base64.b64decode(tok["blob"]))
         resume = luks.reencryption_pending(luks.metadata(path))
         generation = max(vol["rekey_generation"], vol["rekey_applied"] + 1)
         last = [0.0]
@@ -451,16 +548,26 @@ class VolumeManager:
     def _server_state(vol: dict[str, Any]) -> str:
         return "open" if vol["state"] == "open" else "closed"
 
-    def status(self) -> list[dict[str, Any]]:
-        """The server's volumes for this host, with what is open here."""
+    def status(self) -> tuple[list[dict[str, Any]], str | None]:
+        """The server's volumes for this host, with what is open here, what is kept for
+        an offline open and what revocation was seen; with the server unreachable, its
+        list as last seen here, and why it is unreachable."""
+        unreachable = None
+        try:
+            listed = self._listed()
+        except ServerUnreachable as exc:
+            listed, unreachable = self._known(), str(exc)
         rows = []
-        for v in self._client.volumes():
+        for v in listed:
             state = self.opened(v["name"])
             local = None
             if state is not None:
                 local = {**asdict(state), "alive": self._still_open(state)}
-            rows.append({**v, "local": local})
-        return rows
+            seen = self._revoked.refusal(v["id"])
+            rows.append({**v, "local": local, "revoked_here": seen.describe() if seen else None,
+                         "grace_kept": seen is None and (self._grace / f"{v['id']}.json").exists(),
+                         "as_of": "last seen (server unreachable)" if unreachable else "now"})
+        return rows, unreachable
 
 
 @dataclass(frozen=True, slots=True)

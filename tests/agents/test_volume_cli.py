@@ -28,6 +28,7 @@ from agents.volume import luks
 from agents.volume.manager import DAEMON
 from tests.agents.test_agent_port import enroll_host, group_key
 from tests.agents.test_cli import kms_agent, write_config
+from tests.conftest import unique
 
 pytestmark = [
     pytest.mark.slow,
@@ -444,3 +445,27 @@ def test_a_rekey_killed_half_way_resumes(agent: Agent, admin: httpx.Client, tmp_
             f.seek(at)
             assert f.read(len(payload)) == payload, f"data at {at} changed"
     agent.ok("close", "half")
+
+
+def test_a_refused_create_leaves_no_image_and_status_works_offline(agent: Agent, admin: httpx.Client,
+                                                                    tmp_path: Path) -> None:
+    # A key not tagged for this host's group: the server refuses, and the image file the
+    # command made for the volume goes with the refusal.
+    other = admin.post("/api/v1/keys", json={"name": unique("notmine")}).json()
+    image = tmp_path / "refused.img"
+    code, _, err = agent("create", "refused", str(image), "--key", other["name"], "--size", "40M", "--yes")
+    assert code == Exit.KEY and "may not use key" in err
+    assert not image.exists()
+
+    key = group_key(admin, agent.group)
+    agent.ok("create", "seen", str(tmp_path / "seen.img"), "--key", key["name"], "--size", "40M", "--yes")
+    agent.ok("status")
+    # The server away: the list as last seen here, said so, and what is open here.
+    offline = write_config(tmp_path / "offline.toml", "https://127.0.0.1:9", agent.state, tmp_path / "ca.pem",
+                           run_dir=f'"{agent.run_dir}"')
+    code, out, err = kms_agent(agent._mp, agent._capsys, offline, "volume", "status", "--json")
+    assert code == Exit.OK and "unreachable" in err and "as last seen" in err
+    (row,) = [v for v in json.loads(out) if v["name"] == "seen"]
+    assert row["state"] == "closed" and row["as_of"].startswith("last seen") and row["local"] is None
+    assert row["revoked_here"] is None and row["grace_kept"] is False  # it would fail closed
+    assert kms_agent(agent._mp, agent._capsys, offline, "volume", "status")[0] == Exit.OK
