@@ -634,7 +634,7 @@ def local_reports(state_dir: Path) -> list[dict[str, Any]]:
     """The guard points as the daemon last left them (for `kms-agent status`)."""
     out = []
     for definition_file in sorted((state_dir / "guardpoints").glob("*-*-*-*-*.json")):
-        if definition_file.name.endswith(".status.json"):
+        if definition_file.name.count(".") != 1:  # <id>.status/.rekey/.unprotect.json are not definitions
             continue
         d = _read_json(definition_file)
         if d is None:
