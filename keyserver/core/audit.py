@@ -32,6 +32,7 @@ import csv
 import hashlib
 import hmac
 import io
+import itertools
 import json
 import logging
 import threading
@@ -231,6 +232,10 @@ class VerifyResult:
     from_seq: int = 0
     checkpoint: int | None = None
     outside_checked: int = 0  # checkpoints from an outside copy compared
+    outside_records: int = 0  # records from an outside copy compared, one by one
+    outside_seq: int = 0  # the newest record the outside copy holds
+    # Why an incremental run walked every record instead (its stored state did not verify).
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -643,7 +648,15 @@ class AuditService:
     def status(self) -> dict[str, Any]:
         """`chain_state` and the checkpoint key's fingerprint: what the console shows
         instead of re-walking the chain."""
-        return {**self.chain_state(), "key_fingerprint": key_fingerprint(self.public_key_der())}
+        state = self.chain_state()
+        if state["verified"] is not None:
+            with self._db() as s:
+                row = s.get(AuditVerified, 1)
+            # A verification state the HSM does not vouch for is not shown as one.
+            if row is None or not hmac.compare_digest(row.mac or "", self._verified_mac(row.checkpoint, row.seq,
+                                                                                         row.hash)):
+                state["verified"] = None
+        return {**state, "key_fingerprint": key_fingerprint(self.public_key_der())}
 
     def _mac(self, data: bytes) -> str:
         try:
@@ -815,7 +828,15 @@ class AuditService:
         return stmt
 
     def export(self, flt: AuditFilter, *, fmt: Literal["csv", "jsonl"]) -> Iterator[str]:
-        """Oldest first, streamed in pages so an export never holds the log in memory."""
+        """Oldest first, streamed in pages so an export never holds the log in memory.
+        The filter is checked here, before anything is streamed (an invalid search is
+        the caller's error, not a cut file); a failure once streaming has begun ends the
+        stream with an error line (jsonl: `{"type": "error", ...}`; csv: a row whose
+        first field is `#error`), so a partial export never looks complete."""
+        self._filtered(select(AuditEvent.seq), flt, materialize=_searches(flt))  # raises InvalidInput
+        return self._export_pages(flt, fmt)
+
+    def _export_pages(self, flt: AuditFilter, fmt: Literal["csv", "jsonl"]) -> Iterator[str]:
         # A search's matches come from the word index on every page (a common word costs a
         # little more per page; a rare one is not hunted through the log).
         searching = _searches(flt)
@@ -826,11 +847,24 @@ class AuditService:
             writer.writerow(EXPORT_COLUMNS)
             yield buf.getvalue()
         while True:
-            with self._db() as s:
-                if searching:
-                    self._custom_plans(s)
-                stmt = self._filtered(select(AuditEvent), flt, materialize=searching).where(AuditEvent.seq > last)
-                rows = list(s.execute(stmt.order_by(AuditEvent.seq).limit(1000)).scalars())
+            try:
+                with self._db() as s:
+                    if searching:
+                        self._custom_plans(s)
+                    stmt = self._filtered(select(AuditEvent), flt, materialize=searching).where(AuditEvent.seq > last)
+                    rows = list(s.execute(stmt.order_by(AuditEvent.seq).limit(1000)).scalars())
+            except Exception as exc:
+                # The status line is sent: the only way left to say "incomplete" is in the body.
+                log.exception("audit export failed after record %d", last)
+                message = f"the export stopped after record {last}: {type(exc).__name__}; it is incomplete"
+                if fmt == "jsonl":
+                    yield json.dumps({"type": "error", "code": "export_failed", "after_seq": last,
+                                      "message": message}, separators=(",", ":")) + "\n"
+                else:
+                    buf = io.StringIO()
+                    csv.writer(buf).writerow(["#error", "export_failed", last, message])
+                    yield buf.getvalue()
+                return
             if not rows:
                 return
             buf = io.StringIO()
@@ -853,13 +887,18 @@ class AuditService:
         Every checkpoint's signature and link is checked; records are walked from the
         last checkpoint an earlier run verified (from the start with `full`), each
         record's link and MAC, and each checkpoint against the record it names.
-        `outside`: checkpoints from a copy kept off the server (a sink's file, the
-        SIEM); each must verify under this server's key and be present, unchanged, in
-        the database — which catches a cut tail, a wipe and a re-MACed chain."""
+        `outside`: a copy kept off the server (a sink's file, a syslog receiver's copy,
+        the SIEM): its checkpoints must verify under this server's key and be present,
+        unchanged, in the database — which catches a cut tail, a wipe and a re-MACed
+        chain — and its records must chain among themselves and each be, unchanged, the
+        database's record of the same sequence number, so that nothing the copy holds,
+        after the last checkpoint too, can be cut or rewritten unseen."""
         self.flush()
         public = serialization.load_der_public_key(self.public_key_der())
         assert isinstance(public, ec.EllipticCurvePublicKey)
         fingerprint = key_fingerprint(self.public_key_der())
+        outside_cps = [c for c in outside or [] if c.get("type", "checkpoint") == "checkpoint"]
+        outside_recs = [r for r in outside or [] if r.get("type") == "record"]
         with self._db() as s:
             head = s.get(AuditHead, 1)
             head_seq, head_hash = (head.seq, head.hash) if head else (0, GENESIS_HASH)
@@ -888,7 +927,7 @@ class AuditService:
                                         f"but the chain holds {head_seq}: records were removed")
         # 2. Checkpoints from outside: each must be valid and present, unchanged, here.
         by_number = {c["checkpoint"]: c for c in stored}
-        for c in outside or []:
+        for c in outside_cps:
             problem = _checkpoint_problem(c, public, fingerprint)
             if problem:
                 return broken(c.get("seq"), f"outside copy: {problem}")
@@ -901,11 +940,21 @@ class AuditService:
             if any(mine[f] != c[f] for f in SIGNED_FIELDS):
                 return broken(c["seq"], f"checkpoint {c['checkpoint']} differs from the outside copy: the chain "
                                         f"up to record {c['seq']} was rewritten (re-MACed and re-signed)")
-        # 3. The records, from where the last run left off.
-        start, prev = 0, GENESIS_HASH
-        if verified is not None and any(c["checkpoint"] == verified.checkpoint and c["seq"] == verified.seq
-                                        and c["hash"] == verified.hash for c in stored):
-            start, prev = verified.seq, verified.hash
+        # 3. Records from outside, every one: checkpoints leave the newest records (up to
+        # N or T of them) unanchored, and only the copy itself can show them cut or edited.
+        problem_at, outside_seq = self._compare_outside_records(outside_recs, head_seq)
+        if problem_at is not None:
+            return broken(problem_at[0], problem_at[1])
+        # 4. The records, from where the last run left off — if the HSM vouches for that.
+        start, prev, note = 0, GENESIS_HASH, None
+        if verified is not None:
+            if not hmac.compare_digest(verified.mac or "", self._verified_mac(verified.checkpoint, verified.seq,
+                                                                              verified.hash)):
+                note = ("the stored verification state (audit_verified) does not carry this server's MAC: "
+                        "it was forged or written by an older version, so every record was verified")
+            elif any(c["checkpoint"] == verified.checkpoint and c["seq"] == verified.seq
+                     and c["hash"] == verified.hash for c in stored):
+                start, prev = verified.seq, verified.hash
         at_seq = {c["seq"]: c for c in stored}
         expected_seq, checked, last_cp = start + 1, 0, None
         with self._db() as s:
@@ -940,9 +989,74 @@ class AuditService:
                     s.add(row)
                 row.checkpoint, row.seq, row.hash, row.verified_at = (
                     last_cp["checkpoint"], last_cp["seq"], last_cp["hash"], self._now())
+                row.mac = self._verified_mac(last_cp["checkpoint"], last_cp["seq"], last_cp["hash"])
         return VerifyResult(True, checked, head_seq, None, None, from_seq=start,
                             checkpoint=(last_cp or (stored[-1] if stored else {})).get("checkpoint"),
-                            outside_checked=len(outside or []))
+                            outside_checked=len(outside_cps), outside_records=len(outside_recs),
+                            outside_seq=outside_seq, note=note)
+
+    def _verified_mac(self, checkpoint: int, seq: int, hash: str) -> str:
+        """What makes `audit_verified` trustworthy: a MAC under the chain's HSM key, so a
+        database writer cannot move the incremental start past an edit. The message is
+        no record's canonical form (those are objects with a `seq` at the top)."""
+        body = json.dumps({"audit_verified": {"checkpoint": checkpoint, "seq": seq, "hash": hash}},
+                          sort_keys=True, separators=(",", ":")).encode()
+        return self._mac(body)
+
+    def _compare_outside_records(self, records: list[dict[str, Any]],
+                                 head_seq: int) -> tuple[tuple[int | None, str] | None, int]:
+        """(first problem as (seq, reason) or None, the newest record the copy holds).
+        The copy may repeat a record (delivery is at-least-once) and may start after
+        record 1 (rotated files dropped); it may not disagree with itself or with the
+        database, skip a record, or reach past the database's end."""
+        copy: dict[int, dict[str, Any]] = {}
+        for r in records:
+            try:
+                seq = int(r["seq"])
+                doc = {c: r[c] for c in EXPORT_COLUMNS}
+            except (KeyError, TypeError, ValueError):
+                return (None, "the outside copy holds a malformed record"), 0
+            if seq in copy and copy[seq] != doc:
+                return (seq, f"the outside copy holds two different records {seq}: the copy was edited"), 0
+            copy[seq] = doc
+        if not copy:
+            return None, 0
+        seqs = sorted(copy)
+        for a, b in itertools.pairwise(seqs):
+            if b != a + 1:
+                return (a + 1, f"the outside copy skips from record {a} to record {b}: it is incomplete or "
+                               "was edited"), seqs[-1]
+            if copy[b]["prev_hash"] != copy[a]["hash"]:
+                return (b, f"in the outside copy, record {b} does not link to record {a}: the copy was "
+                           "edited"), seqs[-1]
+        if seqs[-1] > head_seq:
+            return (head_seq + 1, f"the outside copy holds records up to {seqs[-1]} but the database ends at "
+                                  f"record {head_seq}: the chain's tail was cut off"), seqs[-1]
+        with self._db() as s:
+            stmt = (select(AuditEvent).where(AuditEvent.seq >= seqs[0], AuditEvent.seq <= seqs[-1])
+                    .order_by(AuditEvent.seq).execution_options(yield_per=1000))
+            expected = seqs[0]
+            for row in s.execute(stmt).scalars():
+                if row.seq != expected:
+                    break
+                mine = event_dict(row)
+                theirs = copy[row.seq]
+                differ = [c for c in EXPORT_COLUMNS if mine[c] != theirs[c]]
+                if differ:
+                    what = "hash" if differ == ["hash"] else differ[0]
+                    return (row.seq, f"record {row.seq} differs from the outside copy ({what}: "
+                                     f"{_short(mine[what])} here, {_short(theirs[what])} outside): it was "
+                                     "rewritten after it left the server"), seqs[-1]
+                expected += 1
+            if expected <= seqs[-1]:
+                return (expected, f"record {expected} from the outside copy is not in the database: "
+                                  "records were removed"), seqs[-1]
+        return None, seqs[-1]
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def _checkpoint_problem(c: dict[str, Any], public: ec.EllipticCurvePublicKey, fingerprint: str) -> str | None:

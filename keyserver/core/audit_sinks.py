@@ -197,6 +197,33 @@ class WebhookSink:
         self._client.close()
 
 
+def read_copy(path: Path) -> list[dict[str, Any]]:
+    """The records and checkpoints of a sink's copy, in file order, for
+    `AuditService.verify(outside=...)`: a file sink's JSON lines, or what a syslog
+    receiver kept of the syslog sink's messages, one a line — the whole RFC 5424
+    message or any template ending in the message (`%msgid% %msg%`): the JSON from the
+    line's first `{`. Lines that are not ours are skipped; a line whose header names a
+    record or checkpoint and whose JSON does not parse is an error (a copy that cannot
+    be read is not a copy that matches)."""
+    out: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            text = line.strip()
+            at = text.find("{")
+            if at < 0:
+                continue
+            header = text[:at].split()
+            try:
+                doc = json.loads(text[at:])
+            except json.JSONDecodeError:
+                if at == 0 or "record" in header or "checkpoint" in header:
+                    raise ValueError(f"line {n} is not JSON") from None
+                continue
+            if isinstance(doc, dict) and doc.get("type") in ("record", "checkpoint"):
+                out.append(doc)
+    return out
+
+
 class AuditSinks:
     """Delivers the chain to every configured sink (one thread per sink)."""
 

@@ -296,6 +296,9 @@ class AuditVerified(Base):
     seq: Mapped[int] = mapped_column(BigInteger)
     hash: Mapped[str] = mapped_column(String(64))
     verified_at: Mapped[datetime]
+    # HMAC under the chain's HSM key over (checkpoint, seq, hash): a row without a valid
+    # one is not trusted, and the next run walks every record (migration 0022).
+    mac: Mapped[str | None] = mapped_column(String(64))
 
 
 class AuditSinkCursor(Base):

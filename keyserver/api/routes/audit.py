@@ -20,7 +20,7 @@ from keyserver.api.schemas import (
     VerifyResultPublic,
 )
 from keyserver.core.audit import AuditFilter, event_dict
-from keyserver.core.errors import NotFound
+from keyserver.core.errors import InvalidInput, NotFound
 from keyserver.core.permissions import Permission
 
 router = APIRouter(prefix="/audit", tags=["audit"])
@@ -75,10 +75,18 @@ def export(
 ) -> StreamingResponse:
     services.policy.require(ctx, Permission.AUDIT_READ, action="audit.export")
     flt = _filter(actor, action, object_type, object_id, outcome, since, until, q)
+    try:
+        # Checked before the status line goes out: an invalid search answers 400, not a
+        # 200 with a cut body. A failure later ends the body with an error line.
+        pages = services.audit.export(flt, fmt=format)
+    except InvalidInput as exc:
+        services.audit.record_now(ctx, action="audit.export", outcome="denied",
+                                  details={"format": format, "reason": exc.code})
+        raise
     services.audit.record_now(ctx, action="audit.export", outcome="allowed", details={"format": format})
     media = "text/csv" if format == "csv" else "application/x-ndjson"
     return StreamingResponse(
-        services.audit.export(flt, fmt=format), media_type=media,
+        pages, media_type=media,
         headers={"Content-Disposition": f'attachment; filename="strongroom-audit.{format}"'},
     )
 
