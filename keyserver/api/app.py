@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
+import swagger_ui_bundle
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -26,7 +27,7 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-from starlette.routing import Match, Mount
+from starlette.routing import BaseRoute, Match, Mount
 
 from keyserver import product_version
 from keyserver.api import problems
@@ -107,6 +108,29 @@ CONSOLE_CSP = (b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe
                b"form-action 'self'; frame-ancestors 'none'")
 
 
+DOCS_ASSETS = "/api/docs/assets"
+DOCS_PAGE = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Strongroom Key Server: API reference</title>
+<link rel="stylesheet" href="{DOCS_ASSETS}/swagger-ui.css"></head>
+<body><div id="swagger-ui"></div>
+<script src="{DOCS_ASSETS}/swagger-ui-bundle.js"></script>
+<script src="/api/docs/init.js"></script>
+</body></html>
+"""
+DOCS_INIT = """window.ui = SwaggerUIBundle({
+  url: "/api/v1/openapi.json", dom_id: "#swagger-ui", deepLinking: true,
+  presets: [SwaggerUIBundle.presets.apis], layout: "BaseLayout",
+});
+"""
+
+
+def is_page(path: str) -> bool:
+    """Served to a browser as a page (the console, the API reference): framed by no
+    one, under the console's CSP."""
+    return not path.startswith("/api/") or path == "/api/docs" or path.startswith("/api/docs/")
+
+
 class ConsoleFiles(StaticFiles):
     """The console's files. Hashed assets (`assets/name-HASH.js`) are cached for a year:
     their names change with their content. Everything else (index.html) is revalidated on
@@ -135,13 +159,40 @@ class ConsoleFiles(StaticFiles):
         return response
 
 
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def route_methods(routes: list[BaseRoute], scope: Scope) -> set[str]:
+    """Every method the application's routes answer at the scope's path, as the router
+    itself matches them (Starlette's 405 names only the first route that matched the
+    path: GET /keys, and not POST /keys). The console's files are not asked."""
+    return {method for method in HTTP_METHODS
+            if any(not isinstance(route, ConsoleMount) and route.matches({**scope, "method": method})[0] == Match.FULL
+                   for route in routes)}
+
+
 class ConsoleMount(Mount):
-    """The console's files at "/", but never for /api/ paths: an API route called with
-    the wrong method must answer its own 405 (with its Allow), not the file server's."""
+    """The console's files at "/", but never for /api/ paths nor the paths of other
+    routes (/ca.pem, /healthz, …): a route called with the wrong method must answer its
+    own 405 (with its Allow), not the file server's."""
+
+    def __init__(self, *args: Any, routes: list[BaseRoute], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.routes_beside = routes
+        self.owned: dict[str, bool] = {}  # path -> a route answers it (bounded: paths come from clients)
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        if scope.get("type") == "http" and str(scope.get("path", "")).startswith("/api/"):
-            return Match.NONE, {}
+        if scope.get("type") == "http":
+            path = str(scope.get("path", ""))
+            if path.startswith("/api/"):
+                return Match.NONE, {}
+            owned = self.owned.get(path)
+            if owned is None:
+                if len(self.owned) >= 4096:
+                    self.owned.clear()
+                owned = self.owned[path] = bool(route_methods(self.routes_beside, scope))
+            if owned:
+                return Match.NONE, {}
         return super().matches(scope)
 
 
@@ -164,8 +215,10 @@ class RequestMiddleware:
     the limit is passed, with `Connection: close`, so the rest is never read, let alone
     buffered. A declared length over the limit is refused before the application runs."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, max_body: int = MAX_BODY) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, max_body: int = MAX_BODY,
+                 routes: list[BaseRoute] | None = None) -> None:
         self.app, self.metrics, self.max_body = app, metrics, max_body
+        self.routes = routes or []
 
     @staticmethod
     def _route(scope: Scope) -> str:
@@ -190,6 +243,7 @@ class RequestMiddleware:
         status_holder = [500]
         path: str = scope["path"]
         is_api = path.startswith("/api/")
+        page = is_page(path)
 
         started = [False]
         refused = [False]  # the 413 went out: the application's own answer is dropped
@@ -203,6 +257,9 @@ class RequestMiddleware:
                 started[0] = True
                 status_holder[0] = message["status"]
                 h = list(message.get("headers") or [])
+                if message["status"] == 405:
+                    h = [(k, v) for k, v in h if k.lower() != b"allow"]
+                    h.append((b"allow", ", ".join(sorted(route_methods(self.routes, scope))).encode()))
                 h.append((b"x-request-id", rid.encode()))
                 h.append((b"x-content-type-options", b"nosniff"))
                 h.append((b"referrer-policy", b"no-referrer"))
@@ -210,7 +267,7 @@ class RequestMiddleware:
                     h.append((b"strict-transport-security", HSTS))
                 if is_api:
                     h.append((b"cache-control", b"no-store"))
-                else:
+                if page:
                     h.append((b"x-frame-options", b"DENY"))
                     h.append((b"content-security-policy", CONSOLE_CSP))
                 message["headers"] = h
@@ -296,7 +353,7 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
         version=product_version(),
         summary="HSM-rooted key management: managed keys, data keys, audit.",
         lifespan=lifespan,
-        docs_url="/api/docs",
+        docs_url=None,  # served below from this origin, not FastAPI's CDN page
         redoc_url=None,
         openapi_url="/api/v1/openapi.json",
     )
@@ -314,6 +371,19 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
     app.include_router(agent.router, prefix="/api/v1")
     app.include_router(approvals.router, prefix="/api/v1")
     app.include_router(install.router)
+
+    # The API reference: Swagger UI's files from the swagger-ui-bundle package, on this
+    # origin under the console's CSP (no CDN, no inline script: it works offline and no
+    # third party's script runs with the key server's cookies).
+    app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="docs-assets")
+
+    @app.get("/api/docs", include_in_schema=False)
+    def api_docs() -> HTMLResponse:
+        return HTMLResponse(DOCS_PAGE)
+
+    @app.get("/api/docs/init.js", include_in_schema=False)
+    def api_docs_init() -> Response:
+        return Response(DOCS_INIT, media_type="text/javascript")
 
     @app.get("/healthz", operation_id="healthz", tags=["health"])
     def healthz() -> dict[str, str]:
@@ -339,7 +409,8 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
         return Response(app_metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     if (WEBUI_DIST / "index.html").exists():
-        app.router.routes.append(ConsoleMount("/", ConsoleFiles(directory=WEBUI_DIST, html=True), name="webui"))
+        app.router.routes.append(ConsoleMount("/", ConsoleFiles(directory=WEBUI_DIST, html=True), name="webui",
+                                              routes=app.router.routes))
     else:
         @app.get("/", include_in_schema=False)
         def landing() -> HTMLResponse:
@@ -351,5 +422,6 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
     # Inside RequestMiddleware (request ids, metrics, limits, headers apply to both paths),
     # outside the router: see hotpath.py.
     app.add_middleware(DataKeyHotPath, services=services, exception_handlers=app.exception_handlers)
-    app.add_middleware(RequestMiddleware, metrics=app_metrics, max_body=services.settings.max_body_bytes)
+    app.add_middleware(RequestMiddleware, metrics=app_metrics, max_body=services.settings.max_body_bytes,
+                       routes=app.router.routes)
     return app
