@@ -29,7 +29,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, WrappedKey
-from keyserver.core.approvals import ApprovalService
+from keyserver.core.approvals import APPROVER_ROLES, ApprovalService
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import (
     Conflict,
@@ -190,6 +190,8 @@ class IdentityService:
         now: Callable[[], datetime] = utcnow,
     ) -> None:
         self._approvals = approvals
+        if approvals is not None:
+            approvals.register("user.totp", lambda ctx, p: self.reset_totp(ctx, uuid.UUID(p["user_id"])))
         # TOTP secrets are sealed under the KEK like KMIP secret data (core/kmip_sealed.py).
         self._hsm, self._current_kek = hsm, current_kek
         self._db = session_factory
@@ -256,6 +258,13 @@ class IdentityService:
         if not USERNAME_RE.match(username):
             raise InvalidInput("a username is 2-64 characters: lower-case letters, digits and . _ @ -")
         self._check_role(role)
+        with self._db() as s:
+            if s.execute(select(User.id).where(User.username == username)).first():
+                raise Conflict(f"user '{username}' exists already", code="user_exists")
+        if self._approvals is not None and role in APPROVER_ROLES:
+            # A new approver is a second vote its creator controls (they know its first password).
+            self._approvals.hold(ctx, action="user.create", target=username,
+                                 params={"role": role, "full_name": full_name})
         temporary = password is None
         if password is None:
             password = generate_password()
@@ -287,7 +296,7 @@ class IdentityService:
             if self._approvals is not None:
                 with self._db() as s:
                     current = self._user(s, user_id)
-                if current.role != role:
+                if current.role != role and (current.role in APPROVER_ROLES or role in APPROVER_ROLES):
                     self._approvals.hold(ctx, action="user.role", target=current.username,
                                          params={"user_id": str(user_id), "role": role})
         with self._db.begin() as s:
@@ -345,6 +354,7 @@ class IdentityService:
         tokens unless `keep_tokens` (a reset usually means the old secret leaked)."""
         self._policy.require(ctx, Permission.USERS_MANAGE, action="user.reset_password",
                              object_type="user", object_id=str(user_id))
+        self._hold_credentials(ctx, user_id, action="user.password", params={"keep_tokens": keep_tokens})
         password = generate_password()
         with self._db.begin() as s:
             user = self._user(s, user_id)
@@ -357,6 +367,17 @@ class IdentityService:
             self._audit.add(s, ctx, action="user.reset_password", object_type="user", object_id=user.username,
                             details={"tokens_revoked": revoked, "tokens_kept": keep_tokens})
         return password
+
+    def _hold_credentials(self, ctx: RequestContext, user_id: uuid.UUID, *, action: str,
+                          params: dict[str, Any]) -> None:
+        """Someone else's credentials reset by whoever knows the new ones is that person's
+        vote: held when the account may approve."""
+        if self._approvals is None or user_id == ctx.principal.user_id:
+            return
+        with self._db() as s:
+            user = self._user(s, user_id)
+        if user.role in APPROVER_ROLES:
+            self._approvals.hold(ctx, action=action, target=user.username, params=params)
 
     def change_password(self, ctx: RequestContext, *, current: str, new: str) -> LoginResult:
         """Change one's own password. Every session of the user ends (others may have
@@ -616,6 +637,7 @@ class IdentityService:
         sessions end, so the next sign-in is with the password alone, then re-enrolment."""
         self._policy.require(ctx, Permission.USERS_MANAGE, action="user.totp_reset", object_type="user",
                              object_id=str(user_id))
+        self._hold_credentials(ctx, user_id, action="user.totp", params={"user_id": str(user_id)})
         with self._db.begin() as s:
             user = self._user(s, user_id)
             had = user.totp is not None
@@ -645,18 +667,18 @@ class IdentityService:
             raise InvalidInput(f"API tokens on this server expire within {self._token_max_days} days: give "
                                f"expires_in_days from 1 to {self._token_max_days} (STRONGROOM_TOKEN_MAX_DAYS; 0 "
                                "lets tokens live without end)", code="token_lifetime")
+        with self._db() as s:
+            owner = self._user(s, owner_id)
+        scopes = self._token_scopes(owner, scopes)
+        if owner_id != ctx.principal.user_id and self._approvals is not None:
+            # Whoever holds a token for another account acts as it: held, and visible to
+            # the other approvers (a token never approves anything itself).
+            self._approvals.hold(ctx, action="token.create", target=owner.username, params={
+                "name": name.strip(), "scopes": scopes, "expires_in_days": expires_in_days})
         now = self._now()
         with self._db.begin() as s:
             owner = self._user(s, owner_id)
-            granted = permissions_for(owner.role)
-            if scopes is None:
-                scopes = sorted(p.value for p in granted)
-            unknown = [x for x in scopes if x not in {p.value for p in Permission}]
-            if unknown:
-                raise InvalidInput(f"unknown scopes: {', '.join(unknown)}")
-            beyond = [x for x in scopes if Permission(x) not in granted]
-            if beyond:
-                raise InvalidInput(f"the owner's role '{owner.role}' does not grant: {', '.join(beyond)}")
+            scopes = self._token_scopes(owner, scopes)  # the role as it is now
             lookup = base64.b32encode(secrets.token_bytes(10)).decode().lower()
             secret = secrets.token_urlsafe(32)
             token = ApiToken(id=uuid.uuid4(), lookup_id=lookup, secret_hash=sha256_hex(secret),
@@ -668,6 +690,19 @@ class IdentityService:
             s.flush()
             s.refresh(token)
         return IssuedToken(token, f"{TOKEN_PREFIX}{lookup}_{secret}")
+
+    @staticmethod
+    def _token_scopes(owner: User, scopes: list[str] | None) -> list[str]:
+        granted = permissions_for(owner.role)
+        if scopes is None:
+            return sorted(p.value for p in granted)
+        unknown = [x for x in scopes if x not in {p.value for p in Permission}]
+        if unknown:
+            raise InvalidInput(f"unknown scopes: {', '.join(unknown)}")
+        beyond = [x for x in scopes if Permission(x) not in granted]
+        if beyond:
+            raise InvalidInput(f"the owner's role '{owner.role}' does not grant: {', '.join(beyond)}")
+        return sorted(set(scopes))
 
     def list_tokens(self, ctx: RequestContext, *, all_users: bool = False) -> list[ApiToken]:
         if all_users:

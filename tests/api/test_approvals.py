@@ -124,7 +124,7 @@ def test_role_changes_and_kek_rotation_are_held_too_and_the_cli_is_not(held: Ser
     assert held.keys.destroy(system_context("cli"), str(key.id)).versions[0].state == "destroyed"
 
 
-def test_rest_answers_202_with_the_request_and_approvers_use_the_api(held: Services) -> None:
+def test_rest_answers_202_with_the_request_and_approvers_sign_in_to_approve(held: Services) -> None:
     alice, bob = _person(held, "key-officer"), _person(held, "key-officer")
     tokens = {c.principal.name: held.identity.create_token(c, name="t", scopes=None, expires_in_days=1).secret
               for c in (alice, bob)}
@@ -140,8 +140,18 @@ def test_rest_answers_202_with_the_request_and_approvers_use_the_api(held: Servi
             assert r.json()["approval"]["state"] == "pending" and r.json()["approval"]["required"] == 2
             listed: Any = b.get("/api/v1/approvals", params={"state": "pending"}).json()
             assert rid in [x["id"] for x in listed]
+            # A token is a program's credential, whoever it belongs to: it never approves.
             r = b.post(f"/api/v1/approvals/{rid}/approve")
-            assert r.status_code == 200 and r.json()["executed"] is False
+            assert r.status_code == 403 and r.json()["code"] == "approver_not_a_person", r.text
+            with httpx.Client(base_url=url) as person:
+                signed_in = person.post("/api/v1/auth/login", json={"username": bob.principal.name,
+                                                                    "password": PASSWORD})
+                person.headers["X-CSRF-Token"] = signed_in.json()["csrf_token"]
+                # The cookie is Secure and this server plain HTTP: send it as a browser over TLS would.
+                person.headers["Cookie"] = next(c.split(";")[0] for c in signed_in.headers.get_list("set-cookie")
+                                                if c.startswith("strongroom_session="))
+                r = person.post(f"/api/v1/approvals/{rid}/approve")
+            assert r.status_code == 200 and r.json()["executed"] is False, r.text
             assert a.post(f"/api/v1/approvals/{rid}/approve").json()["code"] == "own_request"
             assert b.get(f"/api/v1/approvals/{rid}").json()["approvals"][0]["by"] == bob.principal.name
 

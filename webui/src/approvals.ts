@@ -8,4 +8,8 @@ export const HELD: Record<string, { label: string; perm: Permission }> = {
   "kek.retire": { label: "Retire a KEK", perm: "system:kek" },
   "user.role": { label: "Change a user's role", perm: "users:manage" },
   "key.export": { label: "Export a key in plaintext", perm: "keys:export" },
+  "token.create": { label: "An API token for another account", perm: "tokens:all" },
+  "user.create": { label: "Create an account that may approve", perm: "users:manage" },
+  "user.password": { label: "Reset an approver's password", perm: "users:manage" },
+  "user.totp": { label: "Remove an approver's second factor", perm: "users:manage" },
 };

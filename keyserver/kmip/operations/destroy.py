@@ -1,5 +1,12 @@
 """Destroy: erase one key version's material, or a private key's or secret data's
-(metadata stays). An Active object must be revoked first (KMIP 1.4 §4.21)."""
+(metadata stays). An Active object must be revoked first (KMIP 1.4 §4.21).
+
+Under the two-person rule (key.destroy held) a Destroy waits for approval: the client
+is answered Permission Denied naming the request (core/approvals.py ApprovalPending),
+and once a person approves it in the console or over REST the destroy runs as this
+client. A Destroy that could never run (the version Active, or destroyed already —
+also the client asking again after it ran) is refused before anything is held, with
+the answer it gets without the rule."""
 
 from __future__ import annotations
 
@@ -9,21 +16,28 @@ from kmip.core import enums
 from kmip.core.attributes import UniqueIdentifier
 from kmip.core.messages import payloads
 
+from keyserver.core.errors import Conflict
 from keyserver.core.kmip_objects import VersionObject
+from keyserver.core.states import DESTROYED_STATES, KeyState, check_transition
 from keyserver.kmip.context import Call, request_uid
 
 OPERATION = enums.Operation.DESTROY
 
 
+def _could_run(obj: VersionObject) -> None:
+    current = KeyState(obj.version.state)
+    if current in DESTROYED_STATES:
+        raise Conflict(f"key '{obj.key.name}' is already destroyed", code="illegal_state")
+    check_transition(current, KeyState.DESTROYED_COMPROMISED if current is KeyState.COMPROMISED
+                     else KeyState.DESTROYED, what=f"version {obj.version.version} of '{obj.key.name}'")
+
+
 def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
-    ref = call.engine.objects.version_ref(call.ctx, uid)
-    if ref is not None:
-        call.engine.keys.destroy(call.ctx, str(ref.key_id), version=ref.version)
-        return payloads.DestroyResponsePayload(unique_identifier=UniqueIdentifier(uid))
     obj = call.engine.objects.resolve(call.ctx, uid)
     if not isinstance(obj, VersionObject):
         call.engine.objects.transition(call.ctx, uid, operation="destroy")
         return payloads.DestroyResponsePayload(unique_identifier=UniqueIdentifier(uid))
+    _could_run(obj)
     call.engine.keys.destroy(call.ctx, str(obj.key.id), version=obj.version.version)
     return payloads.DestroyResponsePayload(unique_identifier=UniqueIdentifier(uid))

@@ -58,7 +58,7 @@ export function ApprovalsPage() {
   return (
     <Stack gap="md">
       <PageHeader title="Approvals"
-        subtitle="The two-person rule: key destruction, KEK rotation and retirement, role changes and plaintext export wait here until someone else approves." />
+        subtitle="The two-person rule: key destruction, KEK rotation and retirement, plaintext export, and changes of who may approve (accounts, roles, credentials, API tokens for other accounts) wait here until someone else approves." />
       <div role="group" aria-label="Which requests">
         <SegmentedControl value={view} onChange={(v) => setView(v as "pending" | "all")}
                           data={[{ value: "pending", label: "Waiting" }, { value: "all", label: "All" }]} />
