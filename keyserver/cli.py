@@ -23,16 +23,78 @@ from keyserver.core.permissions import Role
 from keyserver.core.principal import system_context
 from keyserver.kmip.listener import KmipListener
 from keyserver.services import Services, build_services
-from keyserver.settings import Settings
+from keyserver.settings import SOFTHSM_MODULE, Settings
 
 app = typer.Typer(help="Strongroom key server", no_args_is_help=True, add_completion=False)
 console = Console(stderr=True)
 EXIT_FAILED, EXIT_BROKEN_CHAIN, EXIT_UNAVAILABLE = 1, 3, 4
 
 
+@app.callback()
+def _owner_only() -> None:
+    """Everything the key server writes — the SQLite database and its -wal/-shm, the
+    HSM token, PIN files, backups — is for its own user only, whatever umask it was
+    started with (a service manager's, a shell's 022)."""
+    os.umask(0o077)
+
+
 def _services() -> Services:
     try:
         return build_services(Settings())
+    except Exception as exc:
+        console.print(f"[red]cannot start:[/red] {exc}")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+
+
+def _missing_server(settings: Settings) -> str | None:
+    """Why `settings` point at no existing key server (None when they do). Opening the
+    services creates what is missing — a database, PINs, a token — so a command run in
+    the wrong directory would verify, list or change a brand-new empty server and say
+    all is well."""
+    data = settings.data_dir.resolve()
+    local_pins = settings.environment == "local" and (settings.hsm_user_pin is None or settings.hsm_so_pin is None)
+    local_token = (settings.environment == "local" and settings.hsm_softhsm_token_dir is None
+                   and settings.hsm_module == SOFTHSM_MODULE and "SOFTHSM2_CONF" not in os.environ)
+    if (settings.database_url is None or local_pins or local_token) and not data.is_dir():
+        return f"the data directory {data} does not exist"
+    if settings.database_url is None and not (data / "strongroom.db").is_file():
+        return f"the data directory {data} holds no key server database (strongroom.db)"
+    if local_pins and not (data / "hsm-pins.json").is_file():
+        return (f"the data directory {data} holds no HSM PINs (hsm-pins.json), and none are given "
+                "(STRONGROOM_HSM_USER_PIN/_SO_PIN or a systemd credential)")
+    if local_token and not (data / "tokens").is_dir():
+        return f"the data directory {data} holds no HSM token (tokens/)"
+    if settings.database_url is not None:
+        from sqlalchemy import inspect
+
+        from keyserver.store import db
+
+        engine = db.make_engine(settings.database_url, pool_size=1)
+        try:
+            if not inspect(engine).has_table("audit_head"):
+                return f"the database {engine.url.render_as_string()} holds no key server"
+        except Exception as exc:
+            return f"the database {engine.url.render_as_string()} cannot be read ({type(exc).__name__})"
+        finally:
+            engine.dispose()
+    return None
+
+
+def _existing_services() -> Services:
+    """The services of the key server that already exists here — never a new one."""
+    try:
+        settings = Settings()
+    except ValueError as exc:
+        console.print(Text(f"cannot start: {exc}"), style="red")
+        raise typer.Exit(EXIT_FAILED) from None
+    problem = _missing_server(settings)
+    if problem is not None:
+        console.print(Text(f"no key server here: {problem}. Run the command where the server's data directory "
+                           "is, or point STRONGROOM_DATA_DIR (and STRONGROOM_DATABASE_URL) at it; nothing was "
+                           "created.", style="red"), soft_wrap=True)
+        raise typer.Exit(EXIT_FAILED)
+    try:
+        return build_services(settings)
     except Exception as exc:
         console.print(f"[red]cannot start:[/red] {exc}")
         raise typer.Exit(EXIT_UNAVAILABLE) from None
@@ -273,24 +335,6 @@ def _probe_kmip(services: Services) -> bool:
     return True
 
 
-def _checkpoint_lines(path: Path) -> list[dict[str, object]]:
-    """The checkpoints in a JSON-lines file (a sink writes records and checkpoints)."""
-    import json
-
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError:
-                raise ValueError(f"line {n} is not JSON") from None
-            if isinstance(doc, dict) and doc.get("type") == "checkpoint":
-                out.append(doc)
-    return out
-
-
 kmip_app = typer.Typer(help="KMIP client identities (certificates from the internal CA)", no_args_is_help=True)
 app.add_typer(kmip_app, name="kmip-client")
 
@@ -307,7 +351,7 @@ def kmip_client_create(
                                             "wrapped (only under another key) or none")] = "plaintext",
 ) -> None:
     """Issue a KMIP client certificate mapped to a role."""
-    services = _services()
+    services = _existing_services()
     try:
         _initialize(services)
         issued = services.kmip_clients.create(system_context("cli"), name=name, role=role,
@@ -332,7 +376,7 @@ def kmip_client_create(
 @kmip_app.command("list")
 def kmip_client_list() -> None:
     """List KMIP clients."""
-    services = _services()
+    services = _existing_services()
     try:
         for c in services.kmip_clients.list(system_context("cli")):
             state = f"revoked {c.revoked_at:%Y-%m-%d}" if c.revoked_at else "active"
@@ -346,7 +390,7 @@ def kmip_client_revoke(client_id: Annotated[str, typer.Argument(help="the client
     """Revoke a KMIP client: refused from its next request on."""
     import uuid
 
-    services = _services()
+    services = _existing_services()
     try:
         c = services.kmip_clients.revoke(system_context("cli"), uuid.UUID(client_id))
         services.audit.flush()
@@ -386,7 +430,7 @@ def rotate_kek() -> None:
     rotation that is already running."""
     from keyserver.core.kek import KINDS
 
-    services = _services()
+    services = _existing_services()
     try:
         _initialize(services)
         ctx = system_context("cli")
@@ -425,7 +469,7 @@ def retire_kek(
 ) -> None:
     """Remove a superseded key-encryption key from the HSM token for good, once nothing
     stored is wrapped under it any more (refused otherwise, with what still is)."""
-    services = _services()
+    services = _existing_services()
     try:
         _initialize(services)
         kek = services.keks.retire(system_context("cli"), kek_id)
@@ -443,33 +487,50 @@ def verify_audit(
     full: Annotated[bool, typer.Option(help="walk every record, not only those after the last verified "
                                             "checkpoint")] = False,
     checkpoints: Annotated[Path | None, typer.Option(
-        help="a copy of the signed checkpoints kept off the server (JSON lines, e.g. a file sink's output; "
-             "other lines are skipped): detects a cut tail, a wipe and a re-MACed chain")] = None,
+        "--checkpoints", "--outside",
+        help="a copy of the chain kept off the server: a file sink's JSON lines (rotated files concatenated "
+             "oldest first) or a syslog receiver's copy; its every record and checkpoint must match, which "
+             "detects a cut or rewritten tail, a wipe and a re-MACed chain")] = None,
 ) -> None:
     """Check the audit chain from its last verified checkpoint and name the first broken
     record, if any."""
+    from keyserver.core.audit_sinks import read_copy
+
     outside: list[dict[str, object]] = []
     if checkpoints is not None:
         try:
-            outside = _checkpoint_lines(checkpoints)
+            outside = list(read_copy(checkpoints))
         except (OSError, ValueError) as exc:
-            console.print(f"[red]cannot read checkpoints from {checkpoints}[/red]: {exc}")
+            console.print(f"[red]cannot read the outside copy {checkpoints}[/red]: {exc}")
             raise typer.Exit(EXIT_FAILED) from None
-    services = _services()
+    services = _existing_services()
     try:
         started = time.perf_counter()
         result = services.audit.verify(full=full, outside=outside)
         took = time.perf_counter() - started
-        if result.ok:
-            where = f"after record {result.from_seq} (the last verified checkpoint)" if result.from_seq else "all"
-            console.print(f"[green]audit chain intact[/green]: {result.checked} records verified ({where}) "
-                          f"in {took:.1f}s; head at record {result.head_seq}"
-                          + (f", last checkpoint {result.checkpoint}" if result.checkpoint else "")
-                          + (f"; {result.outside_checked} outside checkpoints match" if checkpoints else ""))
-            return
-        console.print(f"[red]audit chain BROKEN[/red] at record {result.first_broken_seq}: {result.reason} "
-                      f"({result.checked} records verified before it)")
-        raise typer.Exit(EXIT_BROKEN_CHAIN)
+        if result.note:
+            console.print(Text(result.note, style="yellow"), soft_wrap=True)
+        if not result.ok:
+            console.print(Text.assemble(("audit chain BROKEN", "bold red"),
+                                        f" at record {result.first_broken_seq}: {result.reason} "
+                                        f"({result.checked} records verified before it)"), soft_wrap=True)
+            raise typer.Exit(EXIT_BROKEN_CHAIN)
+        where = f"after record {result.from_seq} (the last verified checkpoint)" if result.from_seq else "all"
+        console.print(Text.assemble(("audit chain intact", "green"),
+                                    f": {result.checked} records verified ({where}) in {took:.1f}s; head at "
+                                    f"record {result.head_seq}"
+                                    + (f", last checkpoint {result.checkpoint}" if result.checkpoint else "")),
+                      soft_wrap=True)
+        if checkpoints is not None:
+            console.print(Text(f"outside copy: {result.outside_records} records (up to record "
+                               f"{result.outside_seq}) and {result.outside_checked} checkpoints match the "
+                               "database"), soft_wrap=True)
+            if result.outside_seq < result.head_seq:
+                # The residual window: what never reached this copy is protected by the chain
+                # and the checkpoints only (zero with a fail-closed sink and a fresh copy).
+                console.print(Text(f"records {result.outside_seq + 1}-{result.head_seq} are not in the copy "
+                                   "(not delivered yet, or the copy is older): they are protected only by the "
+                                   "chain's MACs and checkpoints", style="yellow"), soft_wrap=True)
     except ServiceUnavailable as exc:
         console.print(f"[red]{exc.message}[/red]")
         raise typer.Exit(EXIT_UNAVAILABLE) from None

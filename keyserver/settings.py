@@ -155,6 +155,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _production_needs_real_secrets(self) -> Settings:
+        self._pins_from_credentials()
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("set both STRONGROOM_TLS_CERT_FILE and STRONGROOM_TLS_KEY_FILE, or neither "
                              "(the internal CA then issues the REST port's certificate)")
@@ -173,6 +174,22 @@ class Settings(BaseSettings):
             if self.database_url is None:
                 raise ValueError("STRONGROOM_DATABASE_URL must be set outside the local environment")
         return self
+
+    def _pins_from_credentials(self) -> None:
+        """PINs not given in the environment are read from systemd credentials
+        (`LoadCredential=hsm-user-pin:…`, `LoadCredentialEncrypted=`): files in
+        $CREDENTIALS_DIRECTORY that only this service can read, kept off the data
+        directory and out of the environment (docs/operations.md "The HSM PIN")."""
+        creds = os.environ.get("CREDENTIALS_DIRECTORY")
+        if not creds:
+            return
+        for field, name in (("hsm_user_pin", "hsm-user-pin"), ("hsm_so_pin", "hsm-so-pin")):
+            path = Path(creds) / name
+            if getattr(self, field) is None and path.is_file():
+                pin = path.read_text().rstrip("\r\n")
+                if not pin:
+                    raise ValueError(f"the systemd credential {name} ({path}) is empty")
+                setattr(self, field, pin)
 
     @property
     def effective_database_url(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import os
 import select
 import sqlite3
 import threading
@@ -14,7 +15,7 @@ from typing import Any, TypeVar
 import psycopg
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, create_engine, event, inspect
+from sqlalchemy import Connection, create_engine, event, inspect, make_url
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
@@ -157,8 +158,35 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MIGRATIONS_DIR = REPO_ROOT / "migrations"
 
 
+def private_sqlite_files(url: str) -> None:
+    """The embedded database and its -wal/-shm readable by the server's user only,
+    whatever the umask. SQLite creates a new database 0644 (less the umask) and gives
+    its -wal and -shm the database file's mode, so the database is made 0600 before
+    SQLite first opens it; files an older version left 0644 are narrowed too."""
+    if not url.startswith("sqlite"):
+        return
+    name = make_url(url).database
+    if not name or name == ":memory:" or name.startswith("file:"):
+        return
+    path = Path(name)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except (FileExistsError, FileNotFoundError):  # there already, or no directory: SQLite says so
+        pass
+    else:
+        os.fchmod(fd, 0o600)  # open's mode is masked by the umask
+        os.close(fd)
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if p.stat().st_mode & 0o077:
+                p.chmod(0o600)
+        except FileNotFoundError:
+            pass
+
+
 def make_engine(url: str, *, pool_size: int = 20) -> Engine:
     if url.startswith("sqlite"):
+        private_sqlite_files(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_SECONDS})
         _guard_one_transaction_per_thread(engine)  # before BEGIN IMMEDIATE would wait on ourselves
 
@@ -266,6 +294,7 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
+    private_sqlite_files(url)
     command.upgrade(alembic_config(url), revision)
 
 
