@@ -253,7 +253,7 @@ def test_kill_9_never_lets_a_write_land_in_plaintext(rig: Rig, victim: str, admi
             subprocess.run(["umount", "-l", str(rig.mnt)], check=True, capture_output=True)
         # Back by itself: a new data plane serving, and the writer succeeding through it.
         eventually(lambda old=plane: rig.plane() not in (None, old),  # type: ignore[misc]
-                   f"the guard point back after kill -9 of its {victim}")
+                   f"the guard point back after losing its {victim}")
         downtimes.append(time.monotonic() - killed_at)  # reported, not asserted
         rig.writing()
         gaps.append(len(rig.errors()) - errors_before)
