@@ -9,16 +9,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 import re
 import secrets
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
@@ -103,40 +104,119 @@ class _Window:
                 self._fails.clear()
 
 
-class _LoginThrottle:
-    """Throttles password guessing without locking out everyone behind one address (a
-    NAT, a proxy) and without telling which accounts exist.
+class _Backoff:
+    """Failed sign-ins per key (a username and source address), each costing the key an
+    exponentially longer wait once `free` of them are used: `base`, twice that, … up to
+    `cap`. Per process; bounded (the stalest keys go first)."""
 
-    * per address *and* username: 30 failures in 5 minutes — one user's mistakes, or
-      someone guessing one account, do not lock out the colleagues behind the same NAT;
-    * per address: 300 failures in 5 minutes — bounds spraying many usernames;
-    * unknown usernames are locked like real accounts (after `max_failures`, for the
-      same time), so a lockout answer does not reveal that an account exists. Real
-      accounts keep their lock in the database (shared by replicas); unknown ones here.
+    def __init__(self, free: int, base: float, cap: float, size: int = 100_000) -> None:
+        self._free, self._base, self._cap, self._size = free, base, max(cap, base), size
+        self._state: OrderedDict[str, tuple[int, float]] = OrderedDict()  # key -> (failures, last at)
+        self._lock = threading.Lock()
+
+    def wait(self, key: str) -> int | None:
+        """Whole seconds `key` must still wait before its next try, or None."""
+        with self._lock:
+            failures, at = self._state.get(key, (0, 0.0))
+            if failures < self._free:
+                return None
+            left = at + min(self._base * 2.0 ** (failures - self._free), self._cap) - time.monotonic()
+            return math.ceil(left) if left > 0 else None
+
+    def fail(self, key: str) -> None:
+        with self._lock:
+            failures, _ = self._state.pop(key, (0, 0.0))
+            self._state[key] = (failures + 1, time.monotonic())
+            while len(self._state) > self._size:
+                self._state.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._state.pop(key, None)
+
+
+class _LoginThrottle:
+    """Slows password guessing without ever locking the owner out (docs/decisions/0015).
+
+    * per username *and* source address: `max_failures` free, then an exponentially
+      growing wait (`lockout_seconds`, doubling, at most 15 minutes) — the attacker's address slows
+      down, the owner's other addresses do not;
+    * per username, over every address: a looser budget (4 times `max_failures`), then the
+      same kind of wait — but only for addresses the owner has not signed in from (a
+      session from that address in the last 90 days): spread over many addresses, the
+      guesses slow down; the owner at their usual address still signs in. Real accounts
+      keep this in the database (shared by replicas); unknown usernames here, alike, so
+      the answers do not tell which accounts exist;
+    * per address: 300 failures in 5 minutes bounds spraying many usernames.
+
+    A refused try is not checked (no password is verified, nothing counts as failed).
+    The first refusal of each wait is audited; the others are counted and the count goes
+    into the next audited sign-in of that username from that address.
     """
 
+    CAP = 900.0
+
     def __init__(self, max_failures: int, lockout_seconds: int) -> None:
-        self._pair = _Window(30, 300.0)
+        self.account_free = 4 * max_failures
+        self._pair = _Backoff(max_failures, lockout_seconds, self.CAP)
+        self._unknown = _Backoff(self.account_free, lockout_seconds, self.CAP)
         self._address = _Window(300, 300.0)
-        self._unknown = _Window(max_failures, float(lockout_seconds))
+        self._lockout = lockout_seconds
+        self._refused: dict[str, int] = {}
+        self._lock = threading.Lock()
 
-    def check(self, ip: str | None, username: str) -> None:
-        for window, key in ((self._address, ip), (self._pair, f"{ip}|{username}")):
-            if ip is not None and (retry := window.retry_after(str(key))) is not None:
-                raise RateLimited("too many failed sign-ins from this address; try again later", retry_after=retry)
+    @staticmethod
+    def _pair_key(ip: str | None, username: str) -> str:
+        return f"{ip}|{username}"
 
-    def unknown_locked(self, username: str) -> int | None:
-        return self._unknown.retry_after(username)
+    def source_wait(self, ip: str | None, username: str) -> tuple[str, int] | None:
+        """('address' or 'source', seconds) when this address must wait, or None."""
+        if ip is not None and (retry := self._address.retry_after(ip)) is not None:
+            return "address", retry
+        retry = self._pair.wait(self._pair_key(ip, username))
+        return None if retry is None else ("source", retry)
+
+    def unknown_wait(self, username: str) -> int | None:
+        return self._unknown.wait(username)
+
+    def account_delay(self, failures: int) -> timedelta | None:
+        """How long the account's unknown addresses wait after its `failures`-th failure."""
+        if failures < self.account_free:
+            return None
+        return timedelta(seconds=min(self._lockout * 2 ** (failures - self.account_free), max(self.CAP, self._lockout)))
+
+    def refused(self, scope: str, ip: str | None, username: str) -> bool:
+        """Count a refusal; True when it is the first of its wait (to be audited)."""
+        key = f"{scope}|{ip}" if scope == "address" else f"{scope}|{self._pair_key(ip, username)}"
+        with self._lock:
+            first = key not in self._refused
+            if len(self._refused) > 100_000:
+                self._refused.clear()
+            self._refused[key] = self._refused.get(key, -1) + 1
+            return first
+
+    def uncounted(self, ip: str | None, username: str) -> int:
+        """Refusals not yet audited of this username and address (the first of each wait was), reset."""
+        pair = self._pair_key(ip, username)
+        with self._lock:
+            return sum(self._refused.pop(f"{scope}|{k}", 0) for scope, k in
+                       (("source", pair), ("account", pair), ("address", str(ip))))
 
     def fail(self, ip: str | None, username: str, *, known: bool) -> None:
         if ip is not None:
             self._address.fail(ip)
-            self._pair.fail(f"{ip}|{username}")
+        self._pair.fail(self._pair_key(ip, username))
         if not known:
             self._unknown.fail(username)
 
+    def succeed(self, ip: str | None, username: str) -> None:
+        self._pair.forget(self._pair_key(ip, username))
+
 
 ACCOUNT_LOCKED = "too many failed sign-ins for this account; try again later"
+SOURCE_THROTTLED = "too many failed sign-ins for this account from this address; try again later"
+ADDRESS_THROTTLED = "too many failed sign-ins from this address; try again later"
+KNOWN_SOURCE_DAYS = 90
 # The password hash of accounts the identity provider signs in: no password matches it.
 EXTERNAL_PASSWORD = "!external"  # noqa: S105 - not a password: a hash nothing verifies against
 # RFC 6238 as authenticator apps implement it: HMAC-SHA-1, 6 digits, 30-second steps.
@@ -426,26 +506,26 @@ class IdentityService:
     def login(self, username: str, password: str, *, source_ip: str | None,
               request_id: str | None, totp_code: str | None = None) -> LoginResult:
         username = username.strip().lower()
-        self._throttle.check(source_ip, username)
         now = self._now()
         anon = RequestContext(principal=Principal(name=username or "anonymous", actor_type="user",
                                                   role=None, permissions=frozenset()),
                               source_ip=source_ip, request_id=request_id)
-        with self._db.begin() as s:
-            user = s.execute(select(User).where(User.username == username).with_for_update()).scalar_one_or_none()
-            unknown_retry = self._throttle.unknown_locked(username) if user is None else None
-            if user is not None and user.locked_until is not None and user.locked_until > now:
-                retry: int | None = int((user.locked_until - now).total_seconds()) + 1
+        waiting = self._throttle.source_wait(source_ip, username)
+        if waiting is not None:
+            scope, retry = waiting
+            self._throttled(anon, username, scope, retry)
+        with self._db() as s:
+            user = s.execute(select(User).where(User.username == username)).scalar_one_or_none()
+            if user is None:
+                retry_account = self._throttle.unknown_wait(username)
+            elif user.locked_until is not None and user.locked_until > now and \
+                    not self._known_source(s, user.id, source_ip, now):
+                retry_account = int((user.locked_until - now).total_seconds()) + 1
             else:
-                retry = unknown_retry
-            if retry is not None:
-                self._audit.add(s, anon, action="auth.login", outcome="denied", object_type="user",
-                                object_id=username, details={"reason": "locked"})
-                locked = RateLimited(ACCOUNT_LOCKED, retry_after=retry)
-            else:
-                locked = None
-        if locked is not None:
-            raise locked
+                retry_account = None
+        if retry_account is not None:
+            self._throttled(anon, username, "account", retry_account)
+        refused = self._throttle.uncounted(source_ip, username)
         ok = self._verify(user.password_hash if user else _DUMMY_HASH, password)
         second = None
         if user is not None and ok and not user.disabled and _totp_on(user):
@@ -459,14 +539,17 @@ class IdentityService:
             self._throttle.fail(source_ip, username, known=user is not None)
             with self._db.begin() as s:
                 details: dict[str, object] = {"reason": "disabled" if user and ok else "bad_credentials"}
+                if refused:
+                    details["refused_while_throttled"] = refused
                 if user is not None and not ok:
-                    u = s.get(User, user.id)
+                    u = s.get(User, user.id, with_for_update=True)
                     assert u is not None
                     u.failed_logins += 1
-                    if u.failed_logins >= self._max_failures:
-                        over = u.failed_logins - self._max_failures
-                        u.locked_until = now + timedelta(seconds=min(self._lockout * 2 ** over, 3600))
-                        details["locked_until"] = u.locked_until.isoformat()
+                    # A wait for the addresses the owner has not used, never a lock (decision 0015).
+                    delay = self._throttle.account_delay(u.failed_logins)
+                    if delay is not None:
+                        u.locked_until = now + delay
+                        details["unknown_addresses_wait_until"] = u.locked_until.isoformat()
                 self._audit.add(s, anon, action="auth.login", outcome="denied", object_type="user",
                                 object_id=username, details=details)
             raise Unauthenticated("wrong username or password", code="bad_credentials")
@@ -479,11 +562,35 @@ class IdentityService:
                 if second <= int((u.totp or {}).get("last_step", -1)):
                     raise Unauthenticated("wrong username or password", code="bad_credentials")
                 u.totp = {**(u.totp or {}), "last_step": second}
-            u.failed_logins, u.locked_until, u.last_login_at = 0, None, now
+            if u.locked_until is None or u.locked_until <= now:
+                # While a wait is on, the owner's sign-in does not end it: it would give the
+                # attacker's other addresses a fresh budget each time.
+                u.failed_logins, u.locked_until = 0, None
+            u.last_login_at = now
             result = self._open_session(s, u, now, source_ip)
             self._audit.add(s, RequestContext(result.principal, source_ip, request_id), action="auth.login",
-                            object_type="user", object_id=u.username)
+                            object_type="user", object_id=u.username,
+                            details={"refused_while_throttled": refused} if refused else None)
+        self._throttle.succeed(source_ip, username)
         return result
+
+    @staticmethod
+    def _known_source(s: Session, user_id: uuid.UUID, source_ip: str | None, now: datetime) -> bool:
+        """Whether the user signed in from this address lately: the owner's, most likely."""
+        if source_ip is None:
+            return False
+        return s.execute(select(BrowserSession.id_hash).where(
+            BrowserSession.user_id == user_id, BrowserSession.source_ip == source_ip,
+            BrowserSession.created_at > now - timedelta(days=KNOWN_SOURCE_DAYS)).limit(1)).first() is not None
+
+    def _throttled(self, anon: RequestContext, username: str, scope: str, retry: int) -> NoReturn:
+        """Refuse a try that must wait; only the first refusal of each wait is audited."""
+        if self._throttle.refused(scope, anon.source_ip, username):
+            self._audit.record_now(anon, action="auth.login", outcome="denied", object_type="user",
+                                   object_id=username, details={"reason": "throttled", "throttle": scope,
+                                                                "retry_after": retry})
+        message = {"address": ADDRESS_THROTTLED, "source": SOURCE_THROTTLED}.get(scope, ACCOUNT_LOCKED)
+        raise RateLimited(message, retry_after=retry)
 
     def external_login(self, *, username: str, full_name: str, role: str, issuer: str, subject: str,
                        source_ip: str | None, request_id: str | None) -> LoginResult:

@@ -96,7 +96,7 @@ def test_bad_credentials_and_lockout(base_url: str, services: Services) -> None:
     rows, _, _ = services.audit.query(__import__("keyserver.core.audit", fromlist=["AuditFilter"])
                                    .AuditFilter(action="auth.login", object_id=name, outcome="denied"), limit=20)
     assert len(rows) == services.settings.login_max_failures + 1
-    assert rows[0].details["reason"] == "locked"
+    assert rows[0].details["reason"] == "throttled" and rows[0].details["throttle"] == "source"
 
 
 def test_disabled_user_cannot_sign_in(base_url: str, services: Services, admin: httpx.Client) -> None:
@@ -394,3 +394,53 @@ def test_a_role_change_ends_the_users_sessions(admin: httpx.Client, base_url: st
     _, r = login(base_url, made["user"]["username"], "my own passphrase 456")
     assert r.json()["user"]["role"] == "key-officer"
     c.close()
+
+
+def _from(base_url: str, address: str) -> httpx.Client:
+    """A client whose connections come from `address` (any of 127/8 is this host's loopback)."""
+    return https.client(base_url=base_url, timeout=30,
+                        transport=httpx.HTTPTransport(local_address=address, verify=https._verify(None)))
+
+
+def test_an_attacker_guessing_from_other_addresses_never_locks_the_owner_out(base_url: str, services: Services,
+                                                                            settings: Settings) -> None:
+    """Five wrong passwords a minute kept `admin` locked out for ever. Now each of the
+    attacker's addresses waits longer and longer after a few failures, and the account
+    as a whole, after a looser budget, makes only addresses its owner has not used
+    wait: the owner at their usual address signs in throughout."""
+    name, password = unique("owner"), "the owner's own passphrase 1"
+    services.identity.create_user(system_context("tests"), username=name, role="admin", password=password)
+    with _from(base_url, "127.0.0.2") as owner:
+        assert owner.post("/api/v1/auth/login", json={"username": name, "password": password}).status_code == 200
+    free, budget = settings.login_max_failures, 4 * settings.login_max_failures
+    answers: list[tuple[str, int, str]] = []
+    attackers = [f"127.0.0.{i}" for i in range(3, 11)]
+    for address in attackers:
+        with _from(base_url, address) as attacker:
+            for _ in range(free + 3):
+                r = attacker.post("/api/v1/auth/login", json={"username": name, "password": "a guess 0123456"})
+                assert r.status_code in (401, 429), r.text
+                assert r.status_code == 401 or int(r.headers["retry-after"]) <= 900  # a wait, not a lock
+                answers.append((address, r.status_code, r.json()["detail"]))
+    guesses = [a for a in answers if a[1] == 401]
+    # Slowed: each address had `free` guesses checked, the account `budget` over all of them.
+    assert len(guesses) == budget and {a for a, _, _ in guesses} == set(attackers[:budget // free])
+    assert all("from this address" in d for a, c, d in answers if c == 429 and a in attackers[:budget // free])
+    assert all(c == 429 for a, c, _ in answers if a not in attackers[:budget // free])
+    # The owner, from where they always sign in, is let in at once.
+    with _from(base_url, "127.0.0.2") as owner:
+        r = owner.post("/api/v1/auth/login", json={"username": name, "password": password})
+        assert r.status_code == 200, r.text
+    # From an address never used, the owner waits like the attacker: delayed, not locked.
+    with _from(base_url, "127.0.0.11") as elsewhere:
+        r = elsewhere.post("/api/v1/auth/login", json={"username": name, "password": password})
+    assert r.status_code == 429 and 0 < int(r.headers["retry-after"]) <= 900
+    # One audit record per wait, not one per refused try.
+    services.audit.flush()
+    from keyserver.core.audit import AuditFilter
+
+    rows, _, _ = services.audit.query(AuditFilter(action="auth.login", object_id=name, outcome="denied"), limit=500)
+    throttled = [r for r in rows if r.details.get("reason") == "throttled"]
+    refusals = sum(1 for _, c, _ in answers if c == 429) + 1
+    assert len(throttled) == len(attackers) + 1 < refusals
+    assert len([r for r in rows if r.details.get("reason") == "bad_credentials"]) == budget
