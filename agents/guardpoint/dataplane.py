@@ -350,7 +350,7 @@ class DataPlane:
 
 
 _UNDO = ".undo"
-_UNDO_HEAD = struct.Struct(">8sQQQQ")
+_UNDO_HEAD = struct.Struct(">8sQQQQ16s")
 
 
 def _undo(real: str, record: str) -> bool:
@@ -365,11 +365,14 @@ def _undo(real: str, record: str) -> bool:
         return False
     if len(data) < _UNDO_HEAD.size:
         return False
-    magic, old_end, new_end, off, length = _UNDO_HEAD.unpack_from(data)
+    magic, old_end, new_end, off, length, file_id = _UNDO_HEAD.unpack_from(data)
     if magic != b"SRUNDO01" or len(data) < _UNDO_HEAD.size + length:
         return False  # disarmed, or cut while being written: the file was not touched yet
     fd = os.open(real, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
+        if os.pread(fd, 16, 12) != file_id:
+            log.error("%s is not the file its undo record was written for: left as it is", real)
+            return False
         if new_end < old_end and os.fstat(fd).st_size == new_end:
             return False
         os.pwrite(fd, data[_UNDO_HEAD.size:_UNDO_HEAD.size + length], off)

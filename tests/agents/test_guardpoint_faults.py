@@ -440,6 +440,29 @@ def test_kill_9_at_random_points_of_writes_and_fsyncs(tmp_path: Path, shim: Path
     assert _outside_backing(root) == []
 
 
+def test_an_undo_record_is_never_put_onto_another_file(tmp_path: Path, shim: Path) -> None:
+    """A kill leaves an armed undo record for a file; before the restart another file
+    takes its name (a rename in the backing store). Recovery must leave that other file
+    as it is: the record names its file by file id, not only by path."""
+    root = tmp_path / "gp"
+    root.mkdir()
+    faults = Faults(tmp_path / "faults")
+    env = {"LD_PRELOAD": str(shim), "SR_FAULT_CTL": str(faults.path), "SR_FAULT_DIR": str(root / "backing")}
+    with guard_point(root, tmp_path / "mnt", env) as gp:
+        _setup(gp, "victim", os.urandom(3 * CS + 5))
+        other = os.urandom(5 * CS)
+        _setup(gp, "other", other)
+        faults.arm(2, KILL, torn=True)  # after the reservation, in the run's write
+        assert _run(gp, "victim", _write(100, os.urandom(2 * CS))) is not None
+        faults.disarm()
+        assert gp.died()
+        assert any(n.endswith(".undo") for n in os.listdir(gp.journal)), "no undo record was armed"
+        os.replace(gp.backing / "other", gp.backing / "victim")
+        gp.restart()
+        assert gp.mounted("victim") == gp.reference("victim") == other
+    faults.close()
+
+
 # ---- (1) a real full file system ---------------------------------------------------------
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:

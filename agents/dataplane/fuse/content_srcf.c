@@ -576,10 +576,11 @@ struct undo {
 };
 
 /* Undo record on disk: "SRUNDO01" once complete, then u64 old_end, new_end, off, len
- * (big-endian), then the bytes. The magic is written last, in its own 8-byte write at
+ * (big-endian), the file id (so a record is never put onto another file that took the
+ * name since), then the bytes. The magic is written last, in its own 8-byte write at
  * offset 0, so a record cut by a kill is never taken for a complete one. */
 #define UNDO_MAGIC "SRUNDO01"
-#define UNDO_HEAD 40
+#define UNDO_HEAD (40 + SRCF_ID_SIZE)
 
 static void put_be64(uint8_t *p, uint64_t v)
 {
@@ -603,6 +604,7 @@ static int undo_arm(struct sr_content *c, const struct undo *u)
 	put_be64(head + 8, u->new_end);
 	put_be64(head + 16, u->off);
 	put_be64(head + 24, u->len);
+	srcf_file_id(c->file, head + 32);
 	int r = io_full(c->undo_fd, head, sizeof(head), 8, 1);
 	if (r == 0 && u->len)
 		r = io_full(c->undo_fd, (void *)u->bytes, u->len, UNDO_HEAD, 1);
