@@ -18,15 +18,16 @@ import struct
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import HsmBackend, HsmError, HsmIntegrityError, WrappedKey
-from keyserver.core.audit import AuditService, PendingRecord
+from keyserver.core.audit import AuditService, PendingRecord, utcnow
 from keyserver.core.errors import Conflict, IntegrityFailure, InvalidInput, NotFound, hsm_failure
 from keyserver.core.gcm import GcmBudget
-from keyserver.core.keys import key_filter, version_wrapped
+from keyserver.core.keys import key_filter, protection_ends, version_wrapped
 from keyserver.core.permissions import Permission
 from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
@@ -79,9 +80,14 @@ class _Active:
     version: int
     wrapped: WrappedKey
     cached_at: float
+    protect_until: datetime | None = None  # its Deactivation or Protect Stop Date (keys.protection_ends)
 
 
 DATA_KEY_SIZES = frozenset({16, 24, 32, 48, 64})
+
+
+def _stopped(active: _Active) -> bool:
+    return active.protect_until is not None and active.protect_until <= utcnow()
 
 
 def _generate_action(include_plaintext: bool) -> str:
@@ -123,16 +129,18 @@ class DataKeyService:
         with self._autocommit.begin() as conn:
             row = conn.execute(
                 select(ManagedKey.id, ManagedKey.name, KeyVersion.version, KeyVersion.wrapping_key_id,
-                       KeyVersion.wrapping_mechanism, KeyVersion.wrapped_key)
+                       KeyVersion.wrapping_mechanism, KeyVersion.wrapped_key, KeyVersion.deactivation_date,
+                       ManagedKey.kmip_attributes)
                 .join(KeyVersion, KeyVersion.key_id == ManagedKey.id)
                 # HMAC keys cannot encrypt: to data keys they do not exist (404 with advice below)
                 .where(key_filter(ref), KeyVersion.state == KeyState.ACTIVE.value, ManagedKey.algorithm == "AES")
             ).first()
             if row is None:
                 raise self._no_active(conn, ref)
-        key_id, name, version_no, kek_id, mechanism, ciphertext = row
+        key_id, name, version_no, kek_id, mechanism, ciphertext, deactivation, kmip_attributes = row
         assert kek_id and mechanism and ciphertext, "an Active version always has material"
-        active = _Active(key_id, name, version_no, WrappedKey(kek_id, mechanism, ciphertext), started)
+        active = _Active(key_id, name, version_no, WrappedKey(kek_id, mechanism, ciphertext), started,
+                         protection_ends(kmip_attributes, version_no, deactivation))
         if len(self._active) > 10_000:
             self._active.clear()
         self._active[ref] = active
@@ -148,6 +156,9 @@ class DataKeyService:
             raise InvalidInput("number_of_bytes must be one of 16, 24, 32, 48, 64")
         try:
             active = self._active_version(ref)
+            if _stopped(active):
+                raise Conflict(f"key '{active.name}' no longer protects new data: its Deactivation or Protect Stop "
+                               f"Date ({active.protect_until}) has passed; rotate it", code="illegal_state")
             self._gcm.spend(active.key_id, active.version, name=active.name)
         except (NotFound, Conflict) as exc:
             # Recorded once the lookup's transaction has ended (decision 0010).
@@ -173,7 +184,7 @@ class DataKeyService:
         if number_of_bytes not in DATA_KEY_SIZES or not self._policy.permits(ctx, Permission.DATAKEYS_GENERATE):
             return None
         active = self._cached_active(ref)
-        if active is None or not self._gcm.try_spend(active.key_id, active.version):
+        if active is None or _stopped(active) or not self._gcm.try_spend(active.key_id, active.version):
             return None
         return self._seal(ctx, active, _generate_action(include_plaintext), number_of_bytes, context,
                           include_plaintext)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Select, case, exists, func, or_, select
@@ -73,6 +73,21 @@ AES_LENGTHS = frozenset({128, 192, 256})
 # RFC 2104's advice); generated keys are that long, registered ones 16-128 bytes.
 HMAC_ALGORITHMS = {"HMAC-SHA256": 256, "HMAC-SHA384": 384, "HMAC-SHA512": 512}
 ALGORITHMS = frozenset({"AES", *HMAC_ALGORITHMS})
+
+
+PROTECT_STOP_DATE = "Protect Stop Date"  # in kmip_attributes, per version: {"<version>": epoch seconds}
+
+
+def protection_ends(kmip_attributes: dict[str, Any] | None, version: int,
+                    deactivation_date: datetime | None) -> datetime | None:
+    """When a key version stops protecting new data: its Deactivation Date or its KMIP
+    Protect Stop Date, whichever comes first. Every path that encrypts checks it at the
+    moment of use, not only when the scheduler next changes the state."""
+    at = ((kmip_attributes or {}).get(PROTECT_STOP_DATE) or {}).get(str(version))
+    ends = [d if d.tzinfo is not None else d.replace(tzinfo=UTC) for d in (deactivation_date,) if d is not None]
+    if at is not None:
+        ends.append(datetime.fromtimestamp(int(at), UTC))
+    return min(ends) if ends else None
 
 
 def require_aes(key: ManagedKey, purpose: str) -> None:

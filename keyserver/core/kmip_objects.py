@@ -36,7 +36,14 @@ from keyserver.core.errors import (
     ServiceUnavailable,
     hsm_failure,
 )
-from keyserver.core.keys import COMPROMISE_REASONS, REVOCATION_REASONS, key_filter, validate_tags, version_wrapped
+from keyserver.core.keys import (
+    COMPROMISE_REASONS,
+    PROTECT_STOP_DATE,
+    REVOCATION_REASONS,
+    key_filter,
+    validate_tags,
+    version_wrapped,
+)
 from keyserver.core.kmip_sealed import UnsealError, seal, unseal
 from keyserver.core.names import UUID_RE, check_name
 from keyserver.core.permissions import Permission
@@ -62,7 +69,7 @@ MULTI_INSTANCE = frozenset({OBJECT_GROUP, APPLICATION_SPECIFIC_INFORMATION})
 # registers the object: a symmetric key's Process Start and Protect Stop Dates, per
 # version ({"<version>": epoch seconds}: a ReKey's replacement starts without them), and
 # the Cryptographic Parameters each use takes by default (a list of instances).
-PROCESS_START_DATE, PROTECT_STOP_DATE = "Process Start Date", "Protect Stop Date"
+PROCESS_START_DATE = "Process Start Date"
 CRYPTOGRAPHIC_PARAMETERS = "Cryptographic Parameters"
 SERVER_KEPT = frozenset({PROCESS_START_DATE, PROTECT_STOP_DATE, CRYPTOGRAPHIC_PARAMETERS})
 # Uses that apply protection, and those that process protected data (KMIP 1.4 §3.25-3.26).

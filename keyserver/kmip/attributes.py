@@ -15,6 +15,7 @@ from typing import Any
 from kmip.core import enums
 from kmip.core.factories.attributes import AttributeFactory
 
+from keyserver.core.keys import PROTECT_STOP_DATE
 from keyserver.core.kmip_objects import (
     APPLICATION_SPECIFIC_INFORMATION,
     CERTIFICATE,
@@ -24,7 +25,6 @@ from keyserver.core.kmip_objects import (
     OPAQUE,
     PRIVATE_KEY,
     PROCESS_START_DATE,
-    PROTECT_STOP_DATE,
     SECRET_DATA,
     SERVER_KEPT,
     VersionObject,

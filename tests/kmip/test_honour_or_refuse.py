@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 from cryptography.hazmat.primitives import padding as sym_padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -120,6 +121,19 @@ def test_a_past_protect_stop_date_stops_encryption_but_not_decryption(kmip: Any)
     assert kmip.decrypt(sealed, uid=uid, iv_counter_nonce=iv) == b"older data"
     _, attributes = kmip.get_attributes(uid, [A.PROTECT_STOP_DATE.value])
     assert attributes[0].attribute_value.value == now - 60
+
+
+def test_a_kmip_key_past_its_protect_stop_date_makes_no_data_keys_over_rest(kmip: Any, admin: httpx.Client) -> None:
+    """A key made over KMIP is a REST key: the REST paths that protect honour its dates too."""
+    now = int(time.time())
+    uid = created(register_aes(kmip, os.urandom(32), attr(A.ACTIVATION_DATE, now - HOUR),
+                               attr(A.PROTECT_STOP_DATE, now - 60)))
+    _, attributes = kmip.get_attributes(uid, ["x-strongroom-key-id"])
+    key_id = attributes[0].attribute_value.value
+    r = admin.post(f"/api/v1/keys/{key_id}/generate-data-key", json={})
+    assert r.status_code == 409 and r.json()["code"] == "illegal_state", r.text
+    r = admin.post(f"/api/v1/keys/{key_id}/encrypt", json={"plaintext": "aGVsbG8="})
+    assert r.status_code == 409, r.text
 
 
 def test_a_key_past_its_protect_stop_date_wraps_no_key(kmip: Any) -> None:
