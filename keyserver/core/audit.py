@@ -633,30 +633,31 @@ class AuditService:
 
     def chain_state(self) -> dict[str, Any]:
         """The chain's head, its last checkpoint and how far it was last verified, from
-        the store alone (a health page shows it while the HSM is away)."""
+        the store (a health page shows it while the HSM is away). How far it was verified
+        is shown only when the HSM vouches for it: a row without this server's MAC — or
+        with the HSM away — is shown as not verified, never as verified."""
         with self._db() as s:
             head = s.get(AuditHead, 1)
             last = s.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.id.desc()).limit(1)).scalars().first()
             verified = s.get(AuditVerified, 1)
-            return {
-                "head_seq": head.seq if head else 0,
-                "last_checkpoint": checkpoint_dict(last) if last is not None else None,
-                "verified": None if verified is None else {
-                    "checkpoint": verified.checkpoint, "seq": verified.seq, "at": _iso(verified.verified_at)},
-            }
+        vouched = False
+        if verified is not None:
+            try:
+                vouched = hmac.compare_digest(verified.mac or "", self._verified_mac(
+                    verified.checkpoint, verified.seq, verified.hash))
+            except ServiceUnavailable:
+                vouched = False
+        return {
+            "head_seq": head.seq if head else 0,
+            "last_checkpoint": checkpoint_dict(last) if last is not None else None,
+            "verified": None if verified is None or not vouched else {
+                "checkpoint": verified.checkpoint, "seq": verified.seq, "at": _iso(verified.verified_at)},
+        }
 
     def status(self) -> dict[str, Any]:
         """`chain_state` and the checkpoint key's fingerprint: what the console shows
         instead of re-walking the chain."""
-        state = self.chain_state()
-        if state["verified"] is not None:
-            with self._db() as s:
-                row = s.get(AuditVerified, 1)
-            # A verification state the HSM does not vouch for is not shown as one.
-            if row is None or not hmac.compare_digest(row.mac or "", self._verified_mac(row.checkpoint, row.seq,
-                                                                                         row.hash)):
-                state["verified"] = None
-        return {**state, "key_fingerprint": key_fingerprint(self.public_key_der())}
+        return {**self.chain_state(), "key_fingerprint": key_fingerprint(self.public_key_der())}
 
     def _mac(self, data: bytes) -> str:
         try:
