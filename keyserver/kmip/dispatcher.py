@@ -143,6 +143,14 @@ class Dispatcher:
         return self._encode(version or DEFAULT_VERSION,
                             [self._item(operation=None, batch_id=None, reason=reason, message=message)])
 
+    def refuse(self, reason: enums.ResultReason, message: str, *, principal: Principal,
+               source_ip: str | None) -> bytes:
+        """`error` for an authenticated client's message refused before it reaches
+        `handle` (framing, size): audited like every other refusal."""
+        ctx = RequestContext(principal=principal, source_ip=source_ip, request_id=uuid.uuid4().hex)
+        self._refused(ctx, None, reason, message)
+        return self.error(reason, message)
+
     def _refused(self, ctx: RequestContext, operation: enums.Operation | None, reason: enums.ResultReason,
                  message: str, *, uid: str | None = None) -> None:
         """Audit one refusal: who, which operation, which result reason and why. Every

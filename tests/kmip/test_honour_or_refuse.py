@@ -317,3 +317,21 @@ def test_add_attribute_refuses_what_it_does_not_apply_with_its_reason(
                                                                              attribute=attr(name, value)))],
             continue_on_error=True))
     assert [item.result_reason.value for item in r.batch_items] == [expected, expected]
+
+
+def test_a_message_refused_before_dispatch_is_audited_through_the_dispatchers_hook(
+        officer_files: ClientFiles, services: Services) -> None:
+    """For the listener's framing and size refusals (its own file calls this hook)."""
+    from keyserver.core.principal import Principal
+    from keyserver.kmip.context import Engine
+    from keyserver.kmip.dispatcher import Dispatcher
+    from tests.kmip.raw import decode
+
+    dispatcher = Dispatcher(Engine(keys=services.keys, objects=services.kmip_objects, crypto=services.crypto))
+    caller = Principal(name=f"kmip:{officer_files.name}", actor_type="host", role="key-officer",
+                       permissions=frozenset())
+    out = dispatcher.refuse(R.INVALID_MESSAGE, "request messages are limited to 1 bytes", principal=caller,
+                            source_ip="192.0.2.1")
+    assert decode(out).batch_items[0].result_reason.value == R.INVALID_MESSAGE
+    [record] = [r for r in refusals(services, caller.name, "kmip.request") if r.source_ip == "192.0.2.1"]
+    assert record.details["result_reason"] == "INVALID_MESSAGE"
