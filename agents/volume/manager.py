@@ -163,10 +163,13 @@ class VolumeManager:
 
     def _seen(self, vol: dict[str, Any], code: str, detail: str) -> None:
         """The server said no to this volume for good: forget its passphrase, remember why."""
-        first = self._revoked.volume(vol["id"]) is None
+        if self._revoked.volume(vol["id"]) is not None:  # seen before: that record (and its time) stands
+            self._revoked.drop_grace(vol["id"])
+            return
         self._revoked.mark_volume(vol["id"], name=vol["name"], code=code, detail=detail)
-        if first:  # in the audit chain too, beside the server's own refusal
-            self._record("volume.revocation_seen", volume_id=vol["id"], name=vol["name"], revocation=code)
+        # In the audit chain too, beside the server's own refusal: a later offline open of
+        # this volume (a tombstone removed by hand) stands out against it.
+        self._record("volume.revocation_seen", volume_id=vol["id"], name=vol["name"], revocation=code)
 
     @contextmanager
     def _asking(self, vol: dict[str, Any], *, unseal: bool) -> Iterator[None]:
@@ -340,8 +343,13 @@ class VolumeManager:
             self.close(name, report=False)
             raise
         if not offline:
-            with self._asking(vol, unseal=False):
-                self._client.report_volume(vol["id"], "open", opened_by=state.opened_by)
+            try:
+                with self._asking(vol, unseal=False):
+                    self._client.report_volume(vol["id"], "open", opened_by=state.opened_by)
+            except ServerRefused:
+                if self._revoked.refusal(vol["id"]) is not None:  # revoked since the unseal: fail closed
+                    self.close(name, report=False)
+                raise
         return state
 
     def _offline_passphrase(self, vol: dict[str, Any], why: str) -> bytes:

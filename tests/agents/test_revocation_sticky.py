@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import pytest
 
 from agents.cli import Exit
 from keyserver.services import Services
-from tests.agents.test_agent_port import group_key
+from tests.agents.test_agent_port import enroll_host, group_key
 from tests.agents.test_cli import kms_agent, write_config
 from tests.agents.test_volume_cli import Agent
 from tests.agents.test_volume_cli import pytestmark as volume_marks
@@ -203,3 +204,24 @@ def test_an_offline_open_within_grace_is_audited_with_its_volume(agent: Agent, a
     assert record["object_type"] == "volume" and record["object_id"] == vol["id"]
     assert record["details"]["name"] == "graced" and record["actor"].startswith("host:")
     assert kept.exists()
+
+
+def test_a_running_daemon_stops_when_another_process_saw_the_revocation(tmp_path: Path, base_url: str,
+                                                                         agent_url: str, admin: httpx.Client) -> None:
+    """The daemon cannot reach the server, so it would keep its guard points up on cached
+    keys; another process of the host (a volume command, a guard point) hears that the
+    host is revoked, and the daemon stands down at its next turn, without the server."""
+    from agents.daemon import AgentDaemon
+    from agents.keyclient.client import HostRevoked, ServerClient, ServerKeyring
+    from agents.keyclient.revocation import RevocationLedger
+    from agents.keyclient.spool import EventSpool
+
+    host = enroll_host(tmp_path, base_url, agent_url, admin, name="daemon")
+    away = ServerClient.for_host(DEAD, host.identity, timeout=2)
+    keyring = ServerKeyring(away, ttl_seconds=300, max_entries=8)
+    daemon = AgentDaemon(away, keyring, EventSpool(tmp_path / "spool"),
+                         revocations=RevocationLedger(host.identity.state_dir))
+    assert admin.post(f"/api/v1/hosts/{host.id}/revoke").status_code == 200
+    with pytest.raises(HostRevoked):
+        host.client.volumes()
+    assert daemon.run(threading.Event()) == Exit.NOT_ENROLLED and daemon.revoked
