@@ -771,16 +771,20 @@ static int write_locked(struct sr_content *c, const uint8_t *data, size_t size, 
 	r = io_full(c->fd, stored, len, (off_t)from, 1);
 	if (r == 0 && grow)
 		r = io_full(c->fd, b->aux, alen, (off_t)u.off, 1);
-	/* A record left armed would undo this write at the next start: then the write
-	 * fails, and is undone now. */
-	if (r == 0)
-		r = undo_disarm(c);
 	if (r < 0) {
 		undo_apply(c, &u);
 		return r;
 	}
 	if (new_size > c->size)
 		c->size = new_size;
+	/* The write is whole, but a record left armed would undo it at the next start, so
+	 * it cannot be acknowledged. Putting the old bytes back now could tear the chunks
+	 * if that write failed too, with the record maybe gone: the file stays new, the
+	 * next start finds it new or (record armed) old, never torn. */
+	if (undo_disarm(c) < 0) {
+		c->broken = 1;
+		return -EIO;
+	}
 	if (from > c->stream_end || to < c->started) {
 		c->started = c->flushed = from; /* not sequential: a new stream starts here */
 	}

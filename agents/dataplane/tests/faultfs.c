@@ -12,7 +12,7 @@
  *     [3] ops         which calls count: 1 writes, 2 ftruncate, 4 fallocate, 8 fsync (0: all)
  *     [4] injected    failures injected so far
  *     [5] sticky      1: once tripped, every later counted call fails too (a full disk)
- *     [6] torn        1: a failing write first writes half of its bytes (a torn write)
+ *     [6] torn        1: a failing write of more than 512 bytes first writes half of them
  * errno 9999 is not an error: the process kills itself with SIGKILL at that call (after
  * the torn half, if asked), which is how a kill -9 at every step is reached. */
 #define _GNU_SOURCE
@@ -110,7 +110,9 @@ ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 {
 	int e = trip(fd, OP_WRITE);
 	if (e) {
-		if (torn() && n > 1)
+		/* within one 512-byte sector a write is whole or not at all (the assumption
+		 * FORMAT.md makes for the header): only longer writes are torn */
+		if (torn() && n > 512)
 			(void)REAL(pwrite)(fd, buf, n / 2, off);
 		return fail(e);
 	}
