@@ -135,7 +135,8 @@ class RevocationLedger:
 
     # --- writing ------------------------------------------------------------------------
     def _write(self, folder: Path, name: str, record: Tombstone) -> None:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for d in (self._dir, folder):  # parents=True would make the first one with the umask's mode
+            d.mkdir(mode=0o700, exist_ok=True)
         with atomic_replace(folder / name, mode=0o600) as f:
             f.write(json.dumps(asdict(record)).encode())
 
