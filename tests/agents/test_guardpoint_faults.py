@@ -492,13 +492,22 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
 
 
-def test_writers_filling_a_tiny_file_system_lose_nothing(tmp_path: Path, tiny_tmpfs: Path) -> None:
+@pytest.mark.parametrize("fallocate", [True, False], ids=["reserved", "no-fallocate"])
+def test_writers_filling_a_tiny_file_system_lose_nothing(tmp_path: Path, tiny_tmpfs: Path, shim: Path,
+                                                         fallocate: bool) -> None:
     """Three writers extend their files on a 3 MiB tmpfs until it is full (appends of
     odd sizes, fsync after some), then try truncates up and overwrites of the final
     partial chunk on the full file system. Each file must hold exactly what its writes
     that succeeded wrote (a failed one changed nothing), before and after a remount,
-    through the mount and the reference decryptor."""
-    with guard_point(tiny_tmpfs, tmp_path / "mnt") as gp:
+    through the mount and the reference decryptor. Again with every fallocate answering
+    EOPNOTSUPP (a file system without it): nothing is reserved, and a write that meets
+    ENOSPC half way is put back."""
+    env = None
+    if not fallocate:
+        faults = Faults(tmp_path / "faults")
+        faults.arm(1, errno.EOPNOTSUPP, ops=4, sticky=True)
+        env = {"LD_PRELOAD": str(shim), "SR_FAULT_CTL": str(faults.path), "SR_FAULT_DIR": str(tiny_tmpfs)}
+    with guard_point(tiny_tmpfs, tmp_path / "mnt", env) as gp:
         expect: dict[str, bytearray] = {}
         synced: dict[str, bytes] = {}
         lock = threading.Lock()
@@ -555,6 +564,8 @@ def test_writers_filling_a_tiny_file_system_lose_nothing(tmp_path: Path, tiny_tm
             fsynced = synced.get(name, b"")[:-10]  # the last ten bytes may have been overwritten since
             assert gp.mounted(name).startswith(fsynced), f"{name}: fsynced bytes lost"
         assert synced, "no writer got to fsync"
+    if not fallocate:
+        assert faults.injected > 0, "the daemon reserved nothing: no fallocate to refuse"
 
 
 # ---- (3) EFBIG from the backing file system -------------------------------------------------
