@@ -177,6 +177,9 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="machine-readabl
     """This host's enrollment, the key server's view of it, and the keys it may use."""
     config = _config()
     identity = _identity(config)
+    refused = host_revocation(config.state_dir)
+    if refused is not None:  # what the server said is remembered: no need to reach it to say so
+        raise Fail(Exit.NOT_ENROLLED, refused)
     spool = _spool(config)
     with _client(config) as c:
         beat = c.heartbeat(os_name=os_description())

@@ -170,6 +170,8 @@ def test_a_revoked_host_opens_nothing_offline_until_enrolled_again(agent: Agent,
     refused = [e for e in _spooled(agent) if e["event"] == "volume.open_failed"]
     assert refused[-1]["reason"] == "revoked" and refused[-1]["revocation"] == "host_revoked"
     assert refused[-1]["volume_id"] == vol["id"]
+    code, _, err = offline("status")
+    assert code == Exit.NOT_ENROLLED and "host_revoked" in err and "kms-agent enroll" in err
 
     # The daemon serves none of its guard points: it refuses to start, with the server
     # away (it would otherwise wait for the server, beating; the timeout only stops a hang).
