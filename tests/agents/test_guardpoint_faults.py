@@ -341,6 +341,39 @@ def test_every_backing_call_of_a_workload_failing_leaves_old_or_new(tmp_path: Pa
     assert _outside_backing(root) == []
 
 
+def test_a_file_left_to_the_journal_takes_no_more_writes_until_the_restart(tmp_path: Path, shim: Path) -> None:
+    """Every backing write fails, so a failed write cannot be put back either: the file
+    is left to its journal (undo record armed). When the disk recovers, the file
+    reopened must refuse writes (EIO) until the restart puts it back — a write taken
+    then would be undone by the old record, and bytes fsynced after it lost."""
+    root = tmp_path / "gp"
+    root.mkdir()
+    faults = Faults(tmp_path / "faults")
+    env = {"LD_PRELOAD": str(shim), "SR_FAULT_CTL": str(faults.path), "SR_FAULT_DIR": str(root / "backing")}
+    before = os.urandom(3 * CS + 100)
+    with guard_point(root, tmp_path / "mnt", env) as gp:
+        _setup(gp, "f", before)
+        faults.arm(2, errno.EIO, sticky=True, torn=True)  # the run's write, then the put-back
+        assert _run(gp, "f", _write(10, os.urandom(2 * CS))) is not None
+        faults.disarm()
+        fd = os.open(gp.mnt / "f", os.O_RDWR)
+        try:
+            with pytest.raises(OSError) as info:
+                os.pwrite(fd, b"later", 0)
+            assert info.value.errno == errno.EIO
+        finally:
+            os.close(fd)
+        gp.restart()
+        assert gp.mounted("f") == gp.reference("f") == before
+        fd = os.open(gp.mnt / "f", os.O_RDWR)
+        try:
+            assert os.pwrite(fd, b"later", 0) == 5  # back to normal
+        finally:
+            os.close(fd)
+        assert gp.mounted("f") == b"later" + before[5:]
+    faults.close()
+
+
 # ---- (4) kill -9 at every step --------------------------------------------------------
 def test_kill_9_at_every_backing_call_leaves_old_or_new(tmp_path: Path, shim: Path) -> None:
     """The daemon SIGKILLs itself at each backing call of each step (after writing half

@@ -443,6 +443,40 @@ void sr_content_srcf_shutdown(void)
 		journal_flush();
 }
 
+/* Files left broken (a change neither done nor put back; the armed undo record puts it
+ * back at the next start): a later open must not write on, or the record would be
+ * replayed over newer data. Kept until the daemon exits; the journal entry stays. */
+#define BROKEN_MAX 256
+static struct {
+	dev_t dev;
+	ino_t ino;
+} broken_files[BROKEN_MAX];
+static int broken_count;
+static pthread_mutex_t broken_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int broken_known(const struct stat *st)
+{
+	int found = 0;
+	pthread_mutex_lock(&broken_lock);
+	for (int i = 0; i < broken_count && !found; i++)
+		found = broken_files[i].dev == st->st_dev && broken_files[i].ino == st->st_ino;
+	pthread_mutex_unlock(&broken_lock);
+	return found;
+}
+
+static void broken_remember(const struct stat *st)
+{
+	if (broken_known(st))
+		return;
+	pthread_mutex_lock(&broken_lock);
+	if (broken_count < BROKEN_MAX) {
+		broken_files[broken_count].dev = st->st_dev;
+		broken_files[broken_count].ino = st->st_ino;
+		broken_count++;
+	}
+	pthread_mutex_unlock(&broken_lock);
+}
+
 /* ---- chunk I/O ---------------------------------------------------------------------- */
 /* Decrypt chunks first..last (all within the current size) into out, which holds
  * exactly their plaintext. */
@@ -524,6 +558,7 @@ static int srcf_open(void *layer, int fd, int writable, struct sr_content **out)
 	c->cs = h.chunk_size;
 	c->size = size;
 	c->undo_fd = -1;
+	c->broken = broken_known(&st);
 	pthread_rwlock_init(&c->lock, NULL);
 	*out = c;
 	return 0;
@@ -965,8 +1000,12 @@ static void srcf_release(struct sr_content *c)
 	/* The last user closed it: every size change is complete; its journal entry goes
 	 * once the flusher has made the file durable. */
 	struct stat st;
-	if (c->journalled && !c->broken && fstat(c->fd, &st) == 0)
-		journal_release(c, &st); /* broken: entry and undo record stay for the next start */
+	if (fstat(c->fd, &st) == 0) {
+		if (c->broken)
+			broken_remember(&st); /* entry and undo record stay for the next start */
+		else if (c->journalled)
+			journal_release(c, &st);
+	}
 	if (c->undo_fd >= 0)
 		close(c->undo_fd);
 	srcf_file_free(c->file);
