@@ -32,6 +32,10 @@ def test_cli_issues_and_serve_listens(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STRONGROOM_", "SOFTHSM2_CONF"))}
     env.update(STRONGROOM_DATA_DIR=str(tmp_path / "data"), STRONGROOM_PORT=str(http_port),
                STRONGROOM_KMIP_PORT=str(kmip_port), STRONGROOM_LOG_LEVEL="WARNING")
+    # kmip-client refuses a data directory that holds no key server (it never makes one):
+    # a user's first step is init (or serve).
+    r = subprocess.run([KEYSERVER, "init"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
     out = tmp_path / "client"
     r = subprocess.run([KEYSERVER, "kmip-client", "create", "cli.example.com", "--role", "key-officer",
                         "--out", str(out)], env=env, capture_output=True, text=True, timeout=120)
