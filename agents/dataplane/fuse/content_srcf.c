@@ -1045,6 +1045,8 @@ static int srcf_rekey(struct sr_content *c, int dirfd, const char *name)
 {
 	if (!c->writable)
 		return -EROFS;
+	if (c->broken)
+		return -EIO; /* left to its journal: a copy now would outlive the undo record */
 	srcf_key *key;
 	int r = active_key_load(&key);
 	if (r < 0)
