@@ -13,3 +13,9 @@ export const HELD: Record<string, { label: string; perm: Permission }> = {
   "user.password": { label: "Reset an approver's password", perm: "users:manage" },
   "user.totp": { label: "Remove an approver's second factor", perm: "users:manage" },
 };
+
+/** The server's words when a request was held for approval (202), else null. */
+export function heldDetail(r: unknown): string | null {
+  const p = r as { status?: string; detail?: string } | null;
+  return p?.status === "pending" ? (p.detail ?? "It waits for another person's approval.") : null;
+}

@@ -4,6 +4,7 @@ import { IconDots, IconPlus } from "@tabler/icons-react";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState } from "react";
 import { ROLES, api, call, type Role, type User } from "../api/client";
+import { heldDetail } from "../approvals";
 import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
 import { GuardedButton } from "../components/Guarded";
@@ -36,15 +37,22 @@ export function UsersPage() {
 
   const reset = useMutation({
     mutationFn: (u: User) => call(api.POST("/api/v1/users/{user_id}/reset-password", { params: { path: { user_id: u.id } } }))
-      .then((r) => ({ user: u.username, otp: r.one_time_password })),
-    onSuccess: (s) => { setConfirm(null); setSecret(s); void qc.invalidateQueries({ queryKey: qk.users }); },
+      .then((r) => ({ user: u.username, otp: r.one_time_password, held: heldDetail(r) })),
+    onSuccess: (s) => {
+      setConfirm(null);
+      if (s.held) notifications.show({ color: "blue", title: "Waiting for approval", message: s.held });
+      else setSecret(s);
+      void qc.invalidateQueries({ queryKey: qk.users });
+    },
   });
   const update = useMutation({
     mutationFn: ({ u, body }: { u: User; body: { disabled?: boolean; role?: Role } }) =>
       call(api.PATCH("/api/v1/users/{user_id}", { params: { path: { user_id: u.id } }, body })),
     onSuccess: (u) => {
       void qc.invalidateQueries({ queryKey: qk.users });
-      notifications.show({ color: "teal", title: "User updated", message: `${u.username}: ${u.role}${u.disabled ? ", disabled" : ""}` });
+      const held = heldDetail(u);
+      notifications.show(held ? { color: "blue", title: "Waiting for approval", message: held }
+        : { color: "teal", title: "User updated", message: `${u.username}: ${u.role}${u.disabled ? ", disabled" : ""}` });
       setDisabling(null);
       setConfirm(null);
     },
@@ -154,7 +162,10 @@ function CreateUserDialog({ opened, onClose, onCreated }: { opened: boolean; onC
     mutationFn: () => call(api.POST("/api/v1/users", { body: { username: username.trim(), full_name: fullName, role } })),
     onSuccess: (r) => {
       void qc.invalidateQueries({ queryKey: qk.users });
-      onCreated(r.user.username, r.one_time_password ?? null);
+      const held = heldDetail(r);
+      // Held: once approved, creating the same user again hands over the one-time password.
+      if (held) notifications.show({ color: "blue", title: "Waiting for approval", message: held });
+      else onCreated(r.user.username, r.one_time_password ?? null);
       close();
     },
   });

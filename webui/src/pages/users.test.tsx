@@ -1,8 +1,9 @@
 import { screen, waitFor } from "@testing-library/react";
 import userEvent from "@testing-library/user-event";
-import { describe, expect, it } from "vitest";
+import { notifications } from "@mantine/notifications";
+import { describe, expect, it, vi } from "vitest";
 import type { User } from "../api/client";
-import { fakeApi } from "../test/fakeApi";
+import { fakeApi, json } from "../test/fakeApi";
 import { meAs, renderWith } from "../test/render";
 import { UsersPage } from "./Users";
 
@@ -50,5 +51,25 @@ describe("Users: no one-click role changes or resets", () => {
     await userEvent.click(screen.getByTestId("typed-confirm-submit"));
     await waitFor(() => expect(api.calls("POST /api/v1/users/:id/reset-password")).toHaveLength(1));
     expect(await screen.findByText("otp-123-456")).toBeInTheDocument();
+  });
+
+  it("says a reset held by the two-person rule waits, and shows no password", async () => {
+    const detail = "'user.password' needs 1 approval(s) by other people holding 'users:manage'";
+    const api = fakeApi({
+      "GET /api/v1/users": [{ ...bob, role: "admin" }],
+      "POST /api/v1/users/:id/reset-password": () => json(202, { status: "pending", code: "approval_required", detail,
+                                                                  approval: { id: "r1", action: "user.password" } }),
+    });
+    const shown = vi.spyOn(notifications, "show");
+    renderWith(<UsersPage />, { me: meAs("admin") });
+    await openMenu();
+    await userEvent.click(await screen.findByRole("menuitem", { name: "Reset password…" }));
+    await userEvent.type(screen.getByTestId("typed-confirm-input"), "bob");
+    await userEvent.click(screen.getByTestId("typed-confirm-submit"));
+    await waitFor(() => expect(api.calls("POST /api/v1/users/:id/reset-password")).toHaveLength(1));
+    await waitFor(() => expect(shown).toHaveBeenCalledWith(expect.objectContaining({
+      title: "Waiting for approval", message: detail })));
+    expect(screen.queryByText(/one-time password/i)).not.toBeInTheDocument();
+    shown.mockRestore();
   });
 });
