@@ -305,15 +305,6 @@ def client_attributes(attrs: list[Any]) -> dict[str, Any]:
     return out
 
 
-def template_values(template: Any) -> dict[str, Any]:
-    """The attributes of a request's TemplateAttribute as plain Python values."""
-    if template is None:
-        return {}
-    if getattr(template, "names", None):
-        raise KmipFailure(enums.ResultReason.FEATURE_NOT_SUPPORTED, "named templates are not supported")
-    return attribute_values(template.attributes or [])
-
-
 def attribute_values(attrs: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for attr in attrs:
@@ -405,8 +396,7 @@ def parameters_value(stored: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_template(template: Any, kind: str, *, object_type: enums.ObjectType | None = None,
-                  extra: dict[str, Any] | None = None) -> Template:
+def read_template(template: Any, kind: str, *, object_type: enums.ObjectType | None = None) -> Template:
     """Every attribute of a Create/Register/CreateKeyPair template, checked: applied by
     the caller (through the returned Template) or refused here with the reason KMIP 1.x
     gives — a server-set attribute Permission Denied, one this server does not implement
@@ -463,9 +453,6 @@ def read_template(template: Any, kind: str, *, object_type: enums.ObjectType | N
     out.protect_stop = dates.get(PROTECT_STOP_DATE)
     if out.activation and out.deactivation and out.deactivation <= out.activation:
         raise KmipFailure(R.INVALID_FIELD, "the Deactivation Date must be after the Activation Date")
-    for key, value in (extra or {}).items():
-        if key in out.values and out.values[key] != value:
-            raise KmipFailure(R.INVALID_FIELD, f"the template's {key} does not match the object's")
     return out
 
 
