@@ -166,6 +166,10 @@ def test_resetting_a_colleagues_password_is_held_and_does_not_make_them_ones_vot
     # And Cas, untouched by Ann, is the second person the rule asks for.
     assert held.approvals.approve(cas, rid).executed
     assert held.keys.get(ann, str(key_id)).versions[0].state == "destroyed"
+    # Once Cas agrees to Ann removing Cas's factor, Ann has touched Cas's credentials.
+    assert held.approvals.approve(cas, t.value.request.id).executed
+    _, rid2 = _destroy_request(held, ann)
+    _refused(held, _sign_in(held, cas.principal.name, PASSWORD), rid2, "approver_not_independent")
 
 
 def test_programs_never_approve(held: Services, tmp_path: Path) -> None:
