@@ -30,7 +30,7 @@ from sqlalchemy import select, update
 from keyserver.core.principal import system_context
 from keyserver.kmip.listener import KmipListener
 from keyserver.services import Services
-from keyserver.store.models import AuditEvent, KmipPublicKey, KmipSealedObject
+from keyserver.store.models import AuditEvent, KeyVersion, KmipPublicKey, KmipSealedObject
 from tests.conftest import unique
 from tests.kmip.conftest import ClientFiles, make_client
 from tests.kmip.raw import connect, query_request, request, roundtrip
@@ -179,6 +179,18 @@ def test_the_scheduler_activates_and_deactivates_key_pairs_by_their_dates(kmip: 
     services.keys.run_due(system_context("tests"))
     assert state_of(kmip, private) == enums.State.DEACTIVATED
     assert state_of(kmip, public) == enums.State.ACTIVE
+
+
+def test_the_scheduler_deactivates_a_pre_active_key_whose_deactivation_date_passes(kmip: Any,
+                                                                                    services: Services) -> None:
+    uid = created(kmip.proxy.create(enums.ObjectType.SYMMETRIC_KEY, aes_template(
+        attr(A.DEACTIVATION_DATE, int(time.time()) + HOUR))))
+    assert state_of(kmip, uid) == enums.State.PRE_ACTIVE
+    with services.db.begin() as s:  # the hour passes
+        s.execute(update(KeyVersion).where(KeyVersion.id == uuid.UUID(uid))
+                  .values(deactivation_date=datetime.now(UTC) - timedelta(minutes=1)))
+    services.keys.run_due(system_context("tests"))
+    assert state_of(kmip, uid) == enums.State.DEACTIVATED
 
 
 # --- the object's Cryptographic Parameters are its uses' defaults ------------------------------
