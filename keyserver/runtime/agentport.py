@@ -25,6 +25,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from keyserver.core.ca import CertificateAuthority
+from keyserver.runtime.limits import HttpLimits, bound_handshakes, limit_server
 from keyserver.runtime.sockets import bind_socket
 from keyserver.runtime.tls import server_context
 from keyserver.services import Services
@@ -119,7 +120,14 @@ def run_servers(main: uvicorn.Server, sidecars: list[tuple[uvicorn.Server, socke
 
 async def serve_with_sidecars(main: uvicorn.Server, sidecars: list[tuple[uvicorn.Server, socket.socket]],
                               main_sockets: list[socket.socket] | None = None) -> None:
-    """Run `main` and the sidecars on one loop; when main stops, so do they."""
+    """Run `main` and the sidecars on one loop, each port under the connection limits
+    of the application's settings (runtime/limits.py); when main stops, so do they."""
+    services = getattr(getattr(main.config.app, "state", None), "services", None)
+    if services is not None:
+        limits = HttpLimits.from_settings(services.settings)
+        for server in (main, *(s for s, _ in sidecars)):
+            limit_server(server, limits)
+        bound_handshakes(asyncio.get_running_loop(), limits.handshake_timeout)
     tasks = [asyncio.create_task(server.serve(sockets=[sock])) for server, sock in sidecars]
     try:
         await main.serve(sockets=main_sockets)

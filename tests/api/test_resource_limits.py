@@ -22,6 +22,7 @@ from tests.serve import Server
 CHUNK = b"x" * 65536
 ATTACK_BYTES = 96 << 20  # per connection: what the old server buffered in full
 RSS_BOUND = 40 << 20  # growth allowed while attacks run: buffers, not bodies
+PER_SOURCE = 8
 
 
 def rss(pid: int) -> int:
@@ -33,7 +34,9 @@ def rss(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with Server(tmp_path_factory.mktemp("limits"), STRONGROOM_KMIP_ENABLED="false") as s:
+    with Server(tmp_path_factory.mktemp("limits"), STRONGROOM_KMIP_ENABLED="false",
+                STRONGROOM_HTTP_HEADER_TIMEOUT_SECONDS="2", STRONGROOM_TLS_HANDSHAKE_TIMEOUT_SECONDS="1",
+                STRONGROOM_HTTP_MAX_CONNECTIONS_PER_SOURCE=str(PER_SOURCE)) as s:
         yield s
 
 
@@ -173,3 +176,91 @@ def test_declared_length_over_the_limit_is_refused_unread(server: Server) -> Non
         conn.close()
     assert head.startswith(b"HTTP/1.1 413"), head[:200]
 
+
+
+@pytest.mark.parametrize("where", ["rest", "agent"])
+def test_endless_headers_are_refused_with_431(server: Server, where: str) -> None:
+    """One header line that never ends: httptools kept all of it (+85 MB for 64 MiB)."""
+    port = server.port if where == "rest" else agent_port(server)
+    baseline = rss(server.proc.pid)
+    conn = connect(server, port)
+    sent, early = 0, b""
+    try:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+        while sent < ATTACK_BYTES and not early:
+            early = answered(conn)
+            if early:
+                break
+            try:
+                conn.sendall(CHUNK)
+            except OSError:
+                break
+            sent += len(CHUNK)
+        head = read_response(conn, early)
+    finally:
+        conn.close()
+    assert head.startswith(b"HTTP/1.1 431"), head[:200]
+    assert sent < ATTACK_BYTES
+    assert rss(server.proc.pid) - baseline < RSS_BOUND
+
+
+def cut_while_dripping(conn: socket.socket, drip: bytes, *, every: float = 0.2, at_most: int = 150) -> bool:
+    """Send `drip` a byte at a time; True once the server has closed the connection."""
+    for i in range(at_most):
+        try:
+            conn.sendall(drip[i % len(drip):i % len(drip) + 1])
+        except OSError:
+            return True
+        conn.settimeout(every)
+        try:
+            if conn.recv(1) == b"":
+                return True
+        except (TimeoutError, ssl.SSLWantReadError):
+            continue
+        except OSError:
+            return True
+    return False
+
+
+def test_headers_dripped_byte_by_byte_are_cut(server: Server) -> None:
+    """A slow client that sends a byte of its headers every 200 ms (30 s at most here;
+    the limit is 2 s) is cut: no connection is held by dripping."""
+    conn = connect(server, server.port)
+    try:
+        assert cut_while_dripping(conn, b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 400)
+    finally:
+        conn.close()
+
+
+def test_connections_that_never_start_tls_are_cut(server: Server) -> None:
+    """Pre-TLS: a TCP connection that sends nothing, or half a ClientHello, is closed
+    after the handshake's time (asyncio's default was 60 s)."""
+    for port in (server.port, agent_port(server)):
+        for greeting in (b"", b"\x16\x03\x01\x02\x00"):
+            raw = socket.create_connection(("127.0.0.1", port), timeout=30)
+            try:
+                raw.sendall(greeting)
+                raw.settimeout(30)
+                try:
+                    closed = raw.recv(1) == b""
+                except ConnectionResetError:
+                    closed = True
+                assert closed
+            finally:
+                raw.close()
+
+
+@pytest.mark.parametrize("where", ["rest", "agent"])
+def test_one_source_cannot_take_every_connection(server: Server, where: str) -> None:
+    """An address that opens more than its share is answered 503 on the extra ones,
+    and a client from another address is served while they are held."""
+    port = server.port if where == "rest" else agent_port(server)
+    held = [connect(server, port, source="127.0.0.2") for _ in range(PER_SOURCE + 4)]
+    try:
+        answers = [read_response(c) for c in held[PER_SOURCE:]]
+        assert all(a.startswith(b"HTTP/1.1 503") and b"too_many_connections" in a for a in answers), answers
+        with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=server.tls(), timeout=30) as good:
+            assert all(good.get("/healthz").status_code == 200 for _ in range(20))
+    finally:
+        for c in held:
+            c.close()
