@@ -494,19 +494,19 @@ def verify_audit(
 ) -> None:
     """Check the audit chain from its last verified checkpoint and name the first broken
     record, if any."""
-    from keyserver.core.audit_sinks import read_copy
+    from keyserver.core.audit_sinks import CopyUnreadable, SinkCopy
 
-    outside: list[dict[str, object]] = []
-    if checkpoints is not None:
-        try:
-            outside = list(read_copy(checkpoints))
-        except (OSError, ValueError) as exc:
-            console.print(f"[red]cannot read the outside copy {checkpoints}[/red]: {exc}")
-            raise typer.Exit(EXIT_FAILED) from None
+    if checkpoints is not None and not checkpoints.is_file():
+        console.print(f"[red]cannot read the outside copy[/red]: {checkpoints} is not a file")
+        raise typer.Exit(EXIT_FAILED)
     services = _existing_services()
     try:
         started = time.perf_counter()
-        result = services.audit.verify(full=full, outside=outside)
+        try:
+            result = services.audit.verify(full=full, outside=SinkCopy(checkpoints) if checkpoints else None)
+        except CopyUnreadable as exc:
+            console.print(Text(f"cannot read the outside copy: {exc}", style="red"), soft_wrap=True)
+            raise typer.Exit(EXIT_FAILED) from None
         took = time.perf_counter() - started
         if result.note:
             console.print(Text(result.note, style="yellow"), soft_wrap=True)

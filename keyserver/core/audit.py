@@ -32,12 +32,11 @@ import csv
 import hashlib
 import hmac
 import io
-import itertools
 import json
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -882,7 +881,7 @@ class AuditService:
             last = rows[-1].seq
             yield buf.getvalue()
 
-    def verify(self, *, full: bool = False, outside: list[dict[str, Any]] | None = None) -> VerifyResult:
+    def verify(self, *, full: bool = False, outside: Iterable[dict[str, Any]] | None = None) -> VerifyResult:
         """Check the chain and name the first thing that does not fit.
 
         Every checkpoint's signature and link is checked; records are walked from the
@@ -893,13 +892,14 @@ class AuditService:
         unchanged, in the database — which catches a cut tail, a wipe and a re-MACed
         chain — and its records must chain among themselves and each be, unchanged, the
         database's record of the same sequence number, so that nothing the copy holds,
-        after the last checkpoint too, can be cut or rewritten unseen."""
+        after the last checkpoint too, can be cut or rewritten unseen. `outside` is read
+        twice (checkpoints, then records, streamed: a copy of millions of records is
+        never held in memory) — a list, or `audit_sinks.read_copy(path)`."""
         self.flush()
         public = serialization.load_der_public_key(self.public_key_der())
         assert isinstance(public, ec.EllipticCurvePublicKey)
         fingerprint = key_fingerprint(self.public_key_der())
-        outside_cps = [c for c in outside or [] if c.get("type", "checkpoint") == "checkpoint"]
-        outside_recs = [r for r in outside or [] if r.get("type") == "record"]
+        outside_cps = [c for c in outside or () if c.get("type", "checkpoint") == "checkpoint"]
         with self._db() as s:
             head = s.get(AuditHead, 1)
             head_seq, head_hash = (head.seq, head.hash) if head else (0, GENESIS_HASH)
@@ -943,7 +943,7 @@ class AuditService:
                                         f"up to record {c['seq']} was rewritten (re-MACed and re-signed)")
         # 3. Records from outside, every one: checkpoints leave the newest records (up to
         # N or T of them) unanchored, and only the copy itself can show them cut or edited.
-        problem_at, outside_seq = self._compare_outside_records(outside_recs, head_seq)
+        problem_at, outside_records, outside_seq = self._compare_outside_records(outside or (), head_seq)
         if problem_at is not None:
             return broken(problem_at[0], problem_at[1])
         # 4. The records, from where the last run left off — if the HSM vouches for that.
@@ -993,7 +993,7 @@ class AuditService:
                 row.mac = self._verified_mac(last_cp["checkpoint"], last_cp["seq"], last_cp["hash"])
         return VerifyResult(True, checked, head_seq, None, None, from_seq=start,
                             checkpoint=(last_cp or (stored[-1] if stored else {})).get("checkpoint"),
-                            outside_checked=len(outside_cps), outside_records=len(outside_recs),
+                            outside_checked=len(outside_cps), outside_records=outside_records,
                             outside_seq=outside_seq, note=note)
 
     def _verified_mac(self, checkpoint: int, seq: int, hash: str) -> str:
@@ -1004,55 +1004,63 @@ class AuditService:
                           sort_keys=True, separators=(",", ":")).encode()
         return self._mac(body)
 
-    def _compare_outside_records(self, records: list[dict[str, Any]],
-                                 head_seq: int) -> tuple[tuple[int | None, str] | None, int]:
-        """(first problem as (seq, reason) or None, the newest record the copy holds).
-        The copy may repeat a record (delivery is at-least-once) and may start after
-        record 1 (rotated files dropped); it may not disagree with itself or with the
-        database, skip a record, or reach past the database's end."""
-        copy: dict[int, dict[str, Any]] = {}
-        for r in records:
-            try:
-                seq = int(r["seq"])
-                doc = {c: r[c] for c in EXPORT_COLUMNS}
-            except (KeyError, TypeError, ValueError):
-                return (None, "the outside copy holds a malformed record"), 0
-            if seq in copy and copy[seq] != doc:
-                return (seq, f"the outside copy holds two different records {seq}: the copy was edited"), 0
-            copy[seq] = doc
-        if not copy:
-            return None, 0
-        seqs = sorted(copy)
-        for a, b in itertools.pairwise(seqs):
-            if b != a + 1:
-                return (a + 1, f"the outside copy skips from record {a} to record {b}: it is incomplete or "
-                               "was edited"), seqs[-1]
-            if copy[b]["prev_hash"] != copy[a]["hash"]:
-                return (b, f"in the outside copy, record {b} does not link to record {a}: the copy was "
-                           "edited"), seqs[-1]
-        if seqs[-1] > head_seq:
-            return (head_seq + 1, f"the outside copy holds records up to {seqs[-1]} but the database ends at "
-                                  f"record {head_seq}: the chain's tail was cut off"), seqs[-1]
+    def _compare_outside_records(self, items: Iterable[dict[str, Any]],
+                                 head_seq: int) -> tuple[tuple[int | None, str] | None, int, int]:
+        """(the first problem as (seq, reason) or None, how many records the copy holds,
+        the newest of them). Streamed in the copy's order, the database read a page at a
+        time. The copy may repeat records (delivery is at-least-once: a batch sent again
+        restarts at an earlier record) and may start after record 1 (rotated files
+        dropped); it may not disagree with itself or with the database, skip a record,
+        or reach past the database's end."""
+        count, last_seq, last_hash = 0, 0, ""
+        cut: int | None = None  # the first record the copy holds beyond the database's end
         with self._db() as s:
-            stmt = (select(AuditEvent).where(AuditEvent.seq >= seqs[0], AuditEvent.seq <= seqs[-1])
-                    .order_by(AuditEvent.seq).execution_options(yield_per=1000))
-            expected = seqs[0]
-            for row in s.execute(stmt).scalars():
-                if row.seq != expected:
-                    break
-                mine = event_dict(row)
-                theirs = copy[row.seq]
+            page: dict[int, dict[str, Any]] = {}
+
+            def stored(seq: int) -> dict[str, Any] | None:
+                nonlocal page
+                if seq not in page:
+                    rows = s.execute(select(AuditEvent).where(AuditEvent.seq >= seq, AuditEvent.seq < seq + 1000))
+                    page = {r.seq: event_dict(r) for r in rows.scalars()}
+                return page.get(seq)
+
+            for item in items:
+                if item.get("type") != "record":
+                    continue
+                try:
+                    seq = int(item["seq"])
+                    theirs = {c: item[c] for c in EXPORT_COLUMNS}
+                except (KeyError, TypeError, ValueError):
+                    return (None, f"the outside copy's record after record {last_seq} is malformed"), count, last_seq
+                count += 1
+                if cut is not None:  # only how far the copy reaches is still of interest
+                    last_seq = max(last_seq, seq)
+                    continue
+                if last_seq and seq > last_seq + 1:
+                    return ((last_seq + 1, f"the outside copy skips from record {last_seq} to record {seq}: it is "
+                                           "incomplete or was edited"), count, seq)
+                if last_seq and seq == last_seq + 1 and theirs["prev_hash"] != last_hash:
+                    return ((seq, f"in the outside copy, record {seq} does not link to record {last_seq}: the copy "
+                                  "was edited"), count, seq)
+                if seq > head_seq:
+                    cut, last_seq = seq, seq
+                    continue
+                mine = stored(seq)
+                if mine is None:
+                    return ((seq, f"record {seq} from the outside copy is not in the database: records were "
+                                  "removed"), count, max(seq, last_seq))
                 differ = [c for c in EXPORT_COLUMNS if mine[c] != theirs[c]]
                 if differ:
-                    what = "hash" if differ == ["hash"] else differ[0]
-                    return (row.seq, f"record {row.seq} differs from the outside copy ({what}: "
-                                     f"{_short(mine[what])} here, {_short(theirs[what])} outside): it was "
-                                     "rewritten after it left the server"), seqs[-1]
-                expected += 1
-            if expected <= seqs[-1]:
-                return (expected, f"record {expected} from the outside copy is not in the database: "
-                                  "records were removed"), seqs[-1]
-        return None, seqs[-1]
+                    what = ([c for c in differ if c not in ("hash", "prev_hash")] or differ)[0]
+                    return ((seq, f"record {seq} differs from the outside copy ({what}: {_short(mine[what])} here, "
+                                  f"{_short(theirs[what])} outside): it was rewritten after it left the server"),
+                            count, max(seq, last_seq))
+                if seq > last_seq:
+                    last_seq, last_hash = seq, theirs["hash"]
+        if cut is not None:
+            return ((cut, f"the outside copy holds records up to {last_seq} but the database ends at record "
+                          f"{head_seq}: the chain's tail was cut off"), count, last_seq)
+        return None, count, last_seq
 
 
 def _short(value: Any) -> str:

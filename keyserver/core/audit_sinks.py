@@ -27,7 +27,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -197,31 +197,46 @@ class WebhookSink:
         self._client.close()
 
 
+class CopyUnreadable(ValueError):
+    """An outside copy that cannot be read (a copy that cannot be read is not one that matches)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SinkCopy:
+    """The records and checkpoints of a sink's copy, read from the file each time it is
+    iterated (the verifier reads it twice, holding neither pass in memory): a file
+    sink's JSON lines, or what a syslog receiver kept of the syslog sink's messages, one
+    a line — the whole RFC 5424 message or any template ending in the message (`%msgid%
+    %msg%`): the JSON from the line's first `{`. Lines that are not ours are skipped; a
+    line that is JSON, or whose header names a record or checkpoint, and does not parse
+    raises `CopyUnreadable`."""
+
+    path: Path
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        try:
+            with self.path.open(encoding="utf-8") as f:
+                for n, line in enumerate(f, start=1):
+                    text = line.strip()
+                    at = text.find("{")
+                    if at < 0:
+                        continue
+                    header = text[:at].split()
+                    try:
+                        doc = json.loads(text[at:])
+                    except json.JSONDecodeError:
+                        if at == 0 or "record" in header or "checkpoint" in header:
+                            raise CopyUnreadable(f"{self.path}: line {n} is not JSON") from None
+                        continue
+                    if isinstance(doc, dict) and doc.get("type") in ("record", "checkpoint"):
+                        yield doc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CopyUnreadable(f"{self.path}: {exc}") from None
+
+
 def read_copy(path: Path) -> list[dict[str, Any]]:
-    """The records and checkpoints of a sink's copy, in file order, for
-    `AuditService.verify(outside=...)`: a file sink's JSON lines, or what a syslog
-    receiver kept of the syslog sink's messages, one a line — the whole RFC 5424
-    message or any template ending in the message (`%msgid% %msg%`): the JSON from the
-    line's first `{`. Lines that are not ours are skipped; a line whose header names a
-    record or checkpoint and whose JSON does not parse is an error (a copy that cannot
-    be read is not a copy that matches)."""
-    out: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            text = line.strip()
-            at = text.find("{")
-            if at < 0:
-                continue
-            header = text[:at].split()
-            try:
-                doc = json.loads(text[at:])
-            except json.JSONDecodeError:
-                if at == 0 or "record" in header or "checkpoint" in header:
-                    raise ValueError(f"line {n} is not JSON") from None
-                continue
-            if isinstance(doc, dict) and doc.get("type") in ("record", "checkpoint"):
-                out.append(doc)
-    return out
+    """A (small) sink copy's records and checkpoints as a list; `SinkCopy` streams."""
+    return list(SinkCopy(path))
 
 
 class AuditSinks:

@@ -20,7 +20,7 @@ from sqlalchemy import delete, select, text, update
 
 from hsm import HsmBackend
 from keyserver.core.audit import AuditFilter, PendingRecord, canonical_record
-from keyserver.core.audit_sinks import read_copy
+from keyserver.core.audit_sinks import SinkCopy, read_copy
 from keyserver.core.errors import InvalidInput
 from keyserver.core.principal import system_context
 from keyserver.services import Services
@@ -116,8 +116,14 @@ def test_the_copy_itself_must_chain_and_a_clean_copy_states_the_residual_window(
     # Delivered twice (at-least-once) is fine; a record missing from the middle is not.
     lines = sink_file.read_text().splitlines()
     doubled = sink_file.with_name("doubled.jsonl")
-    doubled.write_text("\n".join(lines + lines[-4:]) + "\n")
-    assert store.audit.verify(outside=read_copy(doubled)).ok
+    middle = len(lines) // 2  # a batch sent again (a crash after the sink took it), then delivery goes on
+    doubled.write_text("\n".join(lines[:middle] + lines[middle - 4:middle] + lines[middle:] + lines[-3:]) + "\n")
+    assert store.audit.verify(outside=SinkCopy(doubled)).ok
+    edited = sink_file.with_name("edited.jsonl")
+    again = next(line for line in reversed(lines[:middle]) if json.loads(line)["type"] == "record")
+    edited.write_text("\n".join([*lines[:middle], again.replace('"tests"', '"other"'), *lines[middle:]]) + "\n")
+    r = store.audit.verify(outside=SinkCopy(edited))
+    assert not r.ok and "differs from the outside copy (actor" in (r.reason or ""), r
     holed = sink_file.with_name("holed.jsonl")
     holed.write_text("\n".join(line for line in lines if json.loads(line).get("seq") != covered + 1
                                or json.loads(line)["type"] != "record") + "\n")
