@@ -33,7 +33,7 @@ from kmsbench.workspace import Workspace
 console = Console(stderr=True)
 # Benchmarks with a command of their own: `kms-bench NAME [options]` hands over to them.
 COMMANDS = {"keyserver": "kmsbench.keyserver_load", "kmip": "kmsbench.kmip_load", "audit": "kmsbench.audit_bench",
-            "drill": "kmsbench.drill"}
+            "drill": "kmsbench.drill", "adversary": "kmsbench.adversary"}
 
 
 def _ints(text: str) -> list[int]:
