@@ -353,7 +353,7 @@ def test_a_file_left_to_the_journal_takes_no_more_writes_until_the_restart(tmp_p
     before = os.urandom(3 * CS + 100)
     with guard_point(root, tmp_path / "mnt", env) as gp:
         _setup(gp, "f", before)
-        faults.arm(2, errno.EIO, sticky=True, torn=True)  # the run's write, then the put-back
+        faults.arm(1, errno.EIO, sticky=True, torn=True)  # the run's write (in place: nothing to reserve), the put-back
         assert _run(gp, "f", _write(10, os.urandom(2 * CS))) is not None
         faults.disarm()
         fd = os.open(gp.mnt / "f", os.O_RDWR)
@@ -499,7 +499,7 @@ def test_an_undo_record_is_never_put_onto_another_file(tmp_path: Path, shim: Pat
         _setup(gp, "victim", os.urandom(3 * CS + 5))
         other = os.urandom(5 * CS)
         _setup(gp, "other", other)
-        faults.arm(2, KILL, torn=True)  # after the reservation, in the run's write
+        faults.arm(1, KILL, torn=True)  # in the run's write (in place: nothing to reserve)
         assert _run(gp, "victim", _write(100, os.urandom(2 * CS))) is not None
         faults.disarm()
         assert gp.died()

@@ -601,6 +601,14 @@ out:
 	return result;
 }
 
+static int all_zero(const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i])
+			return 0;
+	return 1;
+}
+
 /* ---- failure atomicity ------------------------------------------------------------ */
 /* What a change overwrites: the stored bytes [off, off + len) as they were, and the
  * stored lengths before and after it. */
@@ -797,7 +805,12 @@ static int write_locked(struct sr_content *c, const uint8_t *data, size_t size, 
 	u.len = until > u.off ? (size_t)(until - u.off) : 0;
 	if (u.len && (r = io_full(c->fd, b->old, u.len, (off_t)u.off, 0)) < 0)
 		return r;
-	if ((r = reserve(c->fd, from, len)) < 0 || (grow && (r = reserve(c->fd, u.off, alen)) < 0))
+	/* An overwrite of stored chunks in place needs no new blocks; a run reaching past
+	 * the old end, or over a hole, does. */
+	int in_place = !grow && to <= old_end;
+	for (size_t k = 0; in_place && k + (size_t)cs + SRCF_CHUNK_OVERHEAD <= u.len; k += (size_t)cs + SRCF_CHUNK_OVERHEAD)
+		in_place = !all_zero(b->old + k, (size_t)cs + SRCF_CHUNK_OVERHEAD);
+	if ((!in_place && (r = reserve(c->fd, from, len)) < 0) || (grow && (r = reserve(c->fd, u.off, alen)) < 0))
 		return r;
 	if ((r = undo_arm(c, &u)) < 0)
 		return r;
@@ -1012,14 +1025,6 @@ static void srcf_release(struct sr_content *c)
 	close(c->fd);
 	pthread_rwlock_destroy(&c->lock);
 	free(c);
-}
-
-static int all_zero(const uint8_t *p, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (p[i])
-			return 0;
-	return 1;
 }
 
 /* Copy extended attributes (ACLs, labels, user.*) from one open file to another; what
