@@ -204,11 +204,19 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
     def status(state_name: str, detail: str, **extra: Any) -> None:
         _write_json(status_file, {"revision": definition["revision"], "state": state_name, "detail": detail, **extra})
 
-    # A dead data plane, or one an agent that died left serving: take it over. Only down to
-    # the shield: from here until the new mount is up, the path answers EROFS.
-    unmount_to_shield(mount)
     owner_file, shield_record = folder / f"{gp_id}.pid", folder / f"{gp_id}.shield.json"
-    owner_file.write_text(str(os.getpid()))
+    previous = _previous_plane(owner_file)
+    owner_file.write_text(str(os.getpid()))  # from here on, a previous supervisor reports nothing
+    if previous is not None and not os.path.exists(f"/proc/{previous[0]}"):
+        # Its supervisor died: it ends by itself and unmounts by path on the way out; had
+        # we mounted anew before, that would take our mount (or the shield) away.
+        _wait_gone(previous[1], mount)
+    # A dead data plane, or one an agent that died left serving: take it over (its FUSE
+    # connection aborted). Only down to the shield: until the new mount is up, the path
+    # answers EROFS.
+    unmount_to_shield(mount)
+    if previous is not None:
+        _wait_gone(previous[1], mount)  # nothing may still write the backing files we repair and serve
     if definition["mode"] == "off":
         _serve_raw(definition_file, status_file, folder / f"{gp_id}.unprotect.json", keyring, spool, gp_id,
                    shield_record)
@@ -258,6 +266,8 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
         status("error", f"the data plane could not start: {exc}")
         raise SystemExit(1) from None
     signal.signal(signal.SIGTERM, lambda *_: plane.close_channel())  # the daemon wipes its keys and unmounts
+    if plane.process is not None:
+        owner_file.write_text(f"{os.getpid()} {plane.process.pid}")
 
     def report(detail: str = "") -> None:
         _write_json(status_file, {"revision": state.definition["revision"], "state": "mounted", "detail": detail,
@@ -313,18 +323,19 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
                         raise OSError(rc, f"re-key of {rel}: {os.strerror(rc)}")
             except (FormatError, FileNotFoundError) as exc:  # gone or replaced since: its key is new or gone
                 log.info("re-key of %s skipped: %s", rel, exc)
-            if done % 16 == 0 or done == total:
-                state.rekey = {"generation": generation, "done": done, "total": total, "finished": done == total}
+            if done % 16 == 0 and done < total:
+                state.rekey = {"generation": generation, "done": done, "total": total, "finished": False}
                 report()
         state.rekey = {"generation": generation, "done": total, "total": total, "finished": True,
                        **({"skipped_hard_links": skipped[:100]} if skipped else {})}
         state.rekeyed = generation
         _write_json(rekey_file_, {**plan, "done_generation": generation})
-        report(f"re-key skipped {len(damaged)} file(s) that fail to authenticate: {', '.join(damaged[:5])}"
-               if damaged else "")
+        # Spooled before it is reported finished: whoever sees it finished finds the record.
         spool.append({"event": "guardpoint.rekeyed", "guard_point": gp_id, "path": mount,
                       "generation": generation, "files": total - len(skipped) - len(damaged),
                       "skipped": len(skipped) + len(damaged), "damaged": len(damaged)})
+        report(f"re-key skipped {len(damaged)} file(s) that fail to authenticate: {', '.join(damaged[:5])}"
+               if damaged else "")
 
     def maybe_rekey(d: dict[str, Any]) -> None:
         generation = int(d.get("rekey_generation", 0))
@@ -385,12 +396,40 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
     # guard-point timeline shows the difference.
     spool.append({"event": "guardpoint.unmounted", "guard_point": gp_id, "path": mount, "status": code})
     with contextlib.suppress(OSError, ValueError):
-        if int(owner_file.read_text()) != os.getpid():
+        if int(owner_file.read_text().split()[0]) != os.getpid():
             return  # taken over by a newer process (the agent died and came back): it reports now
     if code != 0 and definition_file.exists():  # not stopped by the daemon: say what happened, and be restarted
         _write_json(status_file, {"revision": state.definition["revision"], "state": "error",
                                   "detail": f"the data plane ended with status {code}; see the agent's log"})
         raise SystemExit(1)
+
+
+def _previous_plane(owner_file: Path) -> tuple[int, int] | None:
+    """(supervisor, data plane) pids the guard point's last supervisor wrote, if it got
+    as far as starting its data plane."""
+    try:
+        supervisor, plane = (int(x) for x in owner_file.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return supervisor, plane
+
+
+def _wait_gone(plane: int, mount: str, timeout: float = 10.0) -> None:
+    """Until data plane `plane` of `mount` has exited (bounded: a plane stuck in the
+    kernel is reported and passed by)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            argv = Path(f"/proc/{plane}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{plane}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            return  # gone
+        if not argv or not argv[0].endswith(b"strongroom-fuse") or os.fsencode(mount) not in argv:
+            return  # the pid was reused
+        if state == "Z":
+            return  # ended, not yet reaped
+        time.sleep(0.02)
+    log.warning("the previous data plane (pid %d) of %s has not exited; serving it anew regardless", plane, mount)
 
 
 def _encrypted_files(backing: str) -> Iterator[str]:

@@ -22,7 +22,6 @@ unlocks the directory (`unshield`), with the owner and mode it had.
 from __future__ import annotations
 
 import array
-import contextlib
 import ctypes
 import errno
 import fcntl
@@ -38,7 +37,7 @@ log = logging.getLogger("strongroom.agent.guardpoints")
 
 SOURCE = "strongroom-shield"  # the shield's name in the mount table: how it is told from anything else
 _FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
-_MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 8
+_MNT_FORCE, _MNT_DETACH, _UMOUNT_NOFOLLOW = 1, 2, 8
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -52,6 +51,7 @@ class Mount:
     parent: int
     fstype: str
     source: str
+    device: int  # st_dev of what is mounted
 
     @property
     def shield(self) -> bool:
@@ -82,7 +82,9 @@ def mounts_at(path: str) -> list[Mount]:
             if _unescape(fields[4]) != target:
                 continue
             rest = fields[fields.index("-") + 1:]
-            found[int(fields[0])] = Mount(int(fields[0]), int(fields[1]), rest[0], _unescape(rest[1]))
+            major, minor = fields[2].split(":")
+            found[int(fields[0])] = Mount(int(fields[0]), int(fields[1]), rest[0], _unescape(rest[1]),
+                                          os.makedev(int(major), int(minor)))
     # Mounted on a mount point, a mount's parent is the one it covers: follow the chain up.
     ordered, below = [], next((m for m in found.values() if m.parent not in found), None)
     while below is not None:
@@ -106,11 +108,13 @@ def serving(path: str) -> bool:
     return t is not None and not t.shield
 
 
-def _umount(path: str) -> None:
-    """umount(2) of whatever is on top: detached when busy (programs holding files keep
-    them until they close; a new open sees what is underneath)."""
+def _umount(path: str, *, abort: bool = False) -> None:
+    """umount(2) of whatever is on top, detached when busy. `abort` (a FUSE mount):
+    MNT_FORCE first, which ends the FUSE connection even when the mount is busy, so a
+    data plane still alive serves nothing more through it — not even files held open —
+    and exits; two data planes never serve one backing directory at once."""
     raw = os.fsencode(os.path.realpath(path))
-    if _libc.umount2(raw, _UMOUNT_NOFOLLOW) == 0:
+    if _libc.umount2(raw, (_MNT_FORCE if abort else 0) | _UMOUNT_NOFOLLOW) == 0:
         return
     code = ctypes.get_errno()
     if code == errno.EBUSY and _libc.umount2(raw, _MNT_DETACH | _UMOUNT_NOFOLLOW) == 0:
@@ -128,7 +132,7 @@ def unmount_to_shield(path: str) -> None:
         stack = mounts_at(path)
         if not stack or stack[-1].shield:
             return
-        _umount(path)
+        _umount(path, abort=stack[-1].fstype.startswith("fuse"))
         after = mounts_at(path)
         if len(after) >= len(stack) and after and after[-1].id == stack[-1].id:
             return  # could not unmount (said above); do not spin
@@ -180,20 +184,33 @@ def _write_record(record: Path, path: str, owner: Owner) -> None:
     os.replace(tmp, record)
 
 
+def _shield_owner(path: str) -> Owner | None:
+    """The owner and mode the shield on top shows, checked to be the shield's (by its
+    device) and not those of whatever the path is a moment later."""
+    t = top(path)
+    if t is None or not t.shield:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return Owner(stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) if st.st_dev == t.device else None
+
+
 def shield(path: str, record: Path) -> Owner:
     """Make sure the shield is in place at `path` (an existing directory), under whatever
     is mounted there: the bare directory locked and the read-only tmpfs on it. `record`
     keeps the directory's owner and mode while it is locked (mode 000): the shield shows
     them, and unshield() gives them back. Idempotent; returns the owner and mode shown."""
     if shielded(path):
-        t = top(path)
-        if t is not None and t.shield:
-            st = os.stat(path)  # the shield's root: its owner and mode are the path's now
-            owner = Owner(stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-            if _read_record(record) != owner:
-                _write_record(record, path, owner)
-            return owner
-        return _read_record(record) or Owner(0o700, 0, 0)
+        # The record, not a stat of the path: the path may stop being the shield between
+        # two calls (a dying data plane unmounts by path), and the locked directory
+        # underneath would then say mode 000.
+        return _read_record(record) or _shield_owner(path) or Owner(0o700, 0, 0)
     unmount_to_shield(path)  # what a legacy agent left: nothing may sit under the shield
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
@@ -220,6 +237,8 @@ def shield(path: str, record: Path) -> Owner:
     if r.returncode != 0:
         raise ShieldError(f"could not mount the shield on {path}: {r.stderr.strip() or r.returncode} "
                           "(the agent runs as root?)")
+    log.info("%s shielded (mode %o, uid %d, gid %d; the directory underneath locked)", path, owner.mode,
+             owner.uid, owner.gid)
     return owner
 
 
@@ -228,12 +247,7 @@ def unshield(path: str, record: Path) -> bool:
     the bare directory back its owner and mode (the shield's, which a chmod of the
     path may have changed). False when something stays mounted."""
     unmount_to_shield(path)
-    owner: Owner | None = _read_record(record)
-    with contextlib.suppress(OSError):
-        t = top(path)
-        if t is not None and t.shield:
-            st = os.stat(path)
-            owner = Owner(stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+    owner = _read_record(record) or _shield_owner(path)
     for _ in range(8):
         t = top(path)
         if t is None or not t.shield:
@@ -252,6 +266,7 @@ def unshield(path: str, record: Path) -> bool:
         finally:
             os.close(fd)
     record.unlink(missing_ok=True)
+    log.info("%s unshielded (%s)", path, f"mode {owner.mode:o}" if owner else "no owner recorded")
     return True
 
 
