@@ -10,8 +10,11 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kmip.core import enums
@@ -22,6 +25,7 @@ from keyserver.kmip.listener import KmipListener, ListenerLimits
 from keyserver.services import Services
 from tests.kmip.conftest import ClientFiles, verifying_context
 from tests.kmip.raw import query_request, roundtrip
+from tests.serve import Server, free_port
 
 GOOD = "127.0.0.1"
 PER_SOURCE = 16  # ListenerLimits' default max_connections_per_source
@@ -195,3 +199,67 @@ def test_a_listener_with_room_keeps_its_clients(services: Services, officer_file
             time.sleep(0.6)
         with conn:
             assert roundtrip(conn, query_request()).batch_items[0].result_status.value == enums.ResultStatus.SUCCESS
+
+
+def test_keyserver_serve_under_kmip_floods_keeps_its_memory_and_serves(tmp_path: Path) -> None:
+    """The product as run (`keyserver serve`, KMIP in its process): four addresses hold
+    64 connections that never start TLS, each reopened as soon as it is closed, while a
+    good client connects anew for each of its requests. It is served every time (after
+    retrying a refused connection, as a KMIP client does), and the server's RSS grows by
+    buffers only."""
+    kmip_port = free_port()
+    with Server(tmp_path / "data", STRONGROOM_KMIP_PORT=str(kmip_port)) as server:
+        out = tmp_path / "client"
+        done = subprocess.run([server.cli, "kmip-client", "create", "flood.example.com", "--role", "key-officer",
+                               "--out", str(out)], env=server.env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        files = ClientFiles("flood.example.com", "", out / "cert.pem", out / "key.pem", out / "ca.pem")
+        baseline = rss(server.proc.pid)
+        peak = [baseline]
+        stop = threading.Event()
+
+        def flood() -> None:
+            socks: list[socket.socket | None] = [None] * 64
+            while not stop.is_set():
+                for i, s in enumerate(socks):
+                    if s is not None:
+                        s.setblocking(False)
+                        try:
+                            if s.recv(1) != b"":
+                                continue
+                        except BlockingIOError:
+                            continue
+                        except OSError:
+                            pass
+                        s.close()
+                    with contextlib.suppress(OSError):
+                        socks[i] = tcp(kmip_port, f"127.0.0.{2 + i % 4}")
+                peak[0] = max(peak[0], rss(server.proc.pid))
+                stop.wait(0.05)
+            for s in socks:
+                if s is not None:
+                    s.close()
+
+        attacker = threading.Thread(target=flood)
+        attacker.start()
+        try:
+            time.sleep(1)  # the flood under way: the listener full of unfinished handshakes
+            answered = 0
+            for _ in range(20):
+                for _attempt in range(50):
+                    if served(files, kmip_port):
+                        answered += 1
+                        break
+                    time.sleep(0.05)
+        finally:
+            stop.set()
+            attacker.join(60)
+        assert answered == 20
+        assert peak[0] - baseline < 40 << 20, f"RSS grew by {(peak[0] - baseline) >> 20} MiB"
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
