@@ -215,9 +215,12 @@ class RequestMiddleware:
     the limit is passed, with `Connection: close`, so the rest is never read, let alone
     buffered. A declared length over the limit is refused before the application runs."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, max_body: int = MAX_BODY,
+    def __init__(self, app: ASGIApp, metrics: Metrics, services: Services | None = None,
                  routes: list[BaseRoute] | None = None) -> None:
-        self.app, self.metrics, self.max_body = app, metrics, max_body
+        # Built with the middleware stack (the first request), not by create_app: the
+        # OpenAPI dump builds the app with no services at all.
+        self.app, self.metrics = app, metrics
+        self.max_body = services.settings.max_body_bytes if services is not None else MAX_BODY
         self.routes = routes or []
 
     @staticmethod
@@ -422,6 +425,5 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
     # Inside RequestMiddleware (request ids, metrics, limits, headers apply to both paths),
     # outside the router: see hotpath.py.
     app.add_middleware(DataKeyHotPath, services=services, exception_handlers=app.exception_handlers)
-    app.add_middleware(RequestMiddleware, metrics=app_metrics, max_body=services.settings.max_body_bytes,
-                       routes=app.router.routes)
+    app.add_middleware(RequestMiddleware, metrics=app_metrics, services=services, routes=app.router.routes)
     return app
