@@ -115,3 +115,20 @@ def test_a_host_gets_its_guard_points_and_their_keys(tmp_path: Path, base_url: s
     admin.put(f"/api/v1/guard-points/{gp['id']}", json={"host_group": host.group, "path": "/srv/app", "key": key,
                                                        "mode": "learn"})
     assert host.client.heartbeat(os_name="x")["guard_points_tag"] != after
+
+
+def test_a_re_key_that_skipped_hard_links_is_reported(tmp_path: Path, base_url: str, agent_url: str,
+                                                       admin: httpx.Client, key: str) -> None:
+    """The agent names the hard-linked files a re-key left alone; its heartbeat carrying
+    them was refused (422), so the host went silent after such a re-key."""
+    host = enroll_host(tmp_path, base_url, agent_url, admin, name="gphl")
+    gp = make(admin, host_id=host.id, path="/srv/linked", key=key).json()
+    report = {"id": gp["id"], "revision": 1, "path": "/srv/linked", "key": key, "state": "mounted",
+              "rekey": {"generation": 1, "done": 2, "total": 2, "finished": True,
+                        "skipped_hard_links": ["a/linked.db", "b/also"]}}
+    host.client.heartbeat(os_name="x", guard_points=[report])
+    shown = admin.get(f"/api/v1/hosts/{host.id}").json()["guard_points"][0]["rekey"]
+    assert shown == {"generation": 1, "done": 2, "total": 2, "finished": True}
+    too_many = {**report, "rekey": {**report["rekey"], "skipped_hard_links": ["x"] * 101}}
+    with pytest.raises(Exception, match=r"422|skipped_hard_links"):
+        host.client.heartbeat(os_name="x", guard_points=[too_many])

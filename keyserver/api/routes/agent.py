@@ -32,6 +32,10 @@ class RekeyProgress(Strict):
     done: int = Field(ge=0, le=MAX_INT)
     total: int = Field(ge=0, le=MAX_INT)
     finished: bool
+    # Hard-linked files a re-key leaves as they are (re-keying one name would split the
+    # file): the agent names up to 100 so the operator can see what stays on old file keys.
+    skipped_hard_links: list[Annotated[str, Field(min_length=1, max_length=4096)]] | None = Field(
+        default=None, max_length=100)
 
 
 class GuardPointReport(Strict):
