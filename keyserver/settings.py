@@ -146,6 +146,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
     http_max_header_bytes: int = Field(default=64 << 10, ge=4096, le=1 << 20)
     http_header_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    http_body_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     http_max_connections: int = Field(default=2048, ge=16, le=65536)
     http_max_connections_per_source: int = Field(default=64, ge=1, le=65536)
     tls_handshake_timeout_seconds: float = Field(default=5.0, gt=0, le=120)

@@ -8,7 +8,8 @@ Here, on top of uvicorn's protocol:
 
 * the request line and headers together are at most `max_header_bytes` (431, closed);
 * they must arrive within `header_timeout` of the connection's start or of the request's
-  first byte (closed: a slow client never holds a connection by dripping);
+  first byte, and the body within `body_timeout` of the headers (closed: a slow client
+  never holds a connection by dripping);
 * one address holds at most `max_per_source` connections (503, closed at once);
 * uvicorn's own `limit_concurrency` answers 503 past `max_connections`;
 * a TLS handshake must finish within `handshake_timeout` (asyncio's default is 60 s).
@@ -35,6 +36,7 @@ except ImportError:  # pragma: no cover - httptools is part of uvicorn[standard]
 class HttpLimits:
     max_header_bytes: int = 64 << 10
     header_timeout: float = 10.0
+    body_timeout: float = 60.0
     max_connections: int = 2048
     max_per_source: int = 64
     handshake_timeout: float = 5.0
@@ -42,6 +44,7 @@ class HttpLimits:
     @classmethod
     def from_settings(cls, s: Settings) -> HttpLimits:
         return cls(max_header_bytes=s.http_max_header_bytes, header_timeout=s.http_header_timeout_seconds,
+                   body_timeout=s.http_body_timeout_seconds,
                    max_connections=s.http_max_connections, max_per_source=s.http_max_connections_per_source,
                    handshake_timeout=s.tls_handshake_timeout_seconds)
 
@@ -112,10 +115,11 @@ def bounded_protocol(limits: HttpLimits, base: type[Any] = HttpProtocol) -> type
 
         def on_headers_complete(self) -> None:
             self._awaiting_headers = False
-            self._disarm()
+            self._arm(limits.body_timeout)
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
+            self._disarm()
             super().on_message_complete()
             self._awaiting_headers, self._header_bytes = True, 0
 
@@ -130,16 +134,16 @@ def bounded_protocol(limits: HttpLimits, base: type[Any] = HttpProtocol) -> type
                 self.transport.write(answer)
                 self.transport.close()
 
-        def _arm(self) -> None:
+        def _arm(self, seconds: float = limits.header_timeout) -> None:
             self._disarm()
-            self._header_timer = self.loop.call_later(limits.header_timeout, self._headers_late)
+            self._header_timer = self.loop.call_later(seconds, self._late)
 
         def _disarm(self) -> None:
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
 
-        def _headers_late(self) -> None:
+        def _late(self) -> None:
             # abort, not close: a graceful TLS close would wait for the slow client too.
             self._header_timer = None
             self._refused = True

@@ -35,7 +35,8 @@ def rss(pid: int) -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with Server(tmp_path_factory.mktemp("limits"), STRONGROOM_KMIP_ENABLED="false",
-                STRONGROOM_HTTP_HEADER_TIMEOUT_SECONDS="2", STRONGROOM_TLS_HANDSHAKE_TIMEOUT_SECONDS="1",
+                STRONGROOM_HTTP_HEADER_TIMEOUT_SECONDS="2", STRONGROOM_HTTP_BODY_TIMEOUT_SECONDS="3",
+                STRONGROOM_TLS_HANDSHAKE_TIMEOUT_SECONDS="1",
                 STRONGROOM_HTTP_MAX_CONNECTIONS_PER_SOURCE=str(PER_SOURCE)) as s:
         yield s
 
@@ -228,6 +229,20 @@ def test_headers_dripped_byte_by_byte_are_cut(server: Server) -> None:
     conn = connect(server, server.port)
     try:
         assert cut_while_dripping(conn, b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 400)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("where", ["rest", "agent"])
+def test_a_body_dripped_byte_by_byte_is_cut(server: Server, where: str) -> None:
+    """Whole headers, then a body of 1,000 declared bytes sent a byte every 200 ms (30 s
+    at most here; the limit is 3 s): the connection is cut, not held."""
+    port, path = (server.port, "/api/v1/auth/login") if where == "rest" else (agent_port(server), "/api/v1/enroll")
+    conn = connect(server, port)
+    try:
+        conn.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Content-Length: 1000\r\n\r\n".encode())
+        assert cut_while_dripping(conn, b" " * 1000)
     finally:
         conn.close()
 
