@@ -8,7 +8,6 @@ audit log showing and verifying all of it. A failure at any step fails the suite
 from __future__ import annotations
 
 import json
-import os
 import signal
 import ssl
 import stat
@@ -20,7 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agents.config import AgentConfig
 from agents.cryptfile import read_header
+from agents.guardpoint.shield import serving, shielded, unshield_all
 from tests.serve import Server, eventually
 
 HOSTNAME = "story-db1.example.com"
@@ -96,7 +97,7 @@ def test_the_readme_stories_on_the_default_start(server: Server, tmp_path: Path)
             "host_id": host["host_id"], "path": str(mnt), "backing_path": str(backing), "key": key["name"],
             "rules": [], "default_effect": "permit"})
         assert gp.status_code == 201, gp.text
-        eventually(lambda: os.path.ismount(mnt), "the guard point's mount")
+        eventually(lambda: serving(str(mnt)), "the guard point's mount")
         (mnt / "orders.csv").write_text("id,amount\n1,100\n")
         stored = backing / "orders.csv"
         assert read_header(str(stored)).key_version == 1 and b"amount" not in stored.read_bytes()
@@ -120,7 +121,10 @@ def test_the_readme_stories_on_the_default_start(server: Server, tmp_path: Path)
         except subprocess.TimeoutExpired:
             daemon.kill()
             daemon.wait(10)
-    assert not os.path.ismount(mnt), "stopping the daemon unmounts its guard points"
+    # Stopping the daemon unmounts its guard points down to their shields: empty and
+    # read-only, never the directory underneath (docs/guardpoints.md, "When something dies").
+    assert not serving(str(mnt)) and shielded(str(mnt)), "stopping the daemon leaves its guard points closed"
+    unshield_all(AgentConfig.load(config).state_dir)  # the test's path, let go
 
     # --- the audit log shows all of it, and its chain verifies (API and CLI).
     wanted = {"user.change_password", "key.create", "host.enroll", "guard_point.create", "key.rotate",
