@@ -22,7 +22,7 @@ function mount(ui: ReactElement, me: Me | null, entry: string | { pathname: stri
                notice: string | null = null) {
   const qc = new QueryClient({ defaultOptions: { queries: { retry: false } } });
   return render(
-    <MantineProvider theme={theme}>
+    <MantineProvider theme={theme} env="test">
       <QueryClientProvider client={qc}>
         <StaticAuth me={me} notice={notice}>
           <MemoryRouter initialEntries={[entry]}>{ui}</MemoryRouter>

@@ -38,6 +38,8 @@ describe("Users: no one-click role changes or resets", () => {
     await userEvent.click(submit);
     await waitFor(() => expect(api.calls("PATCH /api/v1/users/:id")).toHaveLength(1));
     expect(api.calls("PATCH /api/v1/users/:id")[0].body).toEqual({ role: "admin" });
+    // Done means the dialog is gone, not merely submitted: nothing of it outlives the test.
+    await waitFor(() => expect(screen.queryByRole("dialog")).not.toBeInTheDocument());
   });
 
   it("resets a password only after confirmation, then shows the one-time password once", async () => {

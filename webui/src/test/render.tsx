@@ -32,7 +32,7 @@ export function meAs(role: keyof typeof ROLE_PERMS): Me {
 export function renderWith(ui: ReactElement, { me = meAs("admin") as Me | null, at = "/", path = undefined as string | undefined } = {}) {
   const qc = new QueryClient({ defaultOptions: { queries: { retry: false }, mutations: { retry: false } } });
   return render(
-    <MantineProvider theme={theme}>
+    <MantineProvider theme={theme} env="test">
       <QueryClientProvider client={qc}>
         <StaticAuth me={me}>
           <MemoryRouter initialEntries={[at]}>
