@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 
 from keyserver.settings import Settings
+
+log = logging.getLogger(__name__)
+REFUSAL_LOG_EVERY = 10.0  # a flood is logged once per this many seconds, not per connection
 
 try:  # the protocol uvicorn's "auto" would pick
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as HttpProtocol
@@ -66,6 +71,15 @@ def bounded_protocol(limits: HttpLimits, base: type[Any] = HttpProtocol) -> type
     """`base` (uvicorn's httptools protocol or a subclass) with the limits above. The
     per-source counts belong to the class made here: one per port and process."""
     per_source: dict[str, int] = {}
+    refusals = {"count": 0, "logged": 0.0}
+
+    def note_refusal(peer: str, why: str) -> None:
+        refusals["count"] += 1
+        now = time.monotonic()
+        if now - refusals["logged"] >= REFUSAL_LOG_EVERY:
+            log.warning("HTTP connection from %s closed: %s (%d such since the last warning)", peer, why,
+                        int(refusals["count"]))
+            refusals["count"], refusals["logged"] = 0, now
 
     class Bounded(base):  # type: ignore[misc]
         _peer: str | None = None
@@ -79,6 +93,7 @@ def bounded_protocol(limits: HttpLimits, base: type[Any] = HttpProtocol) -> type
             peer = self.client[0] if self.client else ""
             if per_source.get(peer, 0) >= limits.max_per_source:
                 self._refuse(TOO_MANY_FROM_SOURCE)
+                note_refusal(peer, f"{limits.max_per_source} connections open from this address")
                 return
             per_source[peer] = per_source.get(peer, 0) + 1
             self._peer = peer
@@ -108,6 +123,7 @@ def bounded_protocol(limits: HttpLimits, base: type[Any] = HttpProtocol) -> type
                 self._header_bytes += len(data)
                 if self._header_bytes > limits.max_header_bytes:
                     self._refuse(HEADERS_TOO_LARGE)
+                    note_refusal(self._peer or "", f"headers over {limits.max_header_bytes} bytes")
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -148,6 +164,7 @@ def bounded_protocol(limits: HttpLimits, base: type[Any] = HttpProtocol) -> type
             self._header_timer = None
             self._refused = True
             self.transport.abort()
+            note_refusal(self._peer or "", "headers or body not received in time")
 
     Bounded.__name__ = Bounded.__qualname__ = f"Bounded{base.__name__}"
     return Bounded
