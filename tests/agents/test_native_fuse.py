@@ -930,6 +930,36 @@ def test_shutdown_with_open_files_and_end_of_control_channel(daemon: Path) -> No
         m.control.sock = socket.socket()  # closed again by the fixture
 
 
+def test_shutdown_after_its_mount_was_detached_leaves_what_is_under_it(daemon: Path) -> None:
+    """Someone detached the daemon's mount (umount -l) while a file stayed open through
+    it, so the connection lives on; the path shows what was under it — on a host, the
+    guard point's shield. A shutdown then must end its own connection and unmount
+    nothing else: it used to unmount whatever was on top of the path."""
+    def shield(backing: str, mnt: str) -> None:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=4k", "srfuse-under", mnt], check=True)
+
+    with mounted(daemon, control=True, prepare=shield) as m:
+        c = m.control
+        assert c is not None
+        assert c.request(SET_POLICY, policy(OFF, True)) == 0
+        Path(m.p("held")).write_bytes(b"plaintext")
+        held = os.open(m.p("held"), os.O_RDONLY)
+        try:
+            assert os.pread(held, 9, 0) == b"plaintext"
+            subprocess.run(["umount", "-l", m.mnt], check=True)
+            assert in_mount_table(m.mnt) and not os.listdir(m.mnt)  # the tmpfs under it shows
+            assert c.request(SHUTDOWN) == 0
+            assert m.proc.wait(timeout=15) == 0
+            with open("/proc/self/mounts") as f:
+                assert any(line.split()[:2] == ["srfuse-under", m.mnt] for line in f), "the mount under it went too"
+            with pytest.raises(OSError):
+                os.pread(held, 9, 0)  # its own connection ended all the same
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(held)
+            subprocess.run(["umount", "-l", m.mnt], capture_output=True)
+
+
 def test_sigterm_unmounts_cleanly(daemon: Path) -> None:
     with mounted(daemon) as m:
         Path(m.p("f")).write_bytes(b"kept")

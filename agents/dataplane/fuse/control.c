@@ -633,13 +633,48 @@ void sr_control_wait(void)
 	pthread_mutex_unlock(&shutdown_lock);
 }
 
+/* The device of the mount this daemon made (FUSE: 0:N, one per connection), learnt
+ * when it mounted. Only that mount is ever unmounted by path: if someone took it away
+ * first (an administrator's umount -l, a restarted agent taking over), the path now
+ * shows what lies under it — the guard point's shield, or a newer data plane — and
+ * unmounting "whatever is at the path" would remove that. */
+static unsigned own_maj, own_mnr;
+static int own_known;
+
+int sr_mount_is_own(const char *mountpoint)
+{
+	unsigned maj, mnr;
+	if (!own_known)
+		return 1; /* never learnt (not mounted through main): as before */
+	return sr_mount_device(mountpoint, &maj, &mnr) == 0 && maj == own_maj && mnr == own_mnr;
+}
+
+void sr_abort_own_connection(void)
+{
+	if (!own_known)
+		return;
+	char abort_path[96];
+	snprintf(abort_path, sizeof(abort_path), "/sys/fs/fuse/connections/%u/abort", own_mnr);
+	int fd = open(abort_path, O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		(void)!write(fd, "1", 1);
+		close(fd);
+	}
+}
+
 static void unmount_from_inside(void)
 {
-	unsigned maj = 0, mnr = 0;
-	int have_dev = mount_path && sr_mount_device(mount_path, &maj, &mnr) == 0;
+	int have_dev = own_known;
 	if (have_dev)
 		sr_fs_seal(session);
 	fuse_session_exit(session);
+	if (!sr_mount_is_own(mount_path)) {
+		/* Our mount is gone from the path already; files opened through it may still
+		 * hold the connection: end it, so they lose the plaintext now, and touch
+		 * nothing at the path. */
+		sr_abort_own_connection();
+		return;
+	}
 	int r = umount2(mount_path, 0) < 0 ? errno : 0;
 	if (r == EBUSY) {
 		/* MNT_FORCE aborts the FUSE connection (umount_begin) even when the umount
@@ -647,15 +682,8 @@ static void unmount_from_inside(void)
 		 * is the same thing where MNT_FORCE is not allowed. */
 		if (umount2(mount_path, MNT_FORCE) < 0)
 			(void)umount2(mount_path, MNT_DETACH);
-		if (have_dev) {
-			char abort_path[96];
-			snprintf(abort_path, sizeof(abort_path), "/sys/fs/fuse/connections/%u/abort", mnr);
-			int fd = open(abort_path, O_WRONLY | O_CLOEXEC);
-			if (fd >= 0) {
-				(void)!write(fd, "1", 1);
-				close(fd);
-			}
-		}
+		if (have_dev)
+			sr_abort_own_connection();
 	} else if (r == EPERM) {
 		/* not root: fusermount3 does it */
 		pid_t pid = fork();
@@ -779,6 +807,8 @@ int sr_control_start(int fd, struct fuse_session *se, const char *mountpoint)
 
 void sr_control_ready(void)
 {
+	if (mount_path && sr_mount_device(mount_path, &own_maj, &own_mnr) == 0)
+		own_known = 1; /* just mounted: the mount on top of the path is ours */
 	__atomic_store_n(&mounted, 1, __ATOMIC_RELEASE);
 	uint8_t b[8];
 	put32(b, (uint32_t)getpid());

@@ -85,6 +85,12 @@ void sr_keys_wipe(void);
 /* The device number of the mount on top at `mountpoint`, from /proc/self/mountinfo
  * (no request to our own file system). 0 or -ENOENT. */
 int sr_mount_device(const char *mountpoint, unsigned *maj, unsigned *mnr);
+/* Whether the mount on top of `mountpoint` is still the one this daemon made (1), or
+ * something else now shows there (0): the only mount it may unmount by path. */
+int sr_mount_is_own(const char *mountpoint);
+/* End this daemon's FUSE connection (fusectl abort): files still open through a
+ * detached mount lose the plaintext, and libfuse then sees the connection gone. */
+void sr_abort_own_connection(void);
 
 /* From fs.c: online re-key of one file (REKEY), 0 or a negative errno. */
 int sr_fs_rekey(const char *rel);

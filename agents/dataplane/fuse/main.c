@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/statfs.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -65,6 +67,20 @@ static void widen_read_ahead(const char *mountpoint)
 		(void)!write(fd, "4096\n", 5);
 		close(fd);
 	}
+}
+
+/* The FUSE control file system: its abort file is how a daemon ends its own connection
+ * when its mount can no longer be reached by path (detached while files stay open through
+ * it). systemd mounts it at boot; where nothing did (a container, this test machine),
+ * root mounts it here. Host-wide and harmless: the same mount every distribution makes. */
+#define FUSECTL_SUPER_MAGIC 0x65735543
+static void ensure_fusectl(void)
+{
+	const char *dir = "/sys/fs/fuse/connections";
+	struct statfs sfs;
+	if (geteuid() != 0 || statfs(dir, &sfs) < 0 || sfs.f_type == FUSECTL_SUPER_MAGIC)
+		return;
+	(void)mount("fusectl", dir, "fusectl", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
 }
 
 /* SIGTERM, SIGINT and SIGHUP take the same road as SHUTDOWN (sr_shutdown): they are
@@ -235,6 +251,7 @@ int main(int argc, char **argv)
 		fuse_session_destroy(se);
 		return EXIT_CONTROL;
 	}
+	ensure_fusectl();
 	if (fuse_session_mount(se, mountpoint) < 0) {
 		sr_control_stop();
 		fuse_session_destroy(se);
@@ -253,6 +270,11 @@ int main(int argc, char **argv)
 		status = EXIT_LOOP;
 	fuse_loop_cfg_destroy(lc);
 	sr_control_wait();
+	/* libfuse unmounts by path while the connection is still up (files opened through
+	 * a mount someone detached keep it up), whatever the path shows by then; with the
+	 * connection aborted it sees POLLERR and unmounts nothing. */
+	if (!sr_mount_is_own(mountpoint))
+		sr_abort_own_connection();
 	fuse_session_unmount(se);
 	sr_control_stop();
 	fuse_session_destroy(se);
