@@ -40,6 +40,7 @@ from agents.guardpoint.dataplane import available as dataplane_unavailable
 from agents.guardpoint.policy import AccessPolicy, Effect, Mode, Rule
 from agents.guardpoint.protect import plan
 from agents.guardpoint.shield import ShieldError, mounts_at, serving, shield, unmount_to_shield, unshield
+from agents.keyclient.revocation import host_revocation
 from agents.keyclient.spool import EventSpool
 
 log = logging.getLogger("strongroom.agent.guardpoints")
@@ -546,6 +547,14 @@ class GuardPointManager:
 
     def _start(self, gp_id: str) -> None:
         d = self._definitions[gp_id]
+        refused = host_revocation(self._dir.parent)
+        if refused is not None:
+            # Seen once, remembered: no restart after a crash, no start at a heartbeat, even
+            # with keys still cached. The path stays shielded.
+            self._running.pop(gp_id, None)
+            _write_json(self._dir / f"{gp_id}.status.json", {"revision": d.get("revision"), "state": "error",
+                                                            "detail": refused})
+            return
         p = self._ctx.Process(target=serve_guard_point, args=(self._config_path, str(self._dir), gp_id),
                               name=f"guard point {d['path']}", daemon=False)
         p.start()

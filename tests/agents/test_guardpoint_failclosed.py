@@ -314,3 +314,22 @@ def test_without_its_shield_the_bare_directory_refuses_everyone(request: pytest.
     assert not mounts_at(str(mnt)) and os.stat(mnt).st_mode & 0o7777 == 0o775
     (mnt / "x").write_text("a plain directory again")
     assert os.listdir(mnt) == ["x"]
+
+
+def test_a_crashed_data_plane_is_not_restarted_once_the_host_is_revoked(rig: Rig, admin: httpx.Client) -> None:
+    """Another process of the host heard the revocation (its record is on disk); the
+    supervisors' crash watcher must not bring a killed data plane back on keys still
+    cached — the path stays on its shield and the guard point says why."""
+    from agents.keyclient.revocation import RevocationLedger
+
+    key = admin.post("/api/v1/keys", json={"name": unique("gpfc")}).json()
+    gp = admin.post("/api/v1/guard-points", json={
+        "host_id": rig.host_id, "path": str(rig.mnt), "backing_path": str(rig.tmp / "backing"),
+        "key": key["name"], "default_effect": "permit"}).json()
+    rig.start_agent()
+    plane = eventually(rig.plane, "the guard point served")
+    RevocationLedger(rig.state_dir).mark_host(code="host_revoked", detail="seen by a volume command")
+    os.kill(plane, signal.SIGKILL)
+    status = rig.state_dir / "guardpoints" / f"{gp['id']}.status.json"
+    eventually(lambda: status.exists() and "enrolled again" in status.read_text(), "the refusal in the status")
+    assert rig.plane() is None and mounts_at(str(rig.mnt))[-1].shield
