@@ -3007,6 +3007,8 @@ export interface components {
             finished: boolean;
             /** Generation */
             generation: number;
+            /** Skipped Hard Links */
+            skipped_hard_links?: string[] | null;
             /** Total */
             total: number;
         };
