@@ -77,13 +77,56 @@ export function onAuthProblem(listener: Listener): () => void {
 export const api = createClient<paths>({ baseUrl: "", credentials: "same-origin" });
 api.use(csrf);
 
+type ProblemBody = { code?: unknown; title?: unknown; detail?: unknown; request_id?: unknown; errors?: unknown };
+type FieldError = { loc?: unknown; msg?: unknown };
+
+/** pydantic's words without its machinery: "Value error, name is taken" → "name is taken". */
+function plainWords(msg: string): string {
+  return msg.replace(/^(Value|Assertion) error,\s*/i, "").trim();
+}
+
+/** "body.tags.env" → "Tags › env": where the value was, as a person names it. */
+function fieldName(loc: unknown): string | null {
+  if (!Array.isArray(loc)) return null;
+  const parts = loc.filter((p) => typeof p === "string" && !["body", "query", "path", "header", "cookie"].includes(p))
+    .map((p) => (p as string).replace(/_/g, " "));
+  if (!parts.length) return null;
+  const name = parts.join(" › ");
+  return name[0].toUpperCase() + name.slice(1);
+}
+
+/**
+ * The one place where a refusal becomes words for a person: the API's problem+json
+ * (title, detail, errors) read as "what was wrong", never as raw validation output or a
+ * JSON dump. What to do next is ErrorAlert's hint, by the problem's code.
+ */
+export function problemMessage(body: unknown, fallback: string): string {
+  const p = (body && typeof body === "object" ? body : {}) as ProblemBody;
+  const fields = Array.isArray(p.errors)
+    ? (p.errors as FieldError[]).filter((e) => e && typeof e.msg === "string")
+    : [];
+  if (fields.length) {
+    const said = fields.slice(0, 3).map((e) => {
+      const where = fieldName(e.loc);
+      const what = plainWords(e.msg as string);
+      return where ? `${where}: ${what}` : what;
+    });
+    const more = fields.length > 3 ? ` (and ${fields.length - 3} more)` : "";
+    return said.join("; ") + more;
+  }
+  if (typeof p.detail === "string" && p.detail.trim() && !/^\s*[[{]/.test(p.detail)) {
+    return plainWords(p.detail.replace(/(^|:\s)(Value|Assertion) error,\s*/g, "$1"));
+  }
+  if (typeof p.title === "string" && p.title.trim()) return p.title;
+  return fallback;
+}
+
 export async function problemOf(response: Response, body: unknown): Promise<ApiError> {
-  const p = (body ?? {}) as { code?: string; detail?: unknown; request_id?: string };
-  const detail = typeof p.detail === "string" ? p.detail
-    : response.statusText || `request failed with status ${response.status}`;
+  const p = (body && typeof body === "object" ? body : {}) as { code?: unknown; request_id?: unknown };
+  const detail = problemMessage(body, response.statusText || `The server answered ${response.status}.`);
   return new ApiError({
-    status: response.status, code: p.code ?? `http_${response.status}`, detail,
-    requestId: p.request_id ?? response.headers.get("x-request-id"),
+    status: response.status, code: typeof p.code === "string" ? p.code : `http_${response.status}`, detail,
+    requestId: typeof p.request_id === "string" ? p.request_id : response.headers.get("x-request-id"),
     retryAfter: response.headers.get("retry-after"),
   });
 }

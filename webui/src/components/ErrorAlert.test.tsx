@@ -37,6 +37,39 @@ describe("API errors", () => {
       .toMatch(/30 seconds/);
   });
 
+  it("a refused field reads as words: no pydantic wording, no JSON", async () => {
+    // As keyserver/api/problems.py answers a RequestValidationError.
+    const body = { type: "https://strongroom.dev/problems/validation_error", title: "Unprocessable content", status: 422,
+                   code: "validation_error", detail: "name: Value error, name must be 1-128 characters of letters, digits, . _ -",
+                   request_id: "r1", errors: [
+                     { loc: ["body", "name"], msg: "Value error, name must be 1-128 characters of letters, digits, . _ -", type: "value_error" },
+                     { loc: ["body", "rotation_period_days"], msg: "Input should be greater than or equal to 1", type: "greater_than_equal" }] };
+    const response = new Response(JSON.stringify(body), { status: 422, headers: { "content-type": "application/problem+json" } });
+    const err = (await call(Promise.resolve({ error: body, response })).catch((e: unknown) => e)) as ApiError;
+    expect(err.detail).toBe("Name: name must be 1-128 characters of letters, digits, . _ -; "
+                            + "Rotation period days: Input should be greater than or equal to 1");
+    renderWith(<ErrorAlert error={err} />);
+    const alert = screen.getByRole("alert");
+    expect(alert).not.toHaveTextContent("Value error");
+    expect(alert).not.toHaveTextContent("{");
+    expect(alert).toHaveTextContent("Correct the value named above and submit again.");
+  });
+
+  it("a detail that is not prose (an object, a JSON dump) gives way to the problem's title", async () => {
+    for (const detail of [{ msg: "x" }, '{"loc": ["body"], "msg": "bad"}']) {
+      const body = { title: "Bad request", status: 400, code: "http_error", detail };
+      const response = new Response(JSON.stringify(body), { status: 400 });
+      const err = (await call(Promise.resolve({ error: body, response })).catch((e: unknown) => e)) as ApiError;
+      expect(err.detail).toBe("Bad request");
+    }
+  });
+
+  it("every error says what to do next, even one whose code it does not know", () => {
+    for (const status of [400, 404, 409, 413, 422, 500, 503]) {
+      expect(hintFor(new ApiError({ status, code: "something_new", detail: "x" }))).toBeTruthy();
+    }
+  });
+
   it("renders nothing without an error", () => {
     const { container } = renderWith(<ErrorAlert error={null} />);
     expect(container.querySelector("[role=alert]")).toBeNull();

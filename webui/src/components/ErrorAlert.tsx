@@ -43,10 +43,20 @@ export function hintFor(err: ApiError): string | null {
       return null;
     case "validation_error":
     case "invalid_input":
-      return "Correct the highlighted value and submit again.";
+      return "Correct the value named above and submit again.";
     default:
-      return null;
+      return byStatus(err.status);
   }
+}
+
+/** What to do next when the code has no advice of its own: every error says something. */
+function byStatus(status: number): string | null {
+  if (status === 400 || status === 422) return "Correct the value named above and submit again.";
+  if (status === 404) return "It may have been removed or renamed: go back to the list and open it again.";
+  if (status === 409) return "Reload the page to see its current state, then decide again.";
+  if (status === 413) return "Send less: shorten the text or the file and try again.";
+  if (status >= 500) return "Retry in a moment. If it persists, give your administrator the request id below.";
+  return null;
 }
 
 export function errorTitle(err: ApiError): string {
