@@ -125,8 +125,10 @@ async def serve_with_sidecars(main: uvicorn.Server, sidecars: list[tuple[uvicorn
     services = getattr(getattr(main.config.app, "state", None), "services", None)
     if services is not None:
         limits = HttpLimits.from_settings(services.settings)
-        for server in (main, *(s for s, _ in sidecars)):
-            limit_server(server, limits)
+        limit_server(main, limits)
+        # The agent port faces the hosts' network: handshakes count per address there too.
+        for server, _ in sidecars:
+            limit_server(server, limits, count_tls=True)
         bound_handshakes(asyncio.get_running_loop(), limits.handshake_timeout)
     tasks = [asyncio.create_task(server.serve(sockets=[sock])) for server, sock in sidecars]
     try:

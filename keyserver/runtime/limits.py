@@ -20,9 +20,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
 import time
+from asyncio import sslproto
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 
@@ -67,22 +70,32 @@ TOO_MANY_FROM_SOURCE = _refusal(b"503 Service Unavailable", "too_many_connection
                                 "too many connections from this address; reuse one (keep-alive)")
 
 
-def bounded_protocol(limits: HttpLimits, base: type[Any] = HttpProtocol) -> type[Any]:
-    """`base` (uvicorn's httptools protocol or a subclass) with the limits above. The
-    per-source counts belong to the class made here: one per port and process."""
-    per_source: dict[str, int] = {}
-    refusals = {"count": 0, "logged": 0.0}
+class _Refusals:
+    """Connections closed by a limit, logged once per REFUSAL_LOG_EVERY at most."""
 
-    def note_refusal(peer: str, why: str) -> None:
-        refusals["count"] += 1
+    def __init__(self) -> None:
+        self.count, self.logged = 0, 0.0
+
+    def __call__(self, peer: str, why: str) -> None:
+        self.count += 1
         now = time.monotonic()
-        if now - refusals["logged"] >= REFUSAL_LOG_EVERY:
-            log.warning("HTTP connection from %s closed: %s (%d such since the last warning)", peer, why,
-                        int(refusals["count"]))
-            refusals["count"], refusals["logged"] = 0, now
+        if now - self.logged >= REFUSAL_LOG_EVERY:
+            log.warning("HTTP connection from %s closed: %s (%d such since the last warning)", peer, why, self.count)
+            self.count, self.logged = 0, now
+
+
+def bounded_protocol(limits: HttpLimits, base: type[Any] = HttpProtocol, *, per_source: dict[str, int] | None = None,
+                     note_refusal: _Refusals | None = None) -> type[Any]:
+    """`base` (uvicorn's httptools protocol or a subclass) with the limits above. The
+    per-source counts belong to the class made here (one per port and process), unless
+    `per_source` is None because the TLS layer below counts them (`tls_counted`)."""
+    count_sources = per_source is None
+    counts: dict[str, int] = {} if per_source is None else per_source
+    note: _Refusals = note_refusal or _Refusals()
 
     class Bounded(base):  # type: ignore[misc]
-        _peer: str | None = None
+        _peer: str | None = None  # set while this connection is counted against its address
+        _addr = ""
         _header_bytes = 0
         _awaiting_headers = True
         _header_timer: asyncio.TimerHandle | None = None
@@ -90,23 +103,26 @@ def bounded_protocol(limits: HttpLimits, base: type[Any] = HttpProtocol) -> type
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
-            peer = self.client[0] if self.client else ""
-            if per_source.get(peer, 0) >= limits.max_per_source:
-                self._refuse(TOO_MANY_FROM_SOURCE)
-                note_refusal(peer, f"{limits.max_per_source} connections open from this address")
+            peer = self._addr = self.client[0] if self.client else ""
+            if not count_sources:
+                self._arm()
                 return
-            per_source[peer] = per_source.get(peer, 0) + 1
+            if counts.get(peer, 0) >= limits.max_per_source:
+                self._refuse(TOO_MANY_FROM_SOURCE)
+                note(peer, f"{limits.max_per_source} connections open from this address")
+                return
+            counts[peer] = counts.get(peer, 0) + 1
             self._peer = peer
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             if self._peer is not None:
-                left = per_source.get(self._peer, 1) - 1
+                left = counts.get(self._peer, 1) - 1
                 if left:
-                    per_source[self._peer] = left
+                    counts[self._peer] = left
                 else:
-                    per_source.pop(self._peer, None)
+                    counts.pop(self._peer, None)
                 self._peer = None
             super().connection_lost(exc)
 
@@ -123,7 +139,7 @@ def bounded_protocol(limits: HttpLimits, base: type[Any] = HttpProtocol) -> type
                 self._header_bytes += len(data)
                 if self._header_bytes > limits.max_header_bytes:
                     self._refuse(HEADERS_TOO_LARGE)
-                    note_refusal(self._peer or "", f"headers over {limits.max_header_bytes} bytes")
+                    note(self._addr, f"headers over {limits.max_header_bytes} bytes")
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -164,17 +180,74 @@ def bounded_protocol(limits: HttpLimits, base: type[Any] = HttpProtocol) -> type
             self._header_timer = None
             self._refused = True
             self.transport.abort()
-            note_refusal(self._peer or "", "headers or body not received in time")
+            note(self._addr, "headers or body not received in time")
 
     Bounded.__name__ = Bounded.__qualname__ = f"Bounded{base.__name__}"
     return Bounded
 
 
-def limit_server(server: uvicorn.Server, limits: HttpLimits) -> None:
-    """Apply `limits` to a server not yet started."""
+def tls_counted(limits: HttpLimits, http: type[Any], context: ssl.SSLContext) -> Callable[..., asyncio.Protocol]:
+    """A uvicorn protocol factory doing TLS itself (asyncio's SSLProtocol around `http`)
+    so that connections are counted per address from the moment they are accepted,
+    handshake included: one address cannot hold more than its share of connections
+    that never finish TLS. (uvicorn's own TLS hands the protocol a connection only
+    after its handshake, when the address is known too late.)"""
+    per_source: dict[str, int] = {}
+    note_refusal = _Refusals()
+    app_class = bounded_protocol(limits, http, per_source={}, note_refusal=note_refusal)
+
+    class CountedTls(sslproto.SSLProtocol):
+        # asyncio reads TLS into a buffer of this size, allocated per connection at
+        # accept: its 256 KiB default made 512 connections that never start TLS cost
+        # 150 MB. A TLS record is at most 16 KiB.
+        max_size = 32 * 1024
+        _peer: str | None = None
+        _refused = False
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            peer = str((transport.get_extra_info("peername") or ("",))[0])
+            if per_source.get(peer, 0) >= limits.max_per_source:
+                self._refused = True
+                cast(asyncio.Transport, transport).abort()
+                note_refusal(peer, f"{limits.max_per_source} connections open from this address")
+                return
+            per_source[peer] = per_source.get(peer, 0) + 1
+            self._peer = peer
+            super().connection_made(transport)
+
+        def connection_lost(self, exc: BaseException | None) -> None:
+            if self._refused:
+                return
+            if self._peer is not None:
+                left = per_source.get(self._peer, 1) - 1
+                if left:
+                    per_source[self._peer] = left
+                else:
+                    per_source.pop(self._peer, None)
+                self._peer = None
+            super().connection_lost(exc)
+
+    def create(**kwargs: Any) -> asyncio.Protocol:
+        app_protocol = app_class(**kwargs)
+        waiter: Any = None  # a server's handshake has no one waiting on it
+        protocol: Any = CountedTls(asyncio.get_running_loop(), app_protocol, context, waiter, server_side=True,
+                                   ssl_handshake_timeout=limits.handshake_timeout)  # type: ignore[arg-type]
+        return cast(asyncio.Protocol, protocol)
+
+    return create
+
+
+def limit_server(server: uvicorn.Server, limits: HttpLimits, *, count_tls: bool = False) -> None:
+    """Apply `limits` to a server not yet started. `count_tls`: the TLS layer is done
+    here (`tls_counted`), so that handshakes count against the per-address cap too."""
     config = server.config
     base = config.http if isinstance(config.http, type) else HttpProtocol
-    config.http = bounded_protocol(limits, base)
+    if count_tls and config.ssl_context_factory is not None:
+        context = config.ssl_context_factory(config, ssl.create_default_context)
+        config.ssl_context_factory = None
+        config.http = tls_counted(limits, base, context)  # type: ignore[assignment]
+    else:
+        config.http = bounded_protocol(limits, base)
     config.limit_concurrency = limits.max_connections
     config.h11_max_incomplete_event_size = limits.max_header_bytes
 
