@@ -12,6 +12,7 @@ until the good clients have made their requests, and stops by itself.
 * `endless-headers`: 4 connections sending one header line that never ends;
 * `slow-headers`: 60 connections dripping a header byte every 200 ms;
 * `pre-tls`: 500 TCP connections to the REST port that never start TLS;
+* `agent-pre-tls`: 512 such connections to the agent port from eight addresses;
 * `kmip-pre-tls`: 64 connections to KMIP that never start TLS, from one address, then
   from four, each reopened as soon as the server closes it;
 * `kmip-idle`: 64 authenticated KMIP connections from four addresses, held idle.
@@ -301,6 +302,10 @@ def pre_tls(t: Target, stop: threading.Event) -> None:
     _hold_tcp(t.port, 500, ["127.0.0.3"], stop)
 
 
+def agent_pre_tls(t: Target, stop: threading.Event) -> None:
+    _hold_tcp(t.agent_port, 512, [f"127.0.0.{2 + i}" for i in range(8)], stop)
+
+
 def kmip_pre_tls(sources: int) -> Attack:
     def attack(t: Target, stop: threading.Event) -> None:
         _hold_tcp(t.kmip_port, 64, [f"127.0.0.{2 + i}" for i in range(sources)], stop)
@@ -346,6 +351,7 @@ ATTACKS: dict[str, Attack | None] = {
     "endless-headers": endless_headers,
     "slow-headers": slow_headers,
     "pre-tls": pre_tls,
+    "agent-pre-tls (8 sources)": agent_pre_tls,
     "kmip-pre-tls (1 source)": kmip_pre_tls(1),
     "kmip-pre-tls (4 sources)": kmip_pre_tls(4),
     "kmip-idle (4 sources)": kmip_idle,
