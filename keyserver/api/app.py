@@ -260,9 +260,10 @@ class RequestMiddleware:
                 started[0] = True
                 status_holder[0] = message["status"]
                 h = list(message.get("headers") or [])
-                if message["status"] == 405:
+                methods = route_methods(self.routes, scope) if message["status"] == 405 else None
+                if methods:  # none: the console's files answered, with their own Allow
                     h = [(k, v) for k, v in h if k.lower() != b"allow"]
-                    h.append((b"allow", ", ".join(sorted(route_methods(self.routes, scope))).encode()))
+                    h.append((b"allow", ", ".join(sorted(methods)).encode()))
                 h.append((b"x-request-id", rid.encode()))
                 h.append((b"x-content-type-options", b"nosniff"))
                 h.append((b"referrer-policy", b"no-referrer"))

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from keyserver.api.app import WEBUI_DIST
 from tests import https
 from tests.serve import Server
 
@@ -47,6 +48,14 @@ def test_every_405_allows_exactly_the_methods_of_its_path(base_url: str) -> None
                     wrong.append(f"{method} {path}: {r.headers.get('content-type')}")
     assert checked > 100
     assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.skipif(not (WEBUI_DIST / "index.html").exists(),
+                    reason="the console is not built (webui/dist): no file server answers its paths")
+def test_the_consoles_own_paths_keep_the_file_servers_allow(base_url: str) -> None:
+    with https.client(base_url=base_url) as anon:
+        r = anon.put("/keys")  # a console page, not an API route
+    assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"
 
 
 def test_hsts_over_tls_on_the_api_and_the_console(base_url: str) -> None:
