@@ -323,7 +323,7 @@ function RevokeDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; 
                         onConfirm={() => revoke.mutate(undefined, { onSuccess: onClose })}>
       <Select label="Reason" data={REASONS} value={reason} allowDeselect={false}
               onChange={(v) => v && setReason(v as RevokeReason)} comboboxProps={{ withinPortal: true }} />
-      <Textarea label="Message" description="Recorded with the revocation and in the audit log"
+      <Textarea label="Message" description="Kept with each revoked version and shown on this page; the audit log records the reason, not this message"
                 value={message} onChange={(e) => setMessage(e.currentTarget.value)} maxLength={1000} autosize minRows={2} />
       <Text size="sm" c={compromise ? "var(--sr-text-danger)" : undefined}>
         {compromise
