@@ -18,18 +18,34 @@ const FILTERS = ["q", "actor", "action", "object_id", "outcome", "since", "until
 type FilterName = (typeof FILTERS)[number];
 const PAGE = 50;
 
-/** datetime-local (taken as UTC, like everything shown here) → ISO 8601. */
-export function toIsoUtc(local: string): string | undefined {
-  if (!local) return undefined;
-  const d = new Date(`${local}${local.length === 16 ? ":00" : ""}Z`);
-  return Number.isNaN(d.getTime()) ? undefined : d.toISOString();
+// Times are typed as they are shown everywhere here: ISO 8601 in UTC, "YYYY-MM-DD HH:mm"
+// (or a day alone), never the browser's locale. Links may carry the "T" form.
+const TIME_TYPED = /^(\d{4})-(\d{2})-(\d{2})(?:[ T](\d{2}):(\d{2}))?$/;
+export const TIME_FORMAT_HINT = "YYYY-MM-DD HH:mm, in UTC";
+
+/** A typed time (UTC) → ISO 8601 for the API; undefined when empty or not such a time. */
+export function toIsoUtc(text: string): string | undefined {
+  const m = TIME_TYPED.exec(text.trim());
+  if (!m) return undefined;
+  const [y, mo, d, h, mi] = m.slice(1).map((v) => Number(v ?? 0));
+  const t = new Date(Date.UTC(y, mo - 1, d, h, mi));
+  // Date.UTC rolls 2026-02-31 over into March and 25:00 into the next day: refuse those.
+  if (t.getUTCMonth() !== mo - 1 || t.getUTCDate() !== d || h > 23 || mi > 59) return undefined;
+  return t.toISOString();
+}
+
+/** What is wrong with a typed time, saying how to write it; null when it is fine or empty. */
+export function timeError(text: string): string | null {
+  return !text.trim() || toIsoUtc(text) ? null : `Write it as ${TIME_FORMAT_HINT}, e.g. 2026-11-26 14:30`;
 }
 
 export function AuditPage() {
   const [params, setParams] = useSearchParams();
   const get = (k: FilterName) => params.get(k) ?? "";
   const [draft, setDraft] = useState<Record<FilterName, string>>(
-    () => Object.fromEntries(FILTERS.map((f) => [f, get(f)])) as Record<FilterName, string>);
+    () => Object.fromEntries(FILTERS.map((f) => [f, f === "since" || f === "until" ? get(f).replace("T", " ") : get(f)])) as
+      Record<FilterName, string>);
+  const [checked, setChecked] = useState(false); // times are judged once Apply was pressed
   const [cursors, setCursors] = useState<number[]>([]); // before_seq of each page after the first
   const before = cursors.at(-1);
   const filters = {
@@ -52,6 +68,8 @@ export function AuditPage() {
 
   const apply = (e?: React.FormEvent) => {
     e?.preventDefault();
+    setChecked(true);
+    if (timeError(draft.since) || timeError(draft.until)) return;
     const next = new URLSearchParams();
     for (const f of FILTERS) if (draft[f]) next.set(f, draft[f]);
     setCursors([]);
@@ -59,6 +77,7 @@ export function AuditPage() {
   };
   const clear = () => {
     setDraft(Object.fromEntries(FILTERS.map((f) => [f, ""])) as Record<FilterName, string>);
+    setChecked(false);
     setCursors([]);
     setParams({}, { replace: true });
   };
@@ -104,8 +123,10 @@ export function AuditPage() {
                        description="* at the end: prefix" inputWrapperOrder={["label", "input", "description"]} />
             <Select label="Outcome" placeholder="Any" clearable data={["allowed", "denied", "error"]} w={100}
                     value={draft.outcome || null} onChange={(v) => setDraft((d) => ({ ...d, outcome: v ?? "" }))} />
-            <TextInput label="From (UTC)" type="datetime-local" value={draft.since} onChange={set("since")} w={168} />
-            <TextInput label="To (UTC)" type="datetime-local" value={draft.until} onChange={set("until")} w={168} />
+            <TextInput label="From (UTC)" placeholder="YYYY-MM-DD HH:mm" value={draft.since} onChange={set("since")} w={168}
+                       error={checked && timeError(draft.since)} data-testid="audit-since" />
+            <TextInput label="To (UTC)" placeholder="YYYY-MM-DD HH:mm" value={draft.until} onChange={set("until")} w={168}
+                       error={checked && timeError(draft.until)} data-testid="audit-until" />
             <Button type="submit" color="ink">Apply</Button>
             <Button variant="subtle" color="gray" onClick={clear}>Clear</Button>
           </Group>

@@ -3,7 +3,7 @@ import userEvent from "@testing-library/user-event";
 import { describe, expect, it } from "vitest";
 import { fakeApi } from "../test/fakeApi";
 import { meAs, renderWith } from "../test/render";
-import { AuditPage } from "./Audit";
+import { AuditPage, timeError, toIsoUtc } from "./Audit";
 import { ChainStatus } from "./Dashboard";
 
 const ago = (seconds: number) => new Date(Date.now() - seconds * 1000).toISOString();
@@ -80,5 +80,30 @@ describe("the audit log's search", () => {
     });
     renderWith(<AuditPage />, { at: "/audit?q=generate", path: "/audit", me: meAs("auditor") });
     expect(await screen.findByTestId("audit-total")).toHaveTextContent("10,000+ matching records");
+  });
+
+  it("takes times as ISO 8601 in UTC, whatever the browser's locale, and refuses others with how to write them", async () => {
+    expect(toIsoUtc("2026-11-22 10:30")).toBe("2026-11-22T10:30:00.000Z");
+    expect(toIsoUtc("2026-11-22")).toBe("2026-11-22T00:00:00.000Z");
+    for (const bad of ["11/22/2026 10:30 AM", "2026-02-31 10:00", "2026-11-22 25:00", "yesterday"]) {
+      expect(toIsoUtc(bad)).toBeUndefined();
+      expect(timeError(bad)).toMatch(/YYYY-MM-DD HH:mm, in UTC/);
+    }
+    const server = fakeApi({ "GET /api/v1/audit/events": { items: [], total: 0, total_exact: true, next_before_seq: null } });
+    // A link from the dashboard carries the "T" form; the field shows it as typed elsewhere.
+    renderWith(<AuditPage />, { at: "/audit?since=2026-11-25T12%3A00", path: "/audit", me: meAs("auditor") });
+    const since = screen.getByTestId("audit-since");
+    expect(since).toHaveValue("2026-11-25 12:00");
+    await waitFor(() => expect(server.calls("GET /api/v1/audit/events")[0].url.searchParams.get("since"))
+      .toBe("2026-11-25T12:00:00.000Z"));
+    await userEvent.type(screen.getByTestId("audit-until"), "11/26/2026");
+    await userEvent.click(screen.getByRole("button", { name: "Apply" }));
+    expect(await screen.findByText(/Write it as YYYY-MM-DD HH:mm/)).toBeInTheDocument();
+    expect(server.calls("GET /api/v1/audit/events").every((c) => !c.url.searchParams.has("until"))).toBe(true);
+    await userEvent.clear(screen.getByTestId("audit-until"));
+    await userEvent.type(screen.getByTestId("audit-until"), "2026-11-26 08:15");
+    await userEvent.click(screen.getByRole("button", { name: "Apply" }));
+    await waitFor(() => expect(server.calls("GET /api/v1/audit/events").at(-1)?.url.searchParams.get("until"))
+      .toBe("2026-11-26T08:15:00.000Z"));
   });
 });
