@@ -105,6 +105,68 @@ async function axeViolations(page) {
   return found;
 }
 
+/** How far the page reaches past the window's right edge (> 0: it scrolls sideways), and
+ *  the outermost elements that do, outside any scroll box of their own. */
+async function overflowOf(page) {
+  return page.evaluate(() => {
+    const w = window.innerWidth;
+    const out = [...document.querySelectorAll("body *")].filter((el) => {
+      if (el.getBoundingClientRect().right <= w + 0.5) return false;
+      for (let p = el.parentElement; p; p = p.parentElement) {
+        if (getComputedStyle(p).overflowX !== "visible") return false;
+        if (p.getBoundingClientRect().right > w + 0.5) return false;
+      }
+      return true;
+    }).map((el) => `${el.tagName}.${String(el.className).slice(0, 80)} "${(el.textContent ?? "").slice(0, 40)}"`);
+    return [document.documentElement.scrollWidth - w, out.slice(0, 5)];
+  });
+}
+
+/** Every dialog and drawer of the console, each opened from its page without acting in it.
+ *  `key` is an active key of the caller's own (its Revoke and Destroy are offered). */
+const dialogs = (key) => [
+  { name: "Create key", path: "/keys", open: (p) => p.getByTestId("create-key").click() },
+  { name: `Edit ${key}`, path: `/keys/${key}`, open: (p) => p.getByTestId("edit-key").click() },
+  { name: "Rotation schedule", path: `/keys/${key}`, open: (p) => p.getByTestId("edit-schedule").click() },
+  { name: `Deactivate ${key}`, path: `/keys/${key}`, open: (p) => p.getByRole("button", { name: "Deactivate" }).click() },
+  { name: `Revoke ${key}`, path: `/keys/${key}`, open: (p) => p.getByTestId("revoke-key").click() },
+  { name: `Destroy ${key}`, path: `/keys/${key}`, open: (p) => p.getByTestId("destroy-key").click() },
+  { name: "Enroll a host", path: "/hosts", open: (p) => p.getByTestId("enroll-host").click() },
+  { name: "New guard point", path: "/guard-points", open: (p) => p.getByRole("button", { name: "New guard point" }).click() },
+  { name: "Audit chain verification", path: "/audit", open: (p) => p.getByTestId("verify-chain").click() },
+  { name: /^Audit record #\d+/, path: "/audit",
+    open: (p) => p.getByRole("button", { name: /^Open audit record \d+/ }).first().click() },
+  { name: "Create user", path: "/users", open: (p) => p.getByTestId("create-user").click() },
+  { name: "Create API token", path: "/tokens", open: (p) => p.getByTestId("create-token").click() },
+  { name: "Rotate the KEK", path: "/system", open: (p) => p.getByTestId("rotate-kek").click() },
+  { name: "Create KMIP client", path: "/kmip-clients", open: (p) => p.getByTestId("create-kmip-client").click() },
+  { name: "Search", path: "/", open: (p) => p.keyboard.press("Control+K") },
+];
+
+/** Open each dialog in turn, run check(name) while it is open, close it by its × (found by its name). */
+async function withEachDialog(page, key, check) {
+  for (const d of dialogs(key)) {
+    await page.goto(`/#${d.path}`);
+    await page.locator("#main-content h1").first().waitFor();
+    await page.waitForLoadState("networkidle");
+    await d.open(page);
+    const dialog = page.getByRole("dialog", { name: d.name });
+    await dialog.waitFor();
+    // A drawer slides in, a modal pops: judge it where it comes to rest.
+    const close = dialog.getByRole("button", { name: /^Close (dialog|panel)$/ });
+    let last = null;
+    await until(async () => {
+      const box = await close.boundingBox();
+      const still = box !== null && last !== null && box.x === last.x && box.y === last.y;
+      last = box;
+      return still;
+    }, () => `${d.name}: its close button never came to rest`);
+    await check(String(d.name), dialog);
+    await close.click();
+    await dialog.waitFor({ state: "detached" });
+  }
+}
+
 /** Poll until cond() holds (the page re-renders as data arrives). */
 async function until(cond, message, timeout = TIMEOUT) {
   const end = Date.now() + timeout;
@@ -742,6 +804,11 @@ for (const colorScheme of ["light", "dark"]) {
     await page.getByTestId("guard-points").waitFor();
     problems.push(...(await axeViolations(page)).map((v) => `host detail: ${v}`));
     if (colorScheme === "dark") await shot(page, "host-detail-dark");
+    // With each dialog and drawer open: what a screen reader meets there is the dialog.
+    await post("/api/v1/keys", { name: `${batch}-live` });
+    await withEachDialog(page, `${batch}-live`, async (name) => {
+      problems.push(...(await axeViolations(page)).map((v) => `dialog ${name}: ${v}`));
+    });
     writeFileSync(join(E2E_OUT, `axe-${colorScheme}.txt`), problems.join("\n") + "\n");
     assert.deepEqual(problems, [], problems.join("\n"));
     await done();
@@ -750,28 +817,47 @@ for (const colorScheme of ["light", "dark"]) {
 
 for (const [width, height] of [[375, 812], [768, 1024], [1440, 900]]) {
   test(`at ${width} px nothing overflows and the navigation stays reachable`, async () => {
-    const { page, done } = await open(STATE);
+    const { page, context, done } = await open(STATE);
     await page.setViewportSize({ width, height });
-    for (const path of ["/", "/keys", "/hosts", "/audit"]) {
+    const csrf = (await context.cookies()).find((c) => c.name === "strongroom_csrf")?.value ?? "";
+    const key = `narrow-${width}-${Date.now().toString(36)}`;
+    const made = await context.request.post("/api/v1/keys", { data: { name: key, tags: { env: "prod", "host-group": HOST_GROUP } },
+                                                              headers: { "X-CSRF-Token": csrf } });
+    assert.equal(made.status(), 201, await made.text());
+    const wide = [];
+    const measure = async (what) => {
+      const [overflow, culprits] = await overflowOf(page);
+      if (overflow > 0) wide.push(`${what} at ${width} px is ${overflow} px wider than the window: ${culprits.join("; ")}`);
+      // A state badge shows its whole word, never "a…".
+      const cut = await page.locator(".mantine-Badge-label").evaluateAll((els) =>
+        els.filter((el) => el.getClientRects().length && el.scrollWidth > el.clientWidth + 1).map((el) => el.textContent));
+      if (cut.length) wide.push(`${what} at ${width} px cuts badges: ${cut.slice(0, 5).join(", ")}`);
+    };
+    for (const path of ["/", "/keys", `/keys/${key}`, `/keys/${KEY}`, "/hosts", `/hosts?group=${HOST_GROUP}`, "/guard-points",
+                        "/volumes", "/audit", "/users", "/tokens", "/system", "/kmip-clients", "/approvals", "/account"]) {
       await page.goto(`/#${path}`);
+      await page.locator("#main-content h1").first().waitFor();
       await page.waitForLoadState("networkidle");
-      const [overflow, culprits] = await page.evaluate(() => {
-        const w = window.innerWidth;
-        // The outermost elements reaching past the right edge, outside any scroll box.
-        const out = [...document.querySelectorAll("body *")].filter((el) => {
-          if (el.getBoundingClientRect().right <= w + 0.5) return false;
-          for (let p = el.parentElement; p; p = p.parentElement) {
-            if (getComputedStyle(p).overflowX !== "visible") return false;
-            if (p.getBoundingClientRect().right > w + 0.5) return false;
-          }
-          return true;
-        }).map((el) => `${el.tagName}.${String(el.className).slice(0, 80)} "${(el.textContent ?? "").slice(0, 40)}"`);
-        return [document.documentElement.scrollWidth - w, out.slice(0, 5)];
-      });
-      assert.ok(overflow <= 0, `${path} at ${width} px is ${overflow} px wider than the window: ${culprits.join("; ")}`);
+      await measure(path);
       // The header is never under the navigation: its home link can be clicked.
       await page.getByRole("link", { name: "Strongroom home" }).click({ trial: true });
     }
+    // A host's page: its guard points, its keys and its activity table.
+    await page.goto(`/#/hosts?q=${DOMAIN_OF(HOST.db1)}`);
+    await page.getByTestId("hosts-table").getByRole("link", { name: HOST.db1 }).click();
+    await page.getByTestId("host-events").waitFor();
+    await page.waitForLoadState("networkidle");
+    await measure("host detail");
+    // A phone shows each dialog and drawer within its width too (each closes by its own ×).
+    if (width === 375) {
+      await withEachDialog(page, key, async (name, dialog) => {
+        await measure(`dialog ${name}`);
+        // Its × is in the window, not scrolled away sideways.
+        const box = await dialog.getByRole("button", { name: /^Close (dialog|panel)$/ }).boundingBox();
+        if (!box || box.x < 0 || box.x + box.width > width) wide.push(`dialog ${name}: its close button is off the screen`);
+      });
+    }
+    assert.deepEqual(wide, [], wide.join("\n"));
     const menu = page.getByRole("button", { name: "Open navigation" });
     // Folded away = moved off the screen (and inert): its links are not where anyone can reach them.
     const onScreen = async () => {

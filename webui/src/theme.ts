@@ -14,6 +14,11 @@ export const theme = createTheme({
   components: {
     Table: { defaultProps: { striped: false, withRowBorders: true } },
     Anchor: { defaultProps: { c: "var(--sr-link)" } },
-    Badge: { styles: { label: { textTransform: "none", letterSpacing: 0.1 } } },
+    // A state is a word of its own: in a narrow cell the cell wraps, the badge never shrinks to "a…".
+    Badge: { styles: { root: { flexShrink: 0, overflow: "visible" },
+                       label: { textTransform: "none", letterSpacing: 0.1, overflow: "visible" } } },
+    // The × is an icon only: without a name a screen reader announces "button" (axe: critical).
+    Modal: { defaultProps: { closeButtonProps: { "aria-label": "Close dialog" } } },
+    Drawer: { defaultProps: { closeButtonProps: { "aria-label": "Close panel" } } },
   },
 });

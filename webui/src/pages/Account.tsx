@@ -21,14 +21,16 @@ export function AccountPage() {
     <Stack gap="md">
       <PageHeader title="Your account" subtitle="Your sign-in: password and second factor." />
       <Panel title="Identity">
-        <Table fz="sm" verticalSpacing={4} withRowBorders={false}>
-          <Table.Tbody>
-            <Table.Tr><Table.Td c="dimmed" w={160}>Username</Table.Td><Table.Td>{me.username}</Table.Td></Table.Tr>
-            <Table.Tr><Table.Td c="dimmed">Role</Table.Td><Table.Td>{me.role ?? me.actor_type}</Table.Td></Table.Tr>
-            <Table.Tr><Table.Td c="dimmed">Password</Table.Td>
-              <Table.Td><Anchor component={Link} to="/change-password">Change your password</Anchor></Table.Td></Table.Tr>
-          </Table.Tbody>
-        </Table>
+        <Table.ScrollContainer minWidth={0}>
+          <Table fz="sm" verticalSpacing={4} withRowBorders={false}>
+            <Table.Tbody>
+              <Table.Tr><Table.Td c="dimmed" w={160}>Username</Table.Td><Table.Td>{me.username}</Table.Td></Table.Tr>
+              <Table.Tr><Table.Td c="dimmed">Role</Table.Td><Table.Td>{me.role ?? me.actor_type}</Table.Td></Table.Tr>
+              <Table.Tr><Table.Td c="dimmed">Password</Table.Td>
+                <Table.Td><Anchor component={Link} to="/change-password">Change your password</Anchor></Table.Td></Table.Tr>
+            </Table.Tbody>
+          </Table>
+        </Table.ScrollContainer>
       </Panel>
       <Panel title="Second factor">
         {me.second_factor == null ? (

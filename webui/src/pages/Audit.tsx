@@ -208,12 +208,15 @@ export function RecordView({ e }: { e: AuditEvent }) {
   ];
   return (
     <Stack gap="md" data-testid="audit-record">
-      <SimpleGrid cols={2} spacing={6} style={{ gridTemplateColumns: "140px 1fr" }}>
-        {rows.map(([k, v]) => <Fragment key={k}><Text size="sm" c="dimmed">{k}</Text><Text size="sm" component="div">{v}</Text></Fragment>)}
+      {/* Long values (UUIDs, paths, details) wrap inside the drawer: on a phone it never
+          scrolls sideways, away from its own close button. */}
+      <SimpleGrid cols={2} spacing={6} style={{ gridTemplateColumns: "minmax(6rem, 140px) minmax(0, 1fr)" }}>
+        {rows.map(([k, v]) => <Fragment key={k}><Text size="sm" c="dimmed">{k}</Text>
+          <Text size="sm" component="div" style={{ overflowWrap: "anywhere" }}>{v}</Text></Fragment>)}
       </SimpleGrid>
       <div>
         <Text size="sm" c="dimmed" mb={4}>Details</Text>
-        <Code block>{JSON.stringify(e.details, null, 2)}</Code>
+        <Code block style={{ whiteSpace: "pre-wrap", overflowWrap: "anywhere" }}>{JSON.stringify(e.details, null, 2)}</Code>
       </div>
       <Hash label="Previous hash" value={e.prev_hash} />
       <Hash label="Record hash (HMAC-SHA-256)" value={e.hash} />

@@ -57,18 +57,20 @@ function Ranked({ title, rows, link }: { title: string; rows: { name: string; co
     <div>
       <Text size="sm" fw={600} mb={4}>{title}</Text>
       {rows.length === 0 ? <Text size="sm" c="dimmed">none</Text> : (
-        <Table fz="sm" verticalSpacing={2} withRowBorders={false}>
-          <Table.Tbody>
-            {rows.map((r) => (
-              <Table.Tr key={r.name}>
-                <Table.Td style={{ overflowWrap: "anywhere" }}>
-                  <Anchor component={Link} to={link(r.name)} size="sm">{r.name || "(no reason given)"}</Anchor>
-                </Table.Td>
-                <Table.Td ta="right" w={70}>{r.count.toLocaleString()}</Table.Td>
-              </Table.Tr>
-            ))}
-          </Table.Tbody>
-        </Table>
+        <Table.ScrollContainer minWidth={0}>
+          <Table fz="sm" verticalSpacing={2} withRowBorders={false}>
+            <Table.Tbody>
+              {rows.map((r) => (
+                <Table.Tr key={r.name}>
+                  <Table.Td style={{ overflowWrap: "anywhere" }}>
+                    <Anchor component={Link} to={link(r.name)} size="sm">{r.name || "(no reason given)"}</Anchor>
+                  </Table.Td>
+                  <Table.Td ta="right" w={70}>{r.count.toLocaleString()}</Table.Td>
+                </Table.Tr>
+              ))}
+            </Table.Tbody>
+          </Table>
+        </Table.ScrollContainer>
       )}
     </div>
   );

@@ -132,19 +132,21 @@ function ChangeList({ rows }: { rows: Row[] }) {
   const all = rows.flatMap((r) => r.changes.map((c) => ({ ...c, path: r.path }))).sort((a, b) => b.at - a.at).slice(0, 10);
   if (all.length === 0) return null;
   return (
-    <Table fz="sm" verticalSpacing={4} data-testid="guard-point-changes">
-      <Table.Thead><Table.Tr><Table.Th>On the host at</Table.Th><Table.Th>Guard point</Table.Th><Table.Th>Became</Table.Th></Table.Tr></Table.Thead>
-      <Table.Tbody>
-        {all.map((c) => (
-          <Table.Tr key={`${c.path}-${c.at}-${c.state}`}>
-            <Table.Td>{fmtTime(new Date(c.at).toISOString())}</Table.Td>
-            <Table.Td ff="monospace">{c.path}</Table.Td>
-            <Table.Td c={c.state === "crashed" ? "var(--sr-text-danger)" : undefined}>
-              {STATE_LOOK[c.state].label}{c.state === "crashed" ? ` (status ${c.status})` : ""}
-            </Table.Td>
-          </Table.Tr>
-        ))}
-      </Table.Tbody>
-    </Table>
+    <Table.ScrollContainer minWidth={560}>
+      <Table fz="sm" verticalSpacing={4} data-testid="guard-point-changes">
+        <Table.Thead><Table.Tr><Table.Th>On the host at</Table.Th><Table.Th>Guard point</Table.Th><Table.Th>Became</Table.Th></Table.Tr></Table.Thead>
+        <Table.Tbody>
+          {all.map((c) => (
+            <Table.Tr key={`${c.path}-${c.at}-${c.state}`}>
+              <Table.Td>{fmtTime(new Date(c.at).toISOString())}</Table.Td>
+              <Table.Td ff="monospace">{c.path}</Table.Td>
+              <Table.Td c={c.state === "crashed" ? "var(--sr-text-danger)" : undefined}>
+                {STATE_LOOK[c.state].label}{c.state === "crashed" ? ` (status ${c.status})` : ""}
+              </Table.Td>
+            </Table.Tr>
+          ))}
+        </Table.Tbody>
+      </Table>
+    </Table.ScrollContainer>
   );
 }

@@ -82,10 +82,10 @@ function HostView({ h }: { h: Host }) {
         <Grid.Col span={{ base: 12, lg: 5 }}>
           <Paper withBorder radius="md" p="md" h="100%">
             <Title order={2} size="h5" mb="sm">Identity</Title>
-            <SimpleGrid cols={2} spacing={6} verticalSpacing={6} style={{ gridTemplateColumns: "140px 1fr" }}
+            <SimpleGrid cols={2} spacing={6} verticalSpacing={6} style={{ gridTemplateColumns: "140px minmax(0, 1fr)" }}
                         data-testid="host-identity">
               <Prop label="Hostname">{h.hostname}</Prop>
-              <Prop label="Host ID"><Group gap={2} wrap="nowrap"><Code fz="xs">{h.id}</Code><CopyValue value={h.id} label="Copy host ID" /></Group></Prop>
+              <Prop label="Host ID"><Group gap={2} wrap="nowrap"><Code fz="xs" style={{ wordBreak: "break-all" }}>{h.id}</Code><CopyValue value={h.id} label="Copy host ID" /></Group></Prop>
               <Prop label="Group"><Code>{h.host_group}</Code></Prop>
               <Prop label="Certificate serial">
                 <Group gap={2} wrap="nowrap"><Code fz="xs" style={{ wordBreak: "break-all" }}>{h.cert_serial}</Code>
@@ -131,7 +131,7 @@ function HostView({ h }: { h: Host }) {
 }
 
 function Prop({ label, children }: { label: string; children: ReactNode }) {
-  return <><Text size="sm" c="dimmed">{label}</Text><Text size="sm" component="div">{children}</Text></>;
+  return <><Text size="sm" c="dimmed">{label}</Text><Text size="sm" component="div" style={{ overflowWrap: "anywhere" }}>{children}</Text></>;
 }
 
 function GuardPoints({ h, revoked }: { h: Host; revoked: boolean }) {
@@ -143,31 +143,33 @@ function GuardPoints({ h, revoked }: { h: Host; revoked: boolean }) {
     );
   }
   return (
-    <Table fz="sm" verticalSpacing={6} data-testid="guard-points">
-      <Table.Thead><Table.Tr><Table.Th>Path</Table.Th><Table.Th>Key</Table.Th><Table.Th>State</Table.Th>
-        <Table.Th>Detail</Table.Th></Table.Tr></Table.Thead>
-      <Table.Tbody>
-        {h.guard_points.map((g) => (
-          <Table.Tr key={g.path}>
-            <Table.Td><Text size="sm" ff="monospace">{g.path}</Text></Table.Td>
-            <Table.Td style={{ whiteSpace: "nowrap" }}>
-              <Anchor component={Link} to={`/keys/${encodeURIComponent(g.key)}`} size="sm">{g.key}</Anchor></Table.Td>
-            <Table.Td style={{ minWidth: 104 }}>
-              {/* A revoked host's agent drops its keys and stops: what it last reported is history. */}
-              {revoked ? (
-                <Stack gap={2} data-testid="gp-state-revoked">
-                  <Badge color="gray" variant="light" radius="sm">stopped</Badge>
-                  <Text size="xs" c="dimmed">last reported {g.state}</Text>
-                </Stack>
-              ) : <GuardPointStateBadge state={g.state} />}
-            </Table.Td>
-            <Table.Td><Text size="sm" c={g.state === "error" ? "var(--sr-text-danger)" : "dimmed"}>{g.detail || "—"}</Text>
-              {g.rekey && <Text size="xs" c="dimmed" data-testid="rekey-progress">re-key {g.rekey.generation}: {g.rekey.done}/{g.rekey.total} files{g.rekey.finished ? ", finished" : ""}</Text>}
-              {g.unprotect && <Text size="xs" c="dimmed" data-testid="unprotect-progress">unprotect {g.unprotect.generation}: {g.unprotect.done}/{g.unprotect.total} files{g.unprotect.finished ? ", finished" : ""}</Text>}</Table.Td>
-          </Table.Tr>
-        ))}
-      </Table.Tbody>
-    </Table>
+    <Table.ScrollContainer minWidth={560}>
+      <Table fz="sm" verticalSpacing={6} data-testid="guard-points">
+        <Table.Thead><Table.Tr><Table.Th>Path</Table.Th><Table.Th>Key</Table.Th><Table.Th>State</Table.Th>
+          <Table.Th>Detail</Table.Th></Table.Tr></Table.Thead>
+        <Table.Tbody>
+          {h.guard_points.map((g) => (
+            <Table.Tr key={g.path}>
+              <Table.Td><Text size="sm" ff="monospace">{g.path}</Text></Table.Td>
+              <Table.Td style={{ whiteSpace: "nowrap" }}>
+                <Anchor component={Link} to={`/keys/${encodeURIComponent(g.key)}`} size="sm">{g.key}</Anchor></Table.Td>
+              <Table.Td style={{ minWidth: 104 }}>
+                {/* A revoked host's agent drops its keys and stops: what it last reported is history. */}
+                {revoked ? (
+                  <Stack gap={2} data-testid="gp-state-revoked">
+                    <Badge color="gray" variant="light" radius="sm">stopped</Badge>
+                    <Text size="xs" c="dimmed">last reported {g.state}</Text>
+                  </Stack>
+                ) : <GuardPointStateBadge state={g.state} />}
+              </Table.Td>
+              <Table.Td><Text size="sm" c={g.state === "error" ? "var(--sr-text-danger)" : "dimmed"}>{g.detail || "—"}</Text>
+                {g.rekey && <Text size="xs" c="dimmed" data-testid="rekey-progress">re-key {g.rekey.generation}: {g.rekey.done}/{g.rekey.total} files{g.rekey.finished ? ", finished" : ""}</Text>}
+                {g.unprotect && <Text size="xs" c="dimmed" data-testid="unprotect-progress">unprotect {g.unprotect.generation}: {g.unprotect.done}/{g.unprotect.total} files{g.unprotect.finished ? ", finished" : ""}</Text>}</Table.Td>
+            </Table.Tr>
+          ))}
+        </Table.Tbody>
+      </Table>
+    </Table.ScrollContainer>
   );
 }
 
@@ -192,20 +194,22 @@ function GroupKeys({ h }: { h: Host }) {
         </EmptyState>
       ) : (
         <>
-          <Table fz="sm" verticalSpacing={6} data-testid="host-keys">
-            <Table.Thead><Table.Tr><Table.Th>Key</Table.Th><Table.Th>State</Table.Th><Table.Th>Version</Table.Th>
-              <Table.Th>Updated</Table.Th></Table.Tr></Table.Thead>
-            <Table.Tbody>
-              {keys.data.items.map((k) => (
-                <Table.Tr key={k.id}>
-                  <Table.Td><Anchor component={Link} to={`/keys/${encodeURIComponent(k.name)}`} size="sm" fw={600}>{k.name}</Anchor></Table.Td>
-                  <Table.Td><StateBadge state={k.state} /></Table.Td>
-                  <Table.Td>v{k.current_version}</Table.Td>
-                  <Table.Td title={fmtTime(k.updated_at)}>{fmtRelative(k.updated_at)}</Table.Td>
-                </Table.Tr>
-              ))}
-            </Table.Tbody>
-          </Table>
+          <Table.ScrollContainer minWidth={560}>
+            <Table fz="sm" verticalSpacing={6} data-testid="host-keys">
+              <Table.Thead><Table.Tr><Table.Th>Key</Table.Th><Table.Th>State</Table.Th><Table.Th>Version</Table.Th>
+                <Table.Th>Updated</Table.Th></Table.Tr></Table.Thead>
+              <Table.Tbody>
+                {keys.data.items.map((k) => (
+                  <Table.Tr key={k.id}>
+                    <Table.Td><Anchor component={Link} to={`/keys/${encodeURIComponent(k.name)}`} size="sm" fw={600}>{k.name}</Anchor></Table.Td>
+                    <Table.Td><StateBadge state={k.state} /></Table.Td>
+                    <Table.Td>v{k.current_version}</Table.Td>
+                    <Table.Td title={fmtTime(k.updated_at)}>{fmtRelative(k.updated_at)}</Table.Td>
+                  </Table.Tr>
+                ))}
+              </Table.Tbody>
+            </Table>
+          </Table.ScrollContainer>
           {keys.data.total > keys.data.items.length && (
             <Text size="sm" c="dimmed" mt="xs">{keys.data.items.length} of {keys.data.total} shown.</Text>
           )}
@@ -214,18 +218,20 @@ function GroupKeys({ h }: { h: Host }) {
       {viaGuardPoints.length > 0 && (
         <>
           <Text size="sm" fw={600} mt="md" mb={4}>Through its guard points</Text>
-          <Table fz="sm" verticalSpacing={6} data-testid="host-gp-keys">
-            <Table.Thead><Table.Tr><Table.Th>Key</Table.Th><Table.Th>Guard point</Table.Th><Table.Th>For</Table.Th></Table.Tr></Table.Thead>
-            <Table.Tbody>
-              {viaGuardPoints.map((g) => (
-                <Table.Tr key={g.id}>
-                  <Table.Td><Anchor component={Link} to={`/keys/${encodeURIComponent(g.key_name)}`} size="sm" fw={600}>{g.key_name}</Anchor></Table.Td>
-                  <Table.Td><Text size="sm" ff="monospace">{g.path}</Text></Table.Td>
-                  <Table.Td>{g.host_id ? "this host" : `group ${g.host_group}`}</Table.Td>
-                </Table.Tr>
-              ))}
-            </Table.Tbody>
-          </Table>
+          <Table.ScrollContainer minWidth={560}>
+            <Table fz="sm" verticalSpacing={6} data-testid="host-gp-keys">
+              <Table.Thead><Table.Tr><Table.Th>Key</Table.Th><Table.Th>Guard point</Table.Th><Table.Th>For</Table.Th></Table.Tr></Table.Thead>
+              <Table.Tbody>
+                {viaGuardPoints.map((g) => (
+                  <Table.Tr key={g.id}>
+                    <Table.Td><Anchor component={Link} to={`/keys/${encodeURIComponent(g.key_name)}`} size="sm" fw={600}>{g.key_name}</Anchor></Table.Td>
+                    <Table.Td><Text size="sm" ff="monospace">{g.path}</Text></Table.Td>
+                    <Table.Td>{g.host_id ? "this host" : `group ${g.host_group}`}</Table.Td>
+                  </Table.Tr>
+                ))}
+              </Table.Tbody>
+            </Table>
+          </Table.ScrollContainer>
         </>
       )}
     </Paper>
@@ -260,23 +266,25 @@ function HostEvents({ h }: { h: Host }) {
       {error ? <ErrorAlert error={error} /> : results.some((r) => r.isPending) ? <Loading /> : events.length === 0 ? (
         <EmptyState title="No recorded activity">Enrollment, key deliveries and the agent's own events appear here.</EmptyState>
       ) : (
-        <Table fz="sm" verticalSpacing={6} data-testid="host-events">
-          <Table.Thead><Table.Tr><Table.Th>#</Table.Th><Table.Th>Time</Table.Th><Table.Th>Actor</Table.Th>
-            <Table.Th>Action</Table.Th><Table.Th>Object</Table.Th><Table.Th>Outcome</Table.Th></Table.Tr></Table.Thead>
-          <Table.Tbody>
-            {events.map((e) => (
-              <Table.Tr key={e.seq}>
-                <Table.Td><Anchor component={Link} to={`/audit?seq=${e.seq}`} size="sm">{e.seq}</Anchor></Table.Td>
-                <Table.Td style={{ whiteSpace: "nowrap" }}>{fmtTime(e.time)}</Table.Td>
-                <Table.Td>{e.actor}</Table.Td>
-                <Table.Td><Text size="sm" ff="monospace">{e.action}</Text></Table.Td>
-                <Table.Td><Text size="xs" ff="monospace" lineClamp={1} maw={260}>
-                  {e.object_type ? `${e.object_type}:` : ""}{e.object_id ?? "—"}</Text></Table.Td>
-                <Table.Td><OutcomeBadge outcome={e.outcome} /></Table.Td>
-              </Table.Tr>
-            ))}
-          </Table.Tbody>
-        </Table>
+        <Table.ScrollContainer minWidth={560}>
+          <Table fz="sm" verticalSpacing={6} data-testid="host-events">
+            <Table.Thead><Table.Tr><Table.Th>#</Table.Th><Table.Th>Time</Table.Th><Table.Th>Actor</Table.Th>
+              <Table.Th>Action</Table.Th><Table.Th>Object</Table.Th><Table.Th>Outcome</Table.Th></Table.Tr></Table.Thead>
+            <Table.Tbody>
+              {events.map((e) => (
+                <Table.Tr key={e.seq}>
+                  <Table.Td><Anchor component={Link} to={`/audit?seq=${e.seq}`} size="sm">{e.seq}</Anchor></Table.Td>
+                  <Table.Td style={{ whiteSpace: "nowrap" }}>{fmtTime(e.time)}</Table.Td>
+                  <Table.Td>{e.actor}</Table.Td>
+                  <Table.Td><Text size="sm" ff="monospace">{e.action}</Text></Table.Td>
+                  <Table.Td><Text size="xs" ff="monospace" lineClamp={1} maw={260}>
+                    {e.object_type ? `${e.object_type}:` : ""}{e.object_id ?? "—"}</Text></Table.Td>
+                  <Table.Td><OutcomeBadge outcome={e.outcome} /></Table.Td>
+                </Table.Tr>
+              ))}
+            </Table.Tbody>
+          </Table>
+        </Table.ScrollContainer>
       )}
     </Paper>
   );

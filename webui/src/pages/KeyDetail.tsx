@@ -97,8 +97,8 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
         <Grid.Col span={{ base: 12, lg: 5 }}>
           <Paper withBorder radius="md" p="md">
             <Title order={2} size="h5" mb="sm">Properties</Title>
-            <SimpleGrid cols={2} spacing={6} verticalSpacing={6} style={{ gridTemplateColumns: "120px 1fr" }}>
-              <Prop label="Key ID"><Group gap={2} wrap="nowrap"><Code fz="xs">{k.id}</Code><CopyValue value={k.id} label="Copy key ID" /></Group></Prop>
+            <SimpleGrid cols={2} spacing={6} verticalSpacing={6} style={{ gridTemplateColumns: "120px minmax(0, 1fr)" }}>
+              <Prop label="Key ID"><Group gap={2} wrap="nowrap"><Code fz="xs" style={{ wordBreak: "break-all" }}>{k.id}</Code><CopyValue value={k.id} label="Copy key ID" /></Group></Prop>
               <Prop label="Algorithm">{k.algorithm}-{k.length_bits}</Prop>
               <Prop label="Current version">v{k.current_version}</Prop>
               <Prop label="Owner">{k.owner || "—"}</Prop>
@@ -141,7 +141,7 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
 }
 
 function Prop({ label, children }: { label: string; children: React.ReactNode }) {
-  return <><Text size="sm" c="dimmed">{label}</Text><Text size="sm" component="div">{children}</Text></>;
+  return <><Text size="sm" c="dimmed">{label}</Text><Text size="sm" component="div" style={{ overflowWrap: "anywhere" }}>{children}</Text></>;
 }
 
 export function VersionTimeline({ k }: { k: Key }) {
@@ -193,22 +193,24 @@ function KeyUsage({ k }: { k: Key }) {
       {error ? <ErrorAlert error={error} /> : results.some((r) => r.isPending) ? <Loading /> : events.length === 0 ? (
         <EmptyState title="No recorded use">Key operations and refusals on this key will appear here.</EmptyState>
       ) : (
-        <Table fz="sm" verticalSpacing={6} data-testid="key-usage">
-          <Table.Thead><Table.Tr><Table.Th>#</Table.Th><Table.Th>Time</Table.Th><Table.Th>Actor</Table.Th>
-            <Table.Th>Action</Table.Th><Table.Th>Outcome</Table.Th><Table.Th>Source</Table.Th></Table.Tr></Table.Thead>
-          <Table.Tbody>
-            {events.map((e) => (
-              <Table.Tr key={e.seq}>
-                <Table.Td><Anchor component={Link} to={`/audit?seq=${e.seq}`} size="sm">{e.seq}</Anchor></Table.Td>
-                <Table.Td>{fmtTime(e.time)}</Table.Td>
-                <Table.Td>{e.actor} <Text span size="xs" c="dimmed">({e.actor_type})</Text></Table.Td>
-                <Table.Td><Text size="sm" ff="monospace">{e.action}</Text></Table.Td>
-                <Table.Td><OutcomeBadge outcome={e.outcome} /></Table.Td>
-                <Table.Td>{e.source_ip ?? "—"}</Table.Td>
-              </Table.Tr>
-            ))}
-          </Table.Tbody>
-        </Table>
+        <Table.ScrollContainer minWidth={560}>
+          <Table fz="sm" verticalSpacing={6} data-testid="key-usage">
+            <Table.Thead><Table.Tr><Table.Th>#</Table.Th><Table.Th>Time</Table.Th><Table.Th>Actor</Table.Th>
+              <Table.Th>Action</Table.Th><Table.Th>Outcome</Table.Th><Table.Th>Source</Table.Th></Table.Tr></Table.Thead>
+            <Table.Tbody>
+              {events.map((e) => (
+                <Table.Tr key={e.seq}>
+                  <Table.Td><Anchor component={Link} to={`/audit?seq=${e.seq}`} size="sm">{e.seq}</Anchor></Table.Td>
+                  <Table.Td>{fmtTime(e.time)}</Table.Td>
+                  <Table.Td>{e.actor} <Text span size="xs" c="dimmed">({e.actor_type})</Text></Table.Td>
+                  <Table.Td><Text size="sm" ff="monospace">{e.action}</Text></Table.Td>
+                  <Table.Td><OutcomeBadge outcome={e.outcome} /></Table.Td>
+                  <Table.Td>{e.source_ip ?? "—"}</Table.Td>
+                </Table.Tr>
+              ))}
+            </Table.Tbody>
+          </Table>
+        </Table.ScrollContainer>
       )}
     </Paper>
   );
@@ -245,6 +247,8 @@ function EditDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; op
   // Each opening starts from the key as it is now (it may have changed since the last one).
   useEffect(() => {
     if (opened) { setDescription(k.description); setOwner(k.owner); setTags(tagEntries(k.tags)); save.reset(); }
+    // On opening only: while the dialog is open a refetched key must not overwrite what is being typed.
+    // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [opened]);
   const close = () => onClose();
   const groupBefore = k.tags[HOST_GROUP_TAG], groupAfter = parsed[HOST_GROUP_TAG];

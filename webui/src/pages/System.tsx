@@ -49,17 +49,19 @@ function HealthSection({ h }: { h: Health }) {
           <Title order={2} size="h4">Health</Title>
           <Badge color={st.color} variant="light" radius="sm" data-status={h.status}>{st.label}</Badge>
         </Group>
-        <Table fz="sm" verticalSpacing={4} withRowBorders={false}>
-          <Table.Tbody>
-            {h.checks.map((c) => (
-              <Table.Tr key={c.name} data-check={c.name}>
-                <Table.Td w={120}>{CHECK_TITLES[c.name] ?? c.name}</Table.Td>
-                <Table.Td><Badge color={c.ok ? "teal" : "red"} variant="light" radius="sm">{c.ok ? "ok" : "failing"}</Badge></Table.Td>
-                <Table.Td c={c.ok ? "dimmed" : undefined}>{c.ok ? (c.latency_ms !== null ? `${c.latency_ms} ms` : "") : c.detail}</Table.Td>
-              </Table.Tr>
-            ))}
-          </Table.Tbody>
-        </Table>
+        <Table.ScrollContainer minWidth={0}>
+          <Table fz="sm" verticalSpacing={4} withRowBorders={false}>
+            <Table.Tbody>
+              {h.checks.map((c) => (
+                <Table.Tr key={c.name} data-check={c.name}>
+                  <Table.Td w={120}>{CHECK_TITLES[c.name] ?? c.name}</Table.Td>
+                  <Table.Td><Badge color={c.ok ? "teal" : "red"} variant="light" radius="sm">{c.ok ? "ok" : "failing"}</Badge></Table.Td>
+                  <Table.Td c={c.ok ? "dimmed" : undefined}>{c.ok ? (c.latency_ms !== null ? `${c.latency_ms} ms` : "") : c.detail}</Table.Td>
+                </Table.Tr>
+              ))}
+            </Table.Tbody>
+          </Table>
+        </Table.ScrollContainer>
         <Text size="xs" c="dimmed" mt="xs">
           Answered by {h.hostname} (pid {h.pid}, {h.workers} worker{h.workers === 1 ? "" : "s"}), Strongroom {h.version},
           {" "}{h.store === "embedded" ? "embedded store" : "PostgreSQL"}, up since {fmtTime(h.started_at)}
@@ -67,34 +69,38 @@ function HealthSection({ h }: { h: Health }) {
       </Paper>
       <Paper withBorder radius="md" p="md">
         <Title order={2} size="h4" mb="xs">Audit chain</Title>
-        <Table fz="sm" verticalSpacing={4} withRowBorders={false}>
-          <Table.Tbody>
-            <Table.Tr><Table.Td w={160} c="dimmed">Head</Table.Td><Table.Td>record {h.audit_head_seq.toLocaleString()}</Table.Td></Table.Tr>
-            <Table.Tr><Table.Td c="dimmed">Not yet chained</Table.Td><Table.Td>{h.audit_pending.toLocaleString()}</Table.Td></Table.Tr>
-            <Table.Tr><Table.Td c="dimmed">Last checkpoint</Table.Td><Table.Td>{h.audit_last_checkpoint_at ? fmtTime(h.audit_last_checkpoint_at) : "none yet"}</Table.Td></Table.Tr>
-            <Table.Tr><Table.Td c="dimmed">Verified up to</Table.Td><Table.Td>{h.audit_verified_seq ? `record ${h.audit_verified_seq.toLocaleString()}` : "never verified"}</Table.Td></Table.Tr>
-            <Table.Tr><Table.Td c="dimmed">When no sink accepts</Table.Td><Table.Td>{h.audit_fail_closed ? "key operations wait (fail-closed)" : "key operations go on"}</Table.Td></Table.Tr>
-          </Table.Tbody>
-        </Table>
+        <Table.ScrollContainer minWidth={0}>
+          <Table fz="sm" verticalSpacing={4} withRowBorders={false}>
+            <Table.Tbody>
+              <Table.Tr><Table.Td w={160} c="dimmed">Head</Table.Td><Table.Td>record {h.audit_head_seq.toLocaleString()}</Table.Td></Table.Tr>
+              <Table.Tr><Table.Td c="dimmed">Not yet chained</Table.Td><Table.Td>{h.audit_pending.toLocaleString()}</Table.Td></Table.Tr>
+              <Table.Tr><Table.Td c="dimmed">Last checkpoint</Table.Td><Table.Td>{h.audit_last_checkpoint_at ? fmtTime(h.audit_last_checkpoint_at) : "none yet"}</Table.Td></Table.Tr>
+              <Table.Tr><Table.Td c="dimmed">Verified up to</Table.Td><Table.Td>{h.audit_verified_seq ? `record ${h.audit_verified_seq.toLocaleString()}` : "never verified"}</Table.Td></Table.Tr>
+              <Table.Tr><Table.Td c="dimmed">When no sink accepts</Table.Td><Table.Td>{h.audit_fail_closed ? "key operations wait (fail-closed)" : "key operations go on"}</Table.Td></Table.Tr>
+            </Table.Tbody>
+          </Table>
+        </Table.ScrollContainer>
         {h.sinks.length === 0 ? (
           <Text size="sm" c="dimmed" mt="xs">No audit sinks: the chain is only in this database. See docs/audit.md to copy it off the server.</Text>
         ) : (
-          <Table fz="sm" verticalSpacing={4} mt="xs" data-testid="audit-sinks">
-            <Table.Thead><Table.Tr><Table.Th>Sink</Table.Th><Table.Th>State</Table.Th><Table.Th>Behind</Table.Th><Table.Th>Last delivery</Table.Th></Table.Tr></Table.Thead>
-            <Table.Tbody>
-              {h.sinks.map((k) => (
-                <Table.Tr key={k.name}>
-                  <Table.Td>{k.name} <Text span size="xs" c="dimmed">({k.kind})</Text></Table.Td>
-                  <Table.Td>
-                    <Badge color={k.healthy ? "teal" : "red"} variant="light" radius="sm">{k.healthy ? "delivering" : "failing"}</Badge>
-                    {k.last_error && !k.healthy && <Text size="xs" c="var(--sr-text-danger)">{k.last_error}</Text>}
-                  </Table.Td>
-                  <Table.Td>{k.backlog.toLocaleString()} records</Table.Td>
-                  <Table.Td>{k.delivered_at ? fmtRelative(k.delivered_at) : "never"}</Table.Td>
-                </Table.Tr>
-              ))}
-            </Table.Tbody>
-          </Table>
+          <Table.ScrollContainer minWidth={560}>
+            <Table fz="sm" verticalSpacing={4} mt="xs" data-testid="audit-sinks">
+              <Table.Thead><Table.Tr><Table.Th>Sink</Table.Th><Table.Th>State</Table.Th><Table.Th>Behind</Table.Th><Table.Th>Last delivery</Table.Th></Table.Tr></Table.Thead>
+              <Table.Tbody>
+                {h.sinks.map((k) => (
+                  <Table.Tr key={k.name}>
+                    <Table.Td>{k.name} <Text span size="xs" c="dimmed">({k.kind})</Text></Table.Td>
+                    <Table.Td>
+                      <Badge color={k.healthy ? "teal" : "red"} variant="light" radius="sm">{k.healthy ? "delivering" : "failing"}</Badge>
+                      {k.last_error && !k.healthy && <Text size="xs" c="var(--sr-text-danger)">{k.last_error}</Text>}
+                    </Table.Td>
+                    <Table.Td>{k.backlog.toLocaleString()} records</Table.Td>
+                    <Table.Td>{k.delivered_at ? fmtRelative(k.delivered_at) : "never"}</Table.Td>
+                  </Table.Tr>
+                ))}
+              </Table.Tbody>
+            </Table>
+          </Table.ScrollContainer>
         )}
       </Paper>
       <Replicas h={h} />
@@ -255,14 +261,16 @@ export function SystemPage() {
       <SimpleGrid cols={{ base: 1, sm: 2 }} spacing="md">
         <Paper withBorder radius="md" p="md">
           <Title order={2} size="h4" mb="xs">HSM</Title>
-          <Table fz="sm" verticalSpacing={4} withRowBorders={false}>
-            <Table.Tbody>
-              {([["Manufacturer", hsm.manufacturer], ["Model", hsm.model], ["Firmware", hsm.firmware],
-                 ["Key wrapping", hsm.rsa_wrap_mechanism]] as const).map(([label, value]) => (
-                <Table.Tr key={label}><Table.Td c="dimmed" w={140}>{label}</Table.Td><Table.Td>{String(value ?? "—")}</Table.Td></Table.Tr>
-              ))}
-            </Table.Tbody>
-          </Table>
+          <Table.ScrollContainer minWidth={0}>
+            <Table fz="sm" verticalSpacing={4} withRowBorders={false}>
+              <Table.Tbody>
+                {([["Manufacturer", hsm.manufacturer], ["Model", hsm.model], ["Firmware", hsm.firmware],
+                   ["Key wrapping", hsm.rsa_wrap_mechanism]] as const).map(([label, value]) => (
+                  <Table.Tr key={label}><Table.Td c="dimmed" w={140}>{label}</Table.Td><Table.Td>{String(value ?? "—")}</Table.Td></Table.Tr>
+                ))}
+              </Table.Tbody>
+            </Table>
+          </Table.ScrollContainer>
         </Paper>
         <Paper withBorder radius="md" p="md">
           <Title order={2} size="h4" mb="xs">Active KEK</Title>

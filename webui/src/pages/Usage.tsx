@@ -90,18 +90,20 @@ function UsageChart({ target, title, topTitle, topLink, topName }: {
             </Box>
             <div>
               <Text size="sm" fw={600} mb={4}>{topTitle}</Text>
-              <Table fz="sm" verticalSpacing={2} withRowBorders={false} data-testid="usage-top">
-                <Table.Tbody>
-                  {u.top.map((r) => (
-                    <Table.Tr key={r.name}>
-                      <Table.Td style={{ overflowWrap: "anywhere" }}>
-                        <Anchor component={Link} to={topLink(r.name)} size="sm">{topName ? topName(r.name) : r.name}</Anchor>
-                      </Table.Td>
-                      <Table.Td ta="right" w={80}>{r.count.toLocaleString()}</Table.Td>
-                    </Table.Tr>
-                  ))}
-                </Table.Tbody>
-              </Table>
+              <Table.ScrollContainer minWidth={0}>
+                <Table fz="sm" verticalSpacing={2} withRowBorders={false} data-testid="usage-top">
+                  <Table.Tbody>
+                    {u.top.map((r) => (
+                      <Table.Tr key={r.name}>
+                        <Table.Td style={{ overflowWrap: "anywhere" }}>
+                          <Anchor component={Link} to={topLink(r.name)} size="sm">{topName ? topName(r.name) : r.name}</Anchor>
+                        </Table.Td>
+                        <Table.Td ta="right" w={80}>{r.count.toLocaleString()}</Table.Td>
+                      </Table.Tr>
+                    ))}
+                  </Table.Tbody>
+                </Table>
+              </Table.ScrollContainer>
             </div>
           </SimpleGrid>
         </Stack>

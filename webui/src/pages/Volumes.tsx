@@ -213,19 +213,21 @@ export function VolumeDetailPage() {
       {can("audit:read") && (
         <Panel title="Recent activity" right={<Anchor component={Link} to={`/audit?object_id=${v.id}`} size="sm">Open in the audit log</Anchor>}>
           {events.error ? <ErrorAlert error={events.error} /> : events.isPending ? <Loading /> : (
-            <Table fz="sm" verticalSpacing={6} data-testid="volume-events">
-              <Table.Tbody>
-                {events.data.items.map((e) => (
-                  <Table.Tr key={e.seq}>
-                    <Table.Td style={{ whiteSpace: "nowrap" }} title={fmtTime(e.time)}>{fmtRelative(e.time)}</Table.Td>
-                    <Table.Td><Code fz="xs">{e.action}</Code></Table.Td>
-                    <Table.Td><OutcomeBadge outcome={e.outcome} /></Table.Td>
-                    <Table.Td>{e.actor}</Table.Td>
-                    <Table.Td><Text size="xs" c="dimmed">{typeof e.details?.reason === "string" ? e.details.reason : ""}</Text></Table.Td>
-                  </Table.Tr>
-                ))}
-              </Table.Tbody>
-            </Table>
+            <Table.ScrollContainer minWidth={560}>
+              <Table fz="sm" verticalSpacing={6} data-testid="volume-events">
+                <Table.Tbody>
+                  {events.data.items.map((e) => (
+                    <Table.Tr key={e.seq}>
+                      <Table.Td style={{ whiteSpace: "nowrap" }} title={fmtTime(e.time)}>{fmtRelative(e.time)}</Table.Td>
+                      <Table.Td><Code fz="xs">{e.action}</Code></Table.Td>
+                      <Table.Td><OutcomeBadge outcome={e.outcome} /></Table.Td>
+                      <Table.Td>{e.actor}</Table.Td>
+                      <Table.Td><Text size="xs" c="dimmed">{typeof e.details?.reason === "string" ? e.details.reason : ""}</Text></Table.Td>
+                    </Table.Tr>
+                  ))}
+                </Table.Tbody>
+              </Table>
+            </Table.ScrollContainer>
           )}
         </Panel>
       )}
