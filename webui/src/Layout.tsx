@@ -25,7 +25,8 @@ export function Layout() {
   // menu button and closes again once a destination is chosen.
   const [navOpen, nav] = useDisclosure(false);
   const narrow = useMediaQuery("(max-width: 47.99em)"); // below Mantine's "sm"
-  useEffect(() => nav.close(), [location.pathname, location.search]);
+  const closeNav = nav.close; // stable (useCallback), unlike the handlers object
+  useEffect(() => closeNav(), [closeNav, location.pathname, location.search]);
   if (loading) return <Loading label="Checking your session…" />;
   // The whole destination, filters included, survives signing in (a shared audit link);
   // after a sign-out the person asked for, the next sign-in starts afresh. (Signing out
