@@ -22,6 +22,7 @@ from keyserver.core.principal import RequestContext, system_context
 from keyserver.kmip.errors import translate
 from keyserver.services import Services
 from keyserver.store.models import ApprovalRequest, AuditEvent
+from tests.api.sessions import session
 from tests.api.test_health_and_faults import serve
 from tests.conftest import own_services, unique
 
@@ -143,13 +144,7 @@ def test_rest_answers_202_with_the_request_and_approvers_sign_in_to_approve(held
             # A token is a program's credential, whoever it belongs to: it never approves.
             r = b.post(f"/api/v1/approvals/{rid}/approve")
             assert r.status_code == 403 and r.json()["code"] == "approver_not_a_person", r.text
-            with httpx.Client(base_url=url) as person:
-                signed_in = person.post("/api/v1/auth/login", json={"username": bob.principal.name,
-                                                                    "password": PASSWORD})
-                person.headers["X-CSRF-Token"] = signed_in.json()["csrf_token"]
-                # The cookie is Secure and this server plain HTTP: send it as a browser over TLS would.
-                person.headers["Cookie"] = next(c.split(";")[0] for c in signed_in.headers.get_list("set-cookie")
-                                                if c.startswith("strongroom_session="))
+            with session(url, bob.principal.name, PASSWORD) as person:
                 r = person.post(f"/api/v1/approvals/{rid}/approve")
             assert r.status_code == 200 and r.json()["executed"] is False, r.text
             assert a.post(f"/api/v1/approvals/{rid}/approve").json()["code"] == "own_request"

@@ -29,6 +29,7 @@ from keyserver.core.keys import KeySpec
 from keyserver.core.principal import RequestContext, system_context
 from keyserver.services import Services
 from keyserver.store.models import AuditEvent, Host, KmipSealedObject
+from tests.api.sessions import session
 from tests.api.test_health_and_faults import serve
 from tests.conftest import own_store, services_on, unique
 
@@ -298,7 +299,9 @@ def test_retire_over_rest_with_the_list_and_held_by_the_two_person_rule(
                 r = a.post(f"/api/v1/system/keks/{old}/retire")
                 assert r.status_code == 202 and r.json()["code"] == "approval_required", r.text
                 hsm_backend.get_kek(old)  # still there
-                r = b.post(f"/api/v1/approvals/{r.json()['approval']['id']}/approve")
+                # Approvals come from a person signed in, not from bob's token.
+                with session(base, bob.principal.name, PASSWORD) as person:
+                    r = person.post(f"/api/v1/approvals/{r.json()['approval']['id']}/approve")
                 assert r.status_code == 200 and r.json()["executed"] is True, r.text
                 keks = {k["kek_id"]: k for k in a.get("/api/v1/system/kek").json()["keks"]}
                 assert keks[old]["state"] == "retired" and keks[old]["retired_by"] == alice.principal.name

@@ -10,7 +10,6 @@ Destroy a KMIP client asked for runs once approved."""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from keyserver.core.kmip_clients import principal_for
 from keyserver.core.principal import RequestContext, system_context
 from keyserver.services import Services
 from keyserver.store.models import AuditEvent, KmipClient
+from tests.api.sessions import session
 from tests.api.test_health_and_faults import serve
 from tests.conftest import own_services, unique
 
@@ -75,27 +75,11 @@ def _intact(svc: Services, who: RequestContext, key_id: uuid.UUID) -> None:
     assert svc.keys.get(who, str(key_id)).versions[0].state != "destroyed"
 
 
-@contextlib.contextmanager
-def _session(url: str, name: str, password: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=url) as c:
-        yield _signed_in(c, name, password)
-
-
-def _signed_in(c: httpx.Client, name: str, password: str) -> httpx.Client:
-    r = c.post("/api/v1/auth/login", json={"username": name, "password": password})
-    assert r.status_code == 200, r.text
-    c.headers["X-CSRF-Token"] = r.json()["csrf_token"]
-    # Secure cookies over this plain-HTTP test server: sent as a browser over TLS would.
-    c.headers["Cookie"] = next(h.split(";")[0] for h in r.headers.get_list("set-cookie")
-                               if h.startswith("strongroom_session="))
-    return c
-
-
 def test_a_token_for_a_colleagues_account_is_held_seen_by_them_and_never_approves(held: Services) -> None:
     ann, ben = _person(held), _person(held)
     key_id, rid = _destroy_request(held, ann)
-    with serve(held) as url, _session(url, ann.principal.name, PASSWORD) as a, \
-            _session(url, ben.principal.name, PASSWORD) as b:
+    with serve(held) as url, session(url, ann.principal.name, PASSWORD) as a, \
+            session(url, ben.principal.name, PASSWORD) as b:
         body = {"name": "ci", "user_id": str(ben.principal.user_id), "expires_in_days": 1}
         r = a.post("/api/v1/tokens", json=body)
         assert r.status_code == 202 and r.json()["code"] == "approval_required", r.text
@@ -222,7 +206,7 @@ def test_a_destroy_asked_over_kmip_waits_then_runs_once_a_person_approves(held: 
             assert e.value.reason == enums.ResultReason.PERMISSION_DENIED
             assert "approval" in e.value.message
             rid = next(w for w in e.value.message.split() if w.count("-") == 4)
-            with serve(held) as url, _session(url, ann.principal.name, PASSWORD) as a:
+            with serve(held) as url, session(url, ann.principal.name, PASSWORD) as a:
                 r = a.post(f"/api/v1/approvals/{rid}/approve")
             assert r.status_code == 200 and r.json()["executed"] is True, r.text
             attrs = program.get_attributes(uid, ["State"])[1]
