@@ -211,6 +211,8 @@ class VerifyResultPublic(BaseModel):
                                          "0 with full=true or on the first run)")
     checkpoint: int | None = Field(default=None, description="the last checkpoint this run confirmed")
     outside_checked: int = Field(default=0, description="checkpoints from the outside copy compared")
+    outside_records: int = Field(default=0, description="records from the outside copy compared, one by one")
+    outside_seq: int = Field(default=0, description="the newest record the outside copy holds")
 
 
 class AuditCheckpointPublic(BaseModel):
@@ -228,14 +230,40 @@ class AuditCheckpointPublic(BaseModel):
     signature: str = Field(max_length=200)
 
 
+class AuditRecordCopy(BaseModel):
+    """A record as a sink wrote it (`"type": "record"` and the fields of its MAC), kept as
+    sent: it is compared with the database's record of the same sequence number."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["record"]
+    seq: int = Field(ge=1, le=2**62)
+    time: str = Field(max_length=40)
+    actor: str = Field(max_length=1024)
+    actor_type: str = Field(max_length=64)
+    action: str = Field(max_length=256)
+    object_type: str | None = Field(default=None, max_length=256)
+    object_id: str | None = Field(default=None, max_length=1024)
+    outcome: str = Field(max_length=32)
+    source_ip: str | None = Field(default=None, max_length=64)
+    request_id: str | None = Field(default=None, max_length=128)
+    details: dict[str, object]
+    prev_hash: str = Field(min_length=64, max_length=64)
+    hash: str = Field(min_length=64, max_length=64)
+
+
 class AuditVerifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     full: bool = Field(default=False,
                        description="walk every record, not only those after the last verified checkpoint")
-    outside: list[AuditCheckpointPublic] = Field(
+    outside: list[AuditRecordCopy | AuditCheckpointPublic] = Field(
         default_factory=list, max_length=100_000,
-        description="checkpoints from a copy kept off the server (a sink's file, the SIEM)")
+        description="a copy kept off the server (a sink's file, the SIEM): its checkpoints, and its records "
+                    "(`type: record`), each compared with the database's, so that records after the last "
+                    "checkpoint cannot be cut or rewritten unseen; the request body's limit bounds how many "
+                    "(the tail after the last checkpoint fits: `keyserver verify-audit --outside FILE` takes "
+                    "a whole copy)")
 
 
 class AuditVerifiedPublic(BaseModel):

@@ -22,10 +22,11 @@ from hsm import HsmBackend
 from keyserver.core.audit import AuditFilter, PendingRecord, canonical_record
 from keyserver.core.audit_sinks import SinkCopy, read_copy
 from keyserver.core.errors import InvalidInput
-from keyserver.core.principal import system_context
+from keyserver.core.principal import RequestContext, system_context
 from keyserver.services import Services
-from keyserver.store.models import AuditCheckpoint, AuditEvent, AuditHead, AuditVerified
+from keyserver.store.models import AuditCheckpoint, AuditEvent, AuditHead, AuditSearch, AuditVerified
 from tests.api.test_audit_sinks import _rsyslog
+from tests.api.test_health_and_faults import serve
 from tests.conftest import own_services
 
 EVERY = 5  # records per checkpoint: the tail after the last one is EVERY - 1 records at most
@@ -91,6 +92,46 @@ def test_a_tail_cut_after_the_last_checkpoint_is_caught_by_the_sink_copy(store: 
     r = store.audit.verify(outside=copy)
     assert not r.ok and r.first_broken_seq == covered + 1, r
     assert f"up to {head}" in (r.reason or "") and "tail was cut off" in (r.reason or "")
+
+
+def test_over_rest_the_copy_s_tail_records_are_compared_too(store: Services, sink_file: Path) -> None:
+    """POST /audit/verify took the copy's checkpoints only: the same cut passed there. The
+    tail after the last checkpoint (a few records, well inside the body limit) now goes
+    with them and is compared record by record."""
+    who = _auditor(store)  # its own records first: the tail below is the test's
+    _records(store, 2 * EVERY + 3)
+    store.sinks.flush()
+    covered, head = _tail(store)
+    assert head > covered
+    copy = list(read_copy(sink_file))
+    tail = [c for c in copy if c["type"] == "checkpoint" or c["seq"] > covered]
+    with serve(store) as url, httpx.Client(base_url=url, headers={"Authorization": f"Bearer {who}"}) as c:
+        clean = c.post("/api/v1/audit/verify", json={"outside": tail}).json()
+        assert clean["ok"] and clean["outside_records"] == head - covered and clean["outside_seq"] == head, clean
+        store.audit.flush()  # the clean run's own record chained: the cut takes it too, search words and all
+        with store.db.begin() as s:
+            kept = s.execute(select(AuditEvent.hash).where(AuditEvent.seq == covered)).scalar_one()
+            s.execute(delete(AuditEvent).where(AuditEvent.seq > covered))
+            s.execute(delete(AuditSearch).where(AuditSearch.seq > covered))
+            s.execute(update(AuditHead).where(AuditHead.id == 1).values(seq=covered, hash=kept))
+        only_checkpoints = [c for c in tail if c["type"] == "checkpoint"]
+        found = c.post("/api/v1/audit/verify", json={"outside": only_checkpoints}).json()
+        assert found["ok"], found  # the finding
+        # (that run's own record now stands where the cut records stood)
+        r = c.post("/api/v1/audit/verify", json={"outside": tail}).json()
+        assert not r["ok"] and r["first_broken_seq"] == covered + 1, r
+        bad = c.post("/api/v1/audit/verify", json={"outside": [{**tail[-1], "surprise": 1}]})
+        assert bad.status_code == 422, bad.text  # a record is taken as sent or refused, never trimmed
+
+
+def _auditor(svc: Services) -> str:
+    """An API token of an auditor (audit:verify is an auditor's)."""
+    ctx = system_context("tests")
+    name = f"auditor{time.monotonic_ns()}"
+    svc.identity.create_user(ctx, username=name, role="auditor", password="a long enough passphrase 1")
+    user = RequestContext(svc.identity.login(name, "a long enough passphrase 1", source_ip=None,
+                                             request_id=None).principal)
+    return svc.identity.create_token(user, name="verify", scopes=None, expires_in_days=1).secret
 
 
 def test_a_tail_record_edited_and_re_maced_is_caught_by_the_sink_copy(store: Services, sink_file: Path) -> None:

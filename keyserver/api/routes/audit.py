@@ -94,18 +94,21 @@ def export(
 @router.post("/verify", operation_id="verifyAudit", response_model=VerifyResultPublic)
 def verify(ctx: Ctx, services: ServicesDep, body: AuditVerifyRequest | None = None) -> VerifyResultPublic:
     """From the last verified checkpoint (or every record with `full`); with `outside`,
-    also against checkpoints kept off the server."""
+    also against a copy kept off the server: its checkpoints, and its records one by one."""
     services.policy.require(ctx, Permission.AUDIT_VERIFY, action="audit.verify")
     body = body or AuditVerifyRequest()
+    # A record keeps the fields it was sent with (null ones too: they are part of its MAC).
     result = services.audit.verify(full=body.full, outside=[c.model_dump() for c in body.outside])
     services.audit.record_now(ctx, action="audit.verify", outcome="allowed",
                               details={"ok": result.ok, "checked": result.checked, "from_seq": result.from_seq,
                                        "outside": result.outside_checked,
+                                       "outside_records": result.outside_records,
                                        "first_broken_seq": result.first_broken_seq})
     return VerifyResultPublic(ok=result.ok, checked=result.checked, head_seq=result.head_seq,
                               first_broken_seq=result.first_broken_seq, reason=result.reason,
                               from_seq=result.from_seq, checkpoint=result.checkpoint,
-                              outside_checked=result.outside_checked)
+                              outside_checked=result.outside_checked, outside_records=result.outside_records,
+                              outside_seq=result.outside_seq)
 
 
 @router.get("/activity", operation_id="getAuditActivity", response_model=AuditActivity)

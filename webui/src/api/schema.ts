@@ -427,7 +427,7 @@ export interface paths {
         /**
          * Verify
          * @description From the last verified checkpoint (or every record with `full`); with `outside`,
-         *     also against checkpoints kept off the server.
+         *     also against a copy kept off the server: its checkpoints, and its records one by one.
          */
         post: operations["verifyAudit"];
         delete?: never;
@@ -1802,6 +1802,46 @@ export interface components {
              */
             total_exact: boolean;
         };
+        /**
+         * AuditRecordCopy
+         * @description A record as a sink wrote it (`"type": "record"` and the fields of its MAC), kept as
+         *     sent: it is compared with the database's record of the same sequence number.
+         */
+        AuditRecordCopy: {
+            /** Action */
+            action: string;
+            /** Actor */
+            actor: string;
+            /** Actor Type */
+            actor_type: string;
+            /** Details */
+            details: {
+                [key: string]: unknown;
+            };
+            /** Hash */
+            hash: string;
+            /** Object Id */
+            object_id?: string | null;
+            /** Object Type */
+            object_type?: string | null;
+            /** Outcome */
+            outcome: string;
+            /** Prev Hash */
+            prev_hash: string;
+            /** Request Id */
+            request_id?: string | null;
+            /** Seq */
+            seq: number;
+            /** Source Ip */
+            source_ip?: string | null;
+            /** Time */
+            time: string;
+            /**
+             * Type
+             * @constant
+             */
+            type: "record";
+        };
         /** AuditStatusPublic */
         AuditStatusPublic: {
             /** Head Seq */
@@ -1836,9 +1876,9 @@ export interface components {
             full?: boolean;
             /**
              * Outside
-             * @description checkpoints from a copy kept off the server (a sink's file, the SIEM)
+             * @description a copy kept off the server (a sink's file, the SIEM): its checkpoints, and its records (`type: record`), each compared with the database's, so that records after the last checkpoint cannot be cut or rewritten unseen; the request body's limit bounds how many (the tail after the last checkpoint fits: `keyserver verify-audit --outside FILE` takes a whole copy)
              */
-            outside?: components["schemas"]["AuditCheckpointPublic"][];
+            outside?: (components["schemas"]["AuditRecordCopy"] | components["schemas"]["AuditCheckpointPublic"])[];
         };
         /** AuthMethods */
         AuthMethods: {
@@ -3464,6 +3504,18 @@ export interface components {
              * @default 0
              */
             outside_checked?: number;
+            /**
+             * Outside Records
+             * @description records from the outside copy compared, one by one
+             * @default 0
+             */
+            outside_records?: number;
+            /**
+             * Outside Seq
+             * @description the newest record the outside copy holds
+             * @default 0
+             */
+            outside_seq?: number;
             /** Reason */
             reason: string | null;
         };
