@@ -7,13 +7,14 @@ CA) needs no settings at all; anything that is not local requires real secrets a
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hsm.config import HsmConfig
@@ -151,6 +152,13 @@ class Settings(BaseSettings):
     http_max_connections_per_source: int = Field(default=64, ge=1, le=65536)
     tls_handshake_timeout_seconds: float = Field(default=5.0, gt=0, le=120)
     kmip_max_connections_per_source: int = Field(default=16, ge=1, le=4096)
+    # A load balancer passing TLS through (deploy/haproxy.cfg) makes every client's
+    # connection come from its own address: the per-address caps above would then cap
+    # the balancer. Connections from these networks are not capped per address; the
+    # balancer caps each client instead (LB_MAX_CONN_PER_SOURCE in deploy/haproxy.cfg).
+    trusted_proxies: list[IPvAnyNetwork] = Field(
+        default_factory=list, max_length=64,
+        description="addresses or networks of load balancers in front (JSON list, e.g. [\"10.0.0.5/32\"])")
 
     log_level: str = "INFO"
 
@@ -244,3 +252,14 @@ class Settings(BaseSettings):
         with os.fdopen(fd, "w") as f:
             json.dump(pins, f)
         return pins
+
+
+def from_network(addr: str, networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]) -> bool:
+    """Whether the peer address `addr` lies in one of `networks` (a malformed one: no)."""
+    if not networks:
+        return False
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return False
+    return any(ip in n for n in networks)

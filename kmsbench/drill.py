@@ -171,7 +171,9 @@ class HAProxy:
                     "LB_KMIP_PORT": str(_free_port()), "LB_AGENT_PORT": str(_free_port()),
                     "KS_REST_PORT": str(rest), "KS_KMIP_PORT": str(kmip), "KS_AGENT_PORT": str(agent),
                     "KS_CA_FILE": str(ca), "KS_CHECK_NAME": "localhost", "LB_STATS_SOCKET": str(self.socket_path),
-                    "LB_USER": pwd.getpwuid(os.getuid()).pw_name, "LB_GROUP": grp.getgrgid(os.getgid()).gr_name}
+                    "LB_USER": pwd.getpwuid(os.getuid()).pw_name, "LB_GROUP": grp.getgrgid(os.getgid()).gr_name,
+                    # every load client of the drill connects from 127.0.0.1
+                    "LB_MAX_CONN_PER_SOURCE": "10000"}
         for i, addr in enumerate(REPLICA_ADDRESSES):
             self.env[f"KS_REPLICA{i + 1}"] = addr
         self.log = root / "haproxy.log"
@@ -435,7 +437,9 @@ class Rig:
                    "STRONGROOM_KMIP_HOST": addr, "STRONGROOM_KMIP_PORT": str(kmip),
                    "STRONGROOM_AGENT_HOST": addr, "STRONGROOM_AGENT_PORT": str(agent),
                    "STRONGROOM_SERVER_NAMES": '["127.0.0.1"]', "STRONGROOM_DATABASE_POOL_SIZE": "16",
-                   "STRONGROOM_LOG_LEVEL": "WARNING"}
+                   "STRONGROOM_LOG_LEVEL": "WARNING",
+                   # the replicas see every client as the proxy (TLS passed through): not capped per address
+                   "STRONGROOM_TRUSTED_PROXIES": '["127.0.0.0/8"]'}
             self.replicas.append(Replica(i, addr, env, root / f"replica-{i + 1}.log"))
         self._haproxy = HAProxy(root, rest=rest, kmip=kmip, agent=agent, ca=self.ca)
         self.haproxy.check()

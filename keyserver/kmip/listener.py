@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import socket
 import ssl
@@ -38,6 +39,7 @@ from keyserver.core.kmip_clients import KmipClientService
 from keyserver.core.principal import Principal
 from keyserver.kmip.dispatcher import Dispatcher
 from keyserver.runtime.tls import server_context
+from keyserver.settings import from_network
 
 log = logging.getLogger(__name__)
 HEADER = 8
@@ -54,6 +56,7 @@ class ListenerLimits:
     max_connections_per_source: int = 16
     handshake_timeout: float = 5.0
     pressure_timeout: float = 2.0
+    trusted_proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()  # not capped per address
 
 
 @dataclass(slots=True)
@@ -163,7 +166,8 @@ class KmipListener:
             limits = self._limits
             victim: _Conn | None = None
             with self._lock:
-                refused = ("source" if self._per_source.get(peer, 0) >= limits.max_connections_per_source
+                capped = not from_network(peer, limits.trusted_proxies)  # a load balancer caps its clients
+                refused = ("source" if capped and self._per_source.get(peer, 0) >= limits.max_connections_per_source
                            else "full" if self._open() >= limits.max_connections else None)
                 if refused == "full" and len(self._conns) < 2 * limits.max_connections:
                     victim = self._evictable()

@@ -17,6 +17,7 @@ def build_listener(services: Services, *, port: int | None = None, reuse_port: b
         limits=ListenerLimits(max_connections=s.kmip_max_connections, max_message_bytes=s.kmip_max_message_bytes,
                               idle_timeout=s.kmip_idle_timeout_seconds,
                               max_connections_per_source=s.kmip_max_connections_per_source,
-                              handshake_timeout=s.tls_handshake_timeout_seconds),
+                              handshake_timeout=s.tls_handshake_timeout_seconds,
+                              trusted_proxies=tuple(s.trusted_proxies)),
         reuse_port=reuse_port,
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import logging
 import ssl
 import time
@@ -29,7 +30,7 @@ from typing import Any, cast
 
 import uvicorn
 
-from keyserver.settings import Settings
+from keyserver.settings import Settings, from_network
 
 log = logging.getLogger(__name__)
 REFUSAL_LOG_EVERY = 10.0  # a flood is logged once per this many seconds, not per connection
@@ -48,13 +49,14 @@ class HttpLimits:
     max_connections: int = 2048
     max_per_source: int = 64
     handshake_timeout: float = 5.0
+    trusted_proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()  # not capped per address
 
     @classmethod
     def from_settings(cls, s: Settings) -> HttpLimits:
         return cls(max_header_bytes=s.http_max_header_bytes, header_timeout=s.http_header_timeout_seconds,
                    body_timeout=s.http_body_timeout_seconds,
                    max_connections=s.http_max_connections, max_per_source=s.http_max_connections_per_source,
-                   handshake_timeout=s.tls_handshake_timeout_seconds)
+                   handshake_timeout=s.tls_handshake_timeout_seconds, trusted_proxies=tuple(s.trusted_proxies))
 
 
 def _refusal(status: bytes, code: str, detail: str) -> bytes:
@@ -104,7 +106,7 @@ def bounded_protocol(limits: HttpLimits, base: type[Any] = HttpProtocol, *, per_
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
             peer = self._addr = self.client[0] if self.client else ""
-            if not count_sources:
+            if not count_sources or from_network(peer, limits.trusted_proxies):
                 self._arm()
                 return
             if counts.get(peer, 0) >= limits.max_per_source:
@@ -206,6 +208,9 @@ def tls_counted(limits: HttpLimits, http: type[Any], context: ssl.SSLContext) ->
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             peer = str((transport.get_extra_info("peername") or ("",))[0])
+            if from_network(peer, limits.trusted_proxies):
+                super().connection_made(transport)  # a load balancer: it caps its clients itself
+                return
             if per_source.get(peer, 0) >= limits.max_per_source:
                 self._refused = True
                 cast(asyncio.Transport, transport).abort()

@@ -306,3 +306,28 @@ def test_agent_port_counts_handshakes_per_source(tmp_path: Path) -> None:
         finally:
             for s in flood:
                 s.close()
+
+
+def test_a_trusted_load_balancer_is_not_capped_per_address(tmp_path: Path) -> None:
+    """Behind HAProxy (TLS passed through) every client comes from the proxy's address:
+    capped per address, the replicas refused all but 64 of 200 drill clients. The
+    proxy's address is named (STRONGROOM_TRUSTED_PROXIES) and caps its clients itself;
+    every other address keeps its cap."""
+    with Server(tmp_path / "data", STRONGROOM_KMIP_ENABLED="false",
+                STRONGROOM_HTTP_MAX_CONNECTIONS_PER_SOURCE=str(PER_SOURCE),
+                STRONGROOM_TRUSTED_PROXIES='["127.0.0.3/32"]') as server:
+        for port in (server.port, agent_port(server)):
+            proxied = [connect(server, port, source="127.0.0.3") for _ in range(PER_SOURCE + 4)]
+            try:
+                for c in proxied:
+                    c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert all(read_response(c).startswith(b"HTTP/1.1 200") for c in proxied)
+            finally:
+                for c in proxied:
+                    c.close()
+        other = [connect(server, server.port, source="127.0.0.2") for _ in range(PER_SOURCE + 1)]
+        try:
+            assert b"too_many_connections" in read_response(other[-1])
+        finally:
+            for c in other:
+                c.close()
