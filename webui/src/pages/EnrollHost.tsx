@@ -54,7 +54,10 @@ function TokenForm({ groups, onCancel, onCreated }: {
       <Stack gap="sm">
         <Text size="sm">A one-time token lets new hosts join a host group. Each host then receives the keys
           tagged <Code>{hostGroupTag(g || "<group>")}</Code>.</Text>
+        {/* At most 8 suggestions, all in view: a fleet has many groups, typing narrows them,
+            and a list that scrolled would be a scrolling region with nothing to focus. */}
         <Autocomplete label="Host group" required data-autofocus placeholder="db-servers" data={groups}
+                      limit={8} maxDropdownHeight={400}
                       description="Lower-case letters, digits and . _ -; an existing group or a new one"
                       value={group} onChange={setGroup} error={groupError} maxLength={64}
                       autoComplete="off" spellCheck={false} />

@@ -71,7 +71,9 @@ export function HostsPage() {
                      value={q} onChange={(e) => { setQ(e.currentTarget.value); update({ q: e.currentTarget.value || undefined }); }} />
           <Select label="Group" placeholder="Any group" clearable searchable data={groups} value={group || null} w={200}
                   onChange={(v) => update({ group: v ?? undefined })} nothingFoundMessage="No such group" />
-          <div>
+          {/* The counts grow with the fleet: on a phone the control scrolls inside its own
+              box rather than widening the page. */}
+          <div style={{ maxWidth: "100%", overflowX: "auto" }}>
             <Text size="sm" fw={500} mb={4} id="host-status-label">Status</Text>
             <SegmentedControl aria-labelledby="host-status-label" size="sm" value={status ?? "all"}
                               onChange={(v) => update({ status: v === "all" ? undefined : v })}
