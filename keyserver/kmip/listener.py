@@ -194,11 +194,17 @@ class KmipListener:
 
     def _evictable(self) -> _Conn | None:
         """When full, a newcomer takes the place of an unfinished handshake: the oldest
-        one of the source that holds the most connections. A client that completes its
+        one of the source that holds the most connections (or, with none, that source's
+        longest-idle connection; never one whose request is being served). A client that completes its
         handshake does so in milliseconds; whoever opens connections and sends nothing
         can thus never keep anyone out (a reconnecting attacker would otherwise win
         every race for a slot freed by the reaper)."""
         pending = [c for c in self._conns.values() if c.state == "handshake"]
+        if not pending:
+            # Else the longest-idle authenticated connection of that source: idle clients
+            # holding every slot kept a newcomer waiting for the 2 s pressure timeout
+            # (p99 ~0.7 s); a KMIP client whose idle connection is closed connects again.
+            pending = [c for c in self._conns.values() if c.state == "idle"]
         if not pending:
             return None
         return max(pending, key=lambda c: (self._per_source.get(c.peer, 0), -c.since))

@@ -183,6 +183,28 @@ def test_idle_authenticated_clients_make_room_when_full(services: Services, offi
                 c.close()
 
 
+def test_a_full_listener_admits_a_newcomer_in_place_of_the_longest_idle_client(
+        services: Services, officer_files: ClientFiles) -> None:
+    """Full of idle authenticated clients, with the short time long (so only making room
+    can let anyone in): the newcomer is served at once in place of the longest-idle
+    connection of the source holding the most, and the other source keeps all of its."""
+    limits = ListenerLimits(max_connections=6, max_connections_per_source=4, idle_timeout=60,
+                            pressure_timeout=60)
+    with running(services, limits) as lst:
+        many = [tls(officer_files, lst.port, "127.0.0.2") for _ in range(4)]
+        few = [tls(officer_files, lst.port, "127.0.0.3") for _ in range(2)]
+        try:
+            for conn in many + few:
+                assert roundtrip(conn, query_request()).batch_items[0].result_status.value == \
+                    enums.ResultStatus.SUCCESS
+            assert served(officer_files, lst.port)
+            assert closed_by_server(many[0])  # the longest idle of the busiest source
+            assert not any(closed_by_server(c) for c in few)
+        finally:
+            for c in many + few:
+                c.close()
+
+
 @pytest.mark.parametrize("state", ["handshake", "idle"])
 def test_a_listener_with_room_keeps_its_clients(services: Services, officer_files: ClientFiles, state: str) -> None:
     """The short time is for a full listener only: with room, an idle client keeps its
