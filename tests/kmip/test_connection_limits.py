@@ -8,6 +8,7 @@ attack, and the attacker's connections are refused or cut; no time thresholds.""
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import ssl
 import subprocess
@@ -198,7 +199,10 @@ def test_a_full_listener_admits_a_newcomer_in_place_of_the_longest_idle_client(
                 assert roundtrip(conn, query_request()).batch_items[0].result_status.value == \
                     enums.ResultStatus.SUCCESS
             assert served(officer_files, lst.port)
-            assert closed_by_server(many[0])  # the longest idle of the busiest source
+            # One of the busiest source's (its longest idle: which one that is depends on
+            # when each server thread went back to waiting) made room; the other kept all.
+            readable, _, _ = select.select(many, [], [], 10)
+            assert readable and all(closed_by_server(c) for c in readable)
             assert not any(closed_by_server(c) for c in few)
         finally:
             for c in many + few:

@@ -118,8 +118,15 @@ def test_connection_limit(officer_files: ClientFiles, tight: KmipListener) -> No
             assert roundtrip(c, query_request()).batch_items[0].result_status.value == enums.ResultStatus.SUCCESS
         with connect(officer_files, tight.port) as extra:
             assert roundtrip(extra, query_request()).batch_items[0].result_status.value == enums.ResultStatus.SUCCESS
-        with pytest.raises((ConnectionError, ssl.SSLError, OSError)):
-            roundtrip(held[0], query_request())  # the longest idle made room
+        # the longest idle made room (which one depends on when each server thread went
+        # back to waiting)
+        lost = 0
+        for c in held:
+            try:
+                roundtrip(c, query_request())
+            except (ConnectionError, ssl.SSLError, OSError):
+                lost += 1
+        assert lost >= 1
     finally:
         for c in held:
             c.close()
