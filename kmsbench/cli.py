@@ -33,7 +33,8 @@ from kmsbench.workspace import Workspace
 console = Console(stderr=True)
 # Benchmarks with a command of their own: `kms-bench NAME [options]` hands over to them.
 COMMANDS = {"keyserver": "kmsbench.keyserver_load", "kmip": "kmsbench.kmip_load", "audit": "kmsbench.audit_bench",
-            "drill": "kmsbench.drill", "adversary": "kmsbench.adversary"}
+            "drill": "kmsbench.drill", "adversary": "kmsbench.adversary",
+            "guardpoint-transport": "kmsbench.guardpoint:transport_main"}
 
 
 def _ints(text: str) -> list[int]:
@@ -176,7 +177,8 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     if given and given[0] in COMMANDS:
-        importlib.import_module(COMMANDS[given[0]]).main(given[1:])  # a typer app: it exits itself
+        module, _, function = COMMANDS[given[0]].partition(":")
+        getattr(importlib.import_module(module), function or "main")(given[1:])  # a typer app exits itself
         return Exit.OK
     args = parser().parse_args(argv)
     if args.from_results is not None:
