@@ -31,6 +31,13 @@ class ConfigError(Exception):
     """The configuration file is missing or wrong; the message says which line to fix."""
 
 
+def _flag(raw: dict[str, Any], name: str, default: bool, path: Path) -> bool:
+    value = raw.get(name, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{path}: '{name}' must be true or false, not {value!r}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     server_url: str
@@ -42,6 +49,13 @@ class AgentConfig:
     chunk_size: int = 4096
     run_dir: Path = Path("/run/strongroom-agent")
     volumes_file: Path = Path("/etc/strongroom-agent/volumes.tab")
+    # Guard points' FUSE transport (docs/guardpoints.md, "Transport"). The writeback cache
+    # makes write() return once the kernel has the data (fsync and close still reach the
+    # backing file); off keeps the older rule that a returned write() survives a crash of
+    # the data plane. io_uring is a host-wide kernel switch: true sets
+    # /sys/module/fuse/parameters/enable_uring for every FUSE file system on the host.
+    fuse_writeback_cache: bool = True
+    fuse_io_uring: bool = False
 
     @property
     def spool_dir(self) -> Path:
@@ -74,7 +88,9 @@ class AgentConfig:
                          request_timeout_seconds=float(raw.get("request_timeout_seconds", 10)),
                          chunk_size=int(raw.get("chunk_size", 4096)),
                          run_dir=Path(raw.get("run_dir", "/run/strongroom-agent")),
-                         volumes_file=Path(raw.get("volumes_file", "/etc/strongroom-agent/volumes.tab")))
+                         volumes_file=Path(raw.get("volumes_file", "/etc/strongroom-agent/volumes.tab")),
+                         fuse_writeback_cache=_flag(raw, "fuse_writeback_cache", True, path),
+                         fuse_io_uring=_flag(raw, "fuse_io_uring", False, path))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{path}: {exc}") from None
         if config.key_cache_ttl_seconds <= 0 or config.key_cache_max_entries < 1:

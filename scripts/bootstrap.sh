@@ -79,12 +79,12 @@ webui_build() {
 
 # native_need — the compiled data plane (agents/dataplane: the format engine libsrcf.so
 # and .a, the FUSE daemon strongroom-fuse and the LUKS2 volume server strongroom-volume),
-# built with the distribution's gcc against OpenSSL 3, libfuse3 and libcryptsetup when
+# built with the distribution's gcc against OpenSSL 3, liburing, libfuse3 (the volume's) and libcryptsetup when
 # their sources changed since the last build (or a product is missing). The agent wheel
 # the key server serves carries the library.
 native_need() {
   apt_need libssl-dev:/usr/include/openssl/evp.h make:make gcc:gcc pkg-config:pkg-config \
-           libfuse3-dev:/usr/include/fuse3/fuse_lowlevel.h fuse3:fusermount3 \
+           libfuse3-dev:/usr/include/fuse3/fuse_lowlevel.h fuse3:fusermount3 liburing-dev:/usr/include/liburing.h \
            libcryptsetup-dev:/usr/include/libcryptsetup.h
   local dir="$ROOT/agents/dataplane" stamp="$ROOT/agents/dataplane/build/.strongroom-built"
   local want; want="$(cd "$dir" && cat Makefile include/*.h src/*.c fuse/Makefile fuse/*.[ch] \

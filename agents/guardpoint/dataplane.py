@@ -59,7 +59,7 @@ class DataPlaneError(Exception):
 def available(executable: Path = DAEMON) -> str | None:
     """Why the native data plane cannot run here, or None. It is built on the key server
     for the server's platform (the agent wheel carries it): another architecture, an
-    older glibc, or a host without libfuse3 / OpenSSL 3 is named here."""
+    older glibc, or a host without OpenSSL 3 is named here."""
     if not executable.is_file():
         return f"{executable} is not built (make -C {executable.parent}; scripts/start builds it)"
     if not os.access(executable, os.X_OK):
@@ -80,7 +80,7 @@ def available(executable: Path = DAEMON) -> str | None:
     if probe.returncode != 0:
         detail = probe.stderr.decode(errors="replace").strip().splitlines()
         return (f"{executable} cannot run on this host ({detail[-1] if detail else probe.returncode}): "
-                "it needs glibc, libfuse3 (apt-get install fuse3) and OpenSSL 3 (libssl3)")
+                "it needs glibc and OpenSSL 3 (libssl3)")
     return None
 
 
@@ -151,17 +151,40 @@ def encode_policy(policy: AccessPolicy) -> bytes:
     return bytes(out)
 
 
+ENABLE_URING = Path("/sys/module/fuse/parameters/enable_uring")
+
+
+def enable_fuse_io_uring(param: Path = ENABLE_URING) -> str | None:
+    """Let FUSE file systems on this host use io_uring (the agent setting fuse_io_uring):
+    None, or why not. A host-wide kernel switch, not a guard point's: it is only ever
+    turned on, never off (other FUSE file systems may rely on it)."""
+    try:
+        if param.read_text().strip() == "Y":
+            return None
+        param.write_text("Y\n")
+    except FileNotFoundError:
+        return f"{param} is missing: this kernel has no FUSE over io_uring (Linux 6.14 or newer, CONFIG_FUSE_IO_URING)"
+    except OSError as exc:
+        return f"cannot turn on FUSE over io_uring ({param}: {exc.strerror})"
+    return None
+
+
 class DataPlane:
     """One running `strongroom-fuse` and its control channel. Thread-safe."""
 
     def __init__(self, backing: str, mountpoint: str, *, chunk_size: int = 4096, journal: str | None = None,
                  root_fd: int | None = None, allow_other: bool = True,
                  on_event: Callable[[Event], None] | None = None, threads: int = 16,
+                 writeback_cache: bool = True, io_uring: bool = False,
                  executable: Path = DAEMON, extra_args: Iterable[str] = ()) -> None:
         self.backing, self.mountpoint = backing, mountpoint
         self._cmd = [str(executable), "--content", "srcf", "--chunk-size", str(chunk_size),
                      "--threads", str(threads), *(["--allow-other"] if allow_other else []),
-                     *(["--journal", journal] if journal else []), *extra_args]
+                     *(["--journal", journal] if journal else []),
+                     "--writeback-cache", "on" if writeback_cache else "off",
+                     *(["--io-uring"] if io_uring else []), *extra_args]
+        #: what the daemon negotiated with the kernel ("7.45 dev writeback_cache ..."), once mounted
+        self.transport: str | None = None
         self._root_fd = root_fd
         self._on_event = on_event
         self._sock: socket.socket | None = None
@@ -215,7 +238,12 @@ class DataPlane:
     def _log_stderr(self) -> None:
         assert self.process is not None and self.process.stderr is not None
         for line in self.process.stderr:
-            log.warning("%s: %s", self.mountpoint, line.decode(errors="replace").rstrip())
+            text = line.decode(errors="replace").rstrip()
+            if text.startswith("strongroom-fuse: transport "):
+                self.transport = text.removeprefix("strongroom-fuse: transport ")
+                log.info("%s: %s", self.mountpoint, text)
+                continue
+            log.warning("%s: %s", self.mountpoint, text)
 
     def wait(self, timeout: float | None = None) -> int:
         """Until the daemon exits (unmounted, SHUTDOWN, or crashed): its exit status."""

@@ -35,7 +35,7 @@ from typing import Any
 from agents.config import AgentConfig
 from agents.cryptfile import FormatError, KeyVersion, decrypt_file, encrypt_file, read_header, rewrap_in_place
 from agents.cryptfile.transform import TMP_PREFIX, atomic_replace
-from agents.guardpoint.dataplane import DataPlane, DataPlaneError, Event, recover_journal
+from agents.guardpoint.dataplane import DataPlane, DataPlaneError, Event, enable_fuse_io_uring, recover_journal
 from agents.guardpoint.dataplane import available as dataplane_unavailable
 from agents.guardpoint.policy import AccessPolicy, Effect, Mode, Rule
 from agents.guardpoint.protect import plan
@@ -247,8 +247,11 @@ def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> No
     journal = folder / f"{gp_id}.journal"
     for path in recover_journal(backing, str(journal), keyring):
         spool.append({"event": "guardpoint.repaired", "guard_point": gp_id, "path": os.path.join(mount, path)})
+    if config.fuse_io_uring and (why := enable_fuse_io_uring()):
+        log.warning("guard point %s: %s; serving over /dev/fuse", gp_id, why)
     plane = DataPlane(backing, mount, chunk_size=int(definition["chunk_size"]), journal=str(journal),
-                      root_fd=os.open(mount, os.O_RDONLY | os.O_DIRECTORY), on_event=on_event)
+                      root_fd=os.open(mount, os.O_RDONLY | os.O_DIRECTORY), on_event=on_event,
+                      writeback_cache=config.fuse_writeback_cache, io_uring=config.fuse_io_uring)
     def configure(p: DataPlane) -> None:
         for version in range(1, state.active + 1):  # files may still be under any earlier version
             try:

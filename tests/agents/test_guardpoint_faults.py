@@ -8,7 +8,13 @@ reference decryptor (agents/cryptfile).
 
 The injecting layer is agents/dataplane/tests/faultfs.c, an LD_PRELOAD shim built by
 `make -C agents/dataplane faultfs`. STRONGROOM_TEST_FUSE names another daemon binary
-(to show that these tests fail on an older build)."""
+(to show that these tests fail on an older build).
+
+The daemon runs write-through here (`--writeback-cache off`): these tests check every
+backing call of every request, which needs one write(2) to be one request answered with
+its own errno. Under the kernel's writeback cache (the default) the same requests come
+later, from the kernel, and their errors reach the application at fsync: the test at the
+end ("writeback") holds that mode to its own contract."""
 
 from __future__ import annotations
 
@@ -106,8 +112,10 @@ class GuardPoint:
     daemon; `restart` after a kill does what the supervisor does (lazy unmount, recover,
     start again)."""
 
-    def __init__(self, root: Path, mnt: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path, mnt: Path, env: dict[str, str] | None = None, *,
+                 writeback: bool = False) -> None:
         self.root, self.mnt = root, mnt
+        self.writeback = writeback
         self.backing, self.journal = root / "backing", root / "backing.journal"
         self.backing.mkdir(exist_ok=True)
         self.mnt.mkdir(exist_ok=True)
@@ -122,7 +130,7 @@ class GuardPoint:
 
         recover_journal(str(self.backing), str(self.journal), StaticKeyring([self.key]))
         plane = DataPlane(str(self.backing), str(self.mnt), chunk_size=CS, journal=str(self.journal),
-                          executable=_daemon(), threads=4)
+                          executable=_daemon(), threads=4, writeback_cache=self.writeback)
         saved = {k: os.environ.get(k) for k in self.env}
         os.environ.update(self.env)
         try:
@@ -173,8 +181,9 @@ class GuardPoint:
 
 
 @contextlib.contextmanager
-def guard_point(root: Path, mnt: Path, env: dict[str, str] | None = None) -> Iterator[GuardPoint]:
-    gp = GuardPoint(root, mnt, env)
+def guard_point(root: Path, mnt: Path, env: dict[str, str] | None = None, *,
+                writeback: bool = False) -> Iterator[GuardPoint]:
+    gp = GuardPoint(root, mnt, env, writeback=writeback)
     try:
         yield gp
     finally:
@@ -678,7 +687,7 @@ def test_a_damaged_file_reports_once_however_often_it_is_opened(tmp_path: Path) 
     mnt.mkdir()
     key = KeyVersion(uuid.uuid4(), 1, os.urandom(32))
     events: list[str] = []
-    plane = DataPlane(str(backing), str(mnt), chunk_size=CS, executable=_daemon(),
+    plane = DataPlane(str(backing), str(mnt), chunk_size=CS, executable=_daemon(), writeback_cache=False,
                       on_event=lambda e: events.append(e.as_audit()["event"]))
 
     def configure(p: DataPlane) -> None:
@@ -789,3 +798,46 @@ def test_the_agent_rekeys_around_a_damaged_file_and_says_when_there_is_no_room(
     assert read_header(str(backing / "big")).file_id == big_id
     assert (mnt / "big").read_bytes() == big
     assert not [n for n in os.listdir(backing) if n.startswith(".srtmp-")]
+
+
+# ---- the writeback cache's contract ---------------------------------------------------------
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO], ids=["ENOSPC", "EIO"])
+def test_writeback_failures_reach_fsync_and_reads_show_what_is_stored(tmp_path: Path, shim: Path,
+                                                                      err: int) -> None:
+    """Under the writeback cache a write(2) completes in the kernel and the daemon gets it
+    later; when that backing write fails (torn half-way, then `err`), the error must reach
+    the application at fsync, the stored file must be old or new (never torn: the reference
+    decryptor authenticates it), and reads through the mount must show what is stored, not
+    the pages the kernel kept. What an fsync confirmed survives a remount."""
+    root = tmp_path / "gp"
+    root.mkdir()
+    faults = Faults(tmp_path / "faults")
+    env = {"LD_PRELOAD": str(shim), "SR_FAULT_CTL": str(faults.path), "SR_FAULT_DIR": str(root)}
+    with guard_point(root, tmp_path / "mnt", env, writeback=True) as gp:
+        old = os.urandom(5 * CS + 7)
+        (gp.mnt / "f").write_bytes(old)
+        fd = os.open(gp.mnt / "f", os.O_RDWR)
+        try:
+            os.fsync(fd)
+            new = bytearray(old)
+            new[CS - 5:3 * CS + 9] = os.urandom(2 * CS + 14)  # across chunks, not aligned
+            assert os.pwrite(fd, bytes(new[CS - 5:3 * CS + 9]), CS - 5) == 2 * CS + 14  # the cache took it
+            faults.arm(1, err, sticky=True, torn=True)
+            with pytest.raises(OSError) as e:
+                os.fsync(fd)
+            faults.disarm()
+            assert e.value.errno in (err, errno.EIO), e.value
+            stored = gp.reference("f")
+            assert stored in (old, bytes(new))
+            eventually(lambda: os.pread(fd, len(old) + 10, 0) == stored, "reads to show the stored file")
+        finally:
+            os.close(fd)
+        # a write that an fsync confirmed, after the failure
+        with open(gp.mnt / "g", "wb") as g:
+            g.write(b"confirmed")
+            os.fsync(g.fileno())
+        gp.restart()
+        assert gp.mounted("f") == gp.reference("f") == stored
+        assert gp.mounted("g") == b"confirmed"
+    assert faults.injected > 0, "no backing call failed: the test proved nothing"
+

@@ -175,8 +175,8 @@ class Control:
 # --- building and mounting ----------------------------------------------------------
 @pytest.fixture(scope="session")
 def binaries() -> dict[str, Path]:
-    if shutil.which("pkg-config") is None or subprocess.run(["pkg-config", "--exists", "fuse3"]).returncode:
-        pytest.fail("libfuse3-dev is missing: apt-get install libfuse3-dev fuse3 pkg-config gcc")
+    if not Path("/usr/include/liburing.h").exists():
+        pytest.fail("liburing-dev is missing: apt-get install liburing-dev gcc (scripts/test does)")
     subprocess.run(["make", "-s", "-C", str(SRC), "all", "asan"], check=True, capture_output=True)
     return {"normal": SRC / "strongroom-fuse", "asan": SRC / "strongroom-fuse-asan"}
 
@@ -1002,7 +1002,9 @@ def test_kill_9_leaves_the_backing_directory_intact(daemon: Path) -> None:
         assert Path(m.b("d", "f")).read_bytes() == data
         assert os.stat(m.b("g")).st_ino == os.stat(m.b("d", "f")).st_ino
         assert os.readlink(m.b("s")) == "d/f"
-        assert Path(m.b("w")).read_bytes() == b"w" * 4096
+        # Not fsynced: with the writeback cache the page may still have been the
+        # kernel's when the daemon died (lost as on a power cut); never torn.
+        assert Path(m.b("w")).read_bytes() in (b"", b"w" * 4096)
         assert sorted(os.listdir(m.backing)) == ["d", "g", "s", "w"]
 
 
@@ -1155,7 +1157,7 @@ def test_requests_are_one_mebibyte(daemon: Path) -> None:
     assert writes and all(int(n) - header == 1 << 20 for n in writes), writes
     # 8 MiB of O_DIRECT reads in about 8 requests (128 KiB requests would be 64)
     assert 8 <= trace.count("opcode: READ (15)") <= 12
-    assert "max_write=0x00100000" in trace
+    assert "max_write=1048576 max_pages=256" in trace
 
 
 def test_policy_parser_fuzz_corpus_replays_clean() -> None:
@@ -1165,6 +1167,19 @@ def test_policy_parser_fuzz_corpus_replays_clean() -> None:
     subprocess.run(["make", "-s", "-C", str(SRC), "fuzz"], check=True, capture_output=True)
     r = subprocess.run([str(SRC / "fuzz-control"), "-runs=0", str(SRC / "fuzz-corpus")],
                        capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_request_parser_fuzz_corpus_replays_clean(tmp_path: Path) -> None:
+    """The FUSE request parser's libFuzzer harness (fuzz_transport.c) over its corpus: no
+    sanitizer finding and no protocol finding (two replies, a reply to FORGET, a READ
+    answered from another buffer than the one the operation wrote)."""
+    if shutil.which("clang") is None:
+        pytest.fail("clang is missing: apt-get install clang (the fuzz harness needs libFuzzer)")
+    subprocess.run(["make", "-s", "-C", str(SRC), "fuzz-transport"], check=True, capture_output=True)
+    seeds = sorted(str(p) for p in (SRC / "fuzz-transport-corpus").iterdir() if p.suffix != ".py")
+    r = subprocess.run([str(SRC / "fuzz-transport"), "-runs=0", f"-artifact_prefix={tmp_path}/", *seeds],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
 
 

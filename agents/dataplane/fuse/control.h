@@ -50,11 +50,11 @@ struct sr_caller {
 	gid_t groups[64];
 };
 
-struct fuse_session;
+struct sr_session;
 
 /* Start with `fd` (or -1: no control plane, policy off). Reads messages on a thread of
  * its own; SHUTDOWN or end of file wipes the keys and unmounts `mountpoint`. */
-int sr_control_start(int fd, struct fuse_session *se, const char *mountpoint);
+int sr_control_start(int fd, struct sr_session *se, const char *mountpoint);
 /* With a control plane: block until it sends MOUNT (keys, active version and policy
  * are in place by then, as the channel is read in order), 0; or -1 when the channel
  * ended first. Without one: 0 at once. */

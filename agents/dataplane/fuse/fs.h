@@ -2,8 +2,7 @@
 #ifndef SR_FS_H
 #define SR_FS_H
 
-#define FUSE_USE_VERSION 312
-#include <fuse_lowlevel.h>
+#include "transport.h"
 
 #include "content.h"
 
@@ -14,12 +13,14 @@ struct sr_fs_config {
 	const struct sr_content_ops *content;
 	void *content_layer;
 	double timeout;        /* attribute and entry cache, seconds */
+	int writeback_cache;   /* take the kernel's writeback cache when offered */
+	int io_uring;          /* ask for FUSE over io_uring */
 };
 
-extern const struct fuse_lowlevel_ops sr_fs_ops;
+extern const struct sr_ops sr_fs_ops;
 int sr_fs_init(const struct sr_fs_config *cfg);
 void sr_fs_destroy(void);
-void sr_fs_seal(struct fuse_session *se);
+void sr_fs_seal(struct sr_session *se);
 
 #define SR_MAX_IO (1u << 20)
 /* The kernel reads ahead this much in SR_MAX_IO requests, several in flight at once: they

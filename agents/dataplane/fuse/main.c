@@ -45,7 +45,10 @@ static void usage(FILE *f)
 		"                   or plain (no encryption: tests of the file-system core)\n"
 		"  --chunk-size N   plaintext bytes per chunk of new files (default 4096)\n"
 		"  --journal DIR    write journal for crash repair (FORMAT.md; default: none)\n"
-		"  --debug          libfuse request trace on stderr\n");
+		"  --writeback-cache on|off  the kernel's writeback cache (default on)\n"
+		"  --io-uring       ask for FUSE over io_uring (granted when the host's\n"
+		"                   /sys/module/fuse/parameters/enable_uring is Y)\n"
+		"  --debug          request trace on stderr\n");
 }
 
 /* Let the kernel read ahead in 1 MiB requests: it sets a FUSE mount's read-ahead to
@@ -120,11 +123,13 @@ int main(int argc, char **argv)
 		{ "chunk-size", required_argument, NULL, 'k' },
 		{ "journal", required_argument, NULL, 'j' },
 		{ "debug", no_argument, NULL, 'd' },
+		{ "writeback-cache", required_argument, NULL, 'W' },
+		{ "io-uring", no_argument, NULL, 'U' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int control_fd = -1, root_fd = -1, threads = 16, allow_other = 0, debug = 0, opt, encrypt = 1;
-	int chunk_size = SRCF_DEFAULT_CHUNK;
+	int chunk_size = SRCF_DEFAULT_CHUNK, writeback = 1, io_uring = 0;
 	const char *journal = NULL;
 	double timeout = 1.0;
 	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -147,6 +152,15 @@ int main(int argc, char **argv)
 			break;
 		case 'j': journal = optarg; break;
 		case 'd': debug = 1; break;
+		case 'W':
+			if (!strcmp(optarg, "on"))
+				writeback = 1;
+			else if (!strcmp(optarg, "off"))
+				writeback = 0;
+			else
+				goto bad;
+			break;
+		case 'U': io_uring = 1; break;
 		case 'h': usage(stdout); return EXIT_OK;
 		default: goto bad;
 		}
@@ -220,41 +234,55 @@ int main(int argc, char **argv)
 		.content = encrypt ? &sr_content_srcf : &sr_content_plain,
 		.content_layer = NULL,
 		.timeout = timeout,
+		.writeback_cache = writeback,
+		.io_uring = io_uring,
 	};
 	if (sr_fs_init(&cfg) < 0) {
 		perror("strongroom-fuse: backing directory");
 		return EXIT_BACKING;
 	}
 
-	char opts[PATH_MAX + 128];
-	snprintf(opts, sizeof(opts), "default_permissions,fsname=strongroom:%s,subtype=strongroom,max_read=%u%s",
-		 backing, SR_MAX_IO, allow_other ? ",allow_other" : "");
-	/* fsname may not contain a comma unescaped: replace, it only labels /proc/mounts */
-	for (char *p = opts + strlen("default_permissions,fsname="); *p && strncmp(p, ",subtype=", 9); p++)
+	if (geteuid() != 0) {
+		/* mount(2) of a FUSE file system and the guard point's shield need root */
+		fprintf(stderr, "strongroom-fuse: must run as root\n");
+		return EXIT_MOUNT;
+	}
+	char fsname[PATH_MAX + 16];
+	snprintf(fsname, sizeof(fsname), "strongroom:%s", backing);
+	/* the mount source may not contain a comma unescaped: it only labels /proc/mounts */
+	for (char *p = fsname; *p; p++)
 		if (*p == ',')
 			*p = '_';
-	char *fargv[] = { argv[0], "-o", opts, debug ? "-d" : NULL, NULL };
-	struct fuse_args args = FUSE_ARGS_INIT(debug ? 4 : 3, fargv);
-	struct fuse_session *se = fuse_session_new(&args, &sr_fs_ops, sizeof(sr_fs_ops), NULL);
-	fuse_opt_free_args(&args);
+	struct sr_session_opts so = {
+		.mountpoint = mountpoint,
+		.fsname = fsname,
+		.allow_other = allow_other,
+		.threads = threads,
+		.writeback_cache = writeback,
+		.io_uring = io_uring,
+		.debug = debug,
+	};
+	struct sr_session *se = sr_session_new(&sr_fs_ops, NULL, &so);
 	if (!se)
 		return EXIT_MOUNT;
 	int status = EXIT_OK;
 	if (sr_control_start(control_fd, se, mountpoint) < 0) {
 		fprintf(stderr, "strongroom-fuse: control channel or locked key memory unavailable\n");
-		fuse_session_destroy(se);
+		sr_session_destroy(se);
 		return EXIT_CONTROL;
 	}
 	if (sr_control_await_mount() < 0) {
 		/* the plane went away (or said SHUTDOWN) before it was configured */
 		sr_control_stop();
-		fuse_session_destroy(se);
+		sr_session_destroy(se);
 		return EXIT_CONTROL;
 	}
 	ensure_fusectl();
-	if (fuse_session_mount(se, mountpoint) < 0) {
+	int mr = sr_session_mount(se);
+	if (mr < 0) {
+		fprintf(stderr, "strongroom-fuse: mount %s: %s\n", mountpoint, strerror(-mr));
 		sr_control_stop();
-		fuse_session_destroy(se);
+		sr_session_destroy(se);
 		return EXIT_MOUNT;
 	}
 	widen_read_ahead(mountpoint);
@@ -262,22 +290,17 @@ int main(int argc, char **argv)
 	if (pthread_create(&signal_thread, NULL, signal_main, NULL) == 0)
 		pthread_detach(signal_thread);
 	sr_control_ready();
-	struct fuse_loop_config *lc = fuse_loop_cfg_create();
-	fuse_loop_cfg_set_max_threads(lc, (unsigned)threads);
-	fuse_loop_cfg_set_idle_threads(lc, (unsigned)(threads / 2 ? threads / 2 : 1));
-	fuse_loop_cfg_set_clone_fd(lc, 0);
-	if (fuse_session_loop_mt(se, lc) < 0)
+	if (sr_session_loop(se) < 0)
 		status = EXIT_LOOP;
-	fuse_loop_cfg_destroy(lc);
 	sr_control_wait();
-	/* libfuse unmounts by path while the connection is still up (files opened through
-	 * a mount someone detached keep it up), whatever the path shows by then; with the
-	 * connection aborted it sees POLLERR and unmounts nothing. */
-	if (!sr_mount_is_own(mountpoint))
+	/* The loop ended because the connection did (an unmount from outside, or ours): a
+	 * mount still at the path is unmounted only if it is ours, never what lies under it. */
+	if (sr_mount_is_own(mountpoint))
+		sr_session_unmount(se);
+	else
 		sr_abort_own_connection();
-	fuse_session_unmount(se);
 	sr_control_stop();
-	fuse_session_destroy(se);
+	sr_session_destroy(se);
 	sr_fs_destroy();
 	if (encrypt)
 		sr_content_srcf_shutdown();
