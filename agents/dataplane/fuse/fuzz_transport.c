@@ -452,6 +452,11 @@ __attribute__((weak)) int sr_uring_start(struct sr_session *se, int dev_fd, uint
 	return -ENOSYS;
 }
 
+__attribute__((weak)) int sr_uring_available(void)
+{
+	return 0;
+}
+
 __attribute__((weak)) void sr_uring_stop(struct sr_session *se)
 {
 	(void)se;

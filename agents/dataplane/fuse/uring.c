@@ -583,6 +583,15 @@ static int queue_alloc(struct sr_uring *u, struct sr_uring_queue *q)
 	return 0;
 }
 
+int sr_uring_available(void)
+{
+	struct io_uring ring;
+	if (io_uring_queue_init(2, &ring, IORING_SETUP_SQE128) < 0)
+		return 0; /* kernel.io_uring_disabled, a seccomp filter, no SQE128 */
+	io_uring_queue_exit(&ring);
+	return 1;
+}
+
 int sr_uring_start(struct sr_session *se, int dev_fd, uint32_t max_payload)
 {
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
