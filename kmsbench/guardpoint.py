@@ -22,7 +22,6 @@ Needs root (FUSE, drop_caches; the oltp suite runs PostgreSQL as the postgres us
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import multiprocessing
@@ -427,17 +426,6 @@ class Transport:
                 f"{'on' if self.writeback_cache else 'off'}")
 
 
-def _plane_options(transport: Transport) -> dict[str, Any]:
-    """DataPlane's keywords for the transport; a DataPlane from before them gets the
-    daemon's own flags through extra_args."""
-    from agents.guardpoint.dataplane import DataPlane
-
-    params = inspect.signature(DataPlane).parameters
-    if "io_uring" in params and "writeback_cache" in params:
-        return {"io_uring": transport.io_uring, "writeback_cache": transport.writeback_cache}
-    return {"extra_args": transport.daemon_args()}
-
-
 def _serve_transport(backing: str, mnt: str, key: KeyVersion, transport: Transport, log_path: str) -> None:
     """`_serve` with transport options; DataPlane logs the daemon's stderr (its INIT line
     among it), which goes to `log_path` for the parent to read."""
@@ -447,11 +435,13 @@ def _serve_transport(backing: str, mnt: str, key: KeyVersion, transport: Transpo
 
     handler = logging.FileHandler(log_path)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    logging.getLogger("strongroom.agent.dataplane").addHandler(handler)
+    logger = logging.getLogger("strongroom.agent.dataplane")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)  # the transport line is logged at INFO
     journal = backing + ".journal"
     recover_journal(backing, journal, StaticKeyring([key]))
     plane = DataPlane(backing, mnt, journal=journal, allow_other=True, threads=DAEMON_THREADS,
-                      **_plane_options(transport))
+                      io_uring=transport.io_uring, writeback_cache=transport.writeback_cache)
 
     def configure(p: DataPlane) -> None:
         p.set_key(key)
