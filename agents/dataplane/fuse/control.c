@@ -707,7 +707,6 @@ static void unmount_from_inside(void)
 	int have_dev = own_known;
 	if (have_dev)
 		sr_fs_seal(session);
-	sr_session_exit(session);
 	if (!sr_mount_is_own(mount_path)) {
 		/* Our mount is gone from the path already; files opened through it may still
 		 * hold the connection: end it, so they lose the plaintext now, and touch

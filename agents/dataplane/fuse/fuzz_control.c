@@ -13,11 +13,6 @@ void sr_fs_seal(struct sr_session *se)
 	(void)se;
 }
 
-void sr_session_exit(struct sr_session *se)
-{
-	(void)se;
-}
-
 uint64_t sr_session_want(const struct sr_session *se)
 {
 	(void)se;

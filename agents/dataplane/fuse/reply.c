@@ -188,6 +188,18 @@ int sr_reply_data(sr_req_t req, size_t count)
 	return sr_reply_args(req, req->data, count);
 }
 
+/* The dirent and its name, zero-padded to `end` (the entry's aligned length). */
+static void fill_dirent(struct fuse_dirent *d, char *end, const char *name, size_t namelen,
+			const struct stat *st, off_t off)
+{
+	d->ino = st->st_ino;
+	d->off = (uint64_t)off;
+	d->namelen = (uint32_t)namelen;
+	d->type = (st->st_mode & S_IFMT) >> 12;
+	memcpy(d->name, name, namelen);
+	memset(d->name + namelen, 0, (size_t)(end - (d->name + namelen)));
+}
+
 size_t sr_add_direntry(sr_req_t req, char *buf, size_t bufsize, const char *name,
 		       const struct stat *st, off_t off)
 {
@@ -196,13 +208,7 @@ size_t sr_add_direntry(sr_req_t req, char *buf, size_t bufsize, const char *name
 	size_t len = FUSE_DIRENT_ALIGN(FUSE_NAME_OFFSET + namelen);
 	if (!buf || len > bufsize)
 		return len;
-	struct fuse_dirent *d = (struct fuse_dirent *)buf;
-	d->ino = st->st_ino;
-	d->off = (uint64_t)off;
-	d->namelen = (uint32_t)namelen;
-	d->type = (st->st_mode & S_IFMT) >> 12;
-	memcpy(d->name, name, namelen);
-	memset(d->name + namelen, 0, len - FUSE_NAME_OFFSET - namelen);
+	fill_dirent((struct fuse_dirent *)buf, buf + len, name, namelen, st, off);
 	return len;
 }
 
@@ -216,12 +222,7 @@ size_t sr_add_direntry_plus(sr_req_t req, char *buf, size_t bufsize, const char 
 		return len;
 	struct fuse_direntplus *dp = (struct fuse_direntplus *)buf;
 	fill_entry(&dp->entry_out, e);
-	dp->dirent.ino = e->attr.st_ino;
-	dp->dirent.off = (uint64_t)off;
-	dp->dirent.namelen = (uint32_t)namelen;
-	dp->dirent.type = (e->attr.st_mode & S_IFMT) >> 12;
-	memcpy(dp->dirent.name, name, namelen);
-	memset(dp->dirent.name + namelen, 0, len - FUSE_NAME_OFFSET_DIRENTPLUS - namelen);
+	fill_dirent(&dp->dirent, buf + len, name, namelen, &e->attr, off);
 	return len;
 }
 

@@ -13,7 +13,6 @@ struct sr_session {
 	char *mountpoint;
 	char *fsname;
 	int fd;
-	int exited;
 	int initialized;
 	int uring_running;
 	struct sr_conn conn;
@@ -30,7 +29,6 @@ struct sr_session {
 	pthread_t inval_thread;
 	int inval_started, inval_stop;
 	unsigned inval_head, inval_count;
-	uint64_t inval_dropped;
 	struct { sr_ino_t ino; off_t off, len; } inval[1024];
 };
 

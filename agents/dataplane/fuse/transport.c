@@ -153,13 +153,6 @@ int sr_session_loop(struct sr_session *se)
 	return err ? err : loop_error;
 }
 
-/* The threads keep serving until the connection ends (ENODEV): an unmount writes the
- * writeback cache's dirty pages back through us before the kernel lets go, so a loop that
- * stopped first would hang the unmount. */
-void sr_session_exit(struct sr_session *se)
-{
-	__atomic_store_n(&se->exited, 1, __ATOMIC_RELEASE);
-}
 
 int sr_notify_inval_inode(struct sr_session *se, sr_ino_t ino, off_t off, off_t len)
 {
@@ -208,7 +201,6 @@ int sr_notify_inval_inode_later(struct sr_session *se, sr_ino_t ino, off_t off, 
 			r = -ENOMEM;
 	}
 	if (r == 0 && se->inval_count == 1024) {
-		se->inval_dropped++;
 		r = -ENOMEM;
 	} else if (r == 0) {
 		unsigned i = (se->inval_head + se->inval_count) % 1024;

@@ -160,9 +160,11 @@ struct sr_session *sr_session_new(const struct sr_ops *ops, void *userdata,
 				  const struct sr_session_opts *opts);
 /* Open /dev/fuse and mount (root: mount(2) directly). 0 or -errno. */
 int sr_session_mount(struct sr_session *se);
-/* Serve until unmounted or sr_session_exit: 0, or -errno when the transport failed. */
+/* Serve until the connection ends (an unmount, an abort): 0, or -errno when the transport
+ * failed. There is no "stop serving" call: an unmount writes the writeback cache's dirty
+ * pages back through us before the kernel lets go, so a loop that stopped first would
+ * hang it. */
 int sr_session_loop(struct sr_session *se);
-void sr_session_exit(struct sr_session *se);
 /* Lazily unmount the mount point (the caller has checked it is still ours). */
 void sr_session_unmount(struct sr_session *se);
 void sr_session_destroy(struct sr_session *se);
@@ -170,7 +172,7 @@ void sr_session_destroy(struct sr_session *se);
 int sr_notify_inval_inode(struct sr_session *se, sr_ino_t ino, off_t off, off_t len);
 /* The same, later, from the session's own thread: for a request handler, which must not
  * wait in the kernel for pages its own reply has yet to release. Queued (at most 1,024;
- * beyond, dropped and counted), done in order; 0 or -ENOMEM. */
+ * beyond, dropped), done in order; 0 or -ENOMEM. */
 int sr_notify_inval_inode_later(struct sr_session *se, sr_ino_t ino, off_t off, off_t len);
 /* What INIT settled, for logs and STATUS: "7.45 uring writeback_cache killpriv_v2 ...". */
 const char *sr_session_features(const struct sr_session *se);
