@@ -2,6 +2,7 @@
  * is unmounted, SIGTERM/SIGINT arrives, or the control plane says SHUTDOWN or goes away.
  * Exit codes: README.md. */
 #define _GNU_SOURCE
+#include "args.h"
 #include "control.h"
 #include "fs.h"
 #include "srcf.h"
@@ -115,17 +116,6 @@ static void *signal_main(void *arg)
 	return NULL;
 }
 
-static int parse_int(const char *s, int *out)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || *end || v < 0 || v > INT_MAX)
-		return -1;
-	*out = (int)v;
-	return 0;
-}
-
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -149,9 +139,9 @@ int main(int argc, char **argv)
 	double timeout = 1.0;
 	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		switch (opt) {
-		case 'c': if (parse_int(optarg, &control_fd)) goto bad; break;
-		case 'r': if (parse_int(optarg, &root_fd)) goto bad; break;
-		case 't': if (parse_int(optarg, &threads) || threads < 1 || threads > 256) goto bad; break;
+		case 'c': if (sr_parse_int(optarg, &control_fd)) goto bad; break;
+		case 'r': if (sr_parse_int(optarg, &root_fd)) goto bad; break;
+		case 't': if (sr_parse_int(optarg, &threads) || threads < 1 || threads > 256) goto bad; break;
 		case 'a': allow_other = 1; break;
 		case 'T': timeout = strtod(optarg, NULL); if (timeout < 0 || timeout > 3600) goto bad; break;
 		case 'C':
@@ -161,7 +151,7 @@ int main(int argc, char **argv)
 				goto bad;
 			break;
 		case 'k':
-			if (parse_int(optarg, &chunk_size) || chunk_size < (int)SRCF_MIN_CHUNK ||
+			if (sr_parse_int(optarg, &chunk_size) || chunk_size < (int)SRCF_MIN_CHUNK ||
 			    chunk_size > (int)SRCF_MAX_CHUNK || (chunk_size & (chunk_size - 1)))
 				goto bad;
 			break;

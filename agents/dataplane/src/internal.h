@@ -10,16 +10,7 @@
 
 #include "srcf.h"
 
-/* ---- locked memory for key material (secmem.c) ---- */
-#define SECMEM_SLOT 64u
-#define SECMEM_USABLE 60u     /* the last 4 bytes of a slot mark it live */
-/* A zeroed slot of SECMEM_USABLE bytes in locked, non-dumpable memory, or NULL
- * (errno ENOMEM or the mlock/madvise error). */
-void *srcf_secure_alloc(void);
-/* Wipe (OPENSSL_cleanse) and release a slot (NULL is a no-op). */
-void srcf_secure_free(void *slot);
-/* False in a forked child, where MADV_WIPEONFORK zeroed the slot (marker included). */
-int srcf_secure_live(const void *slot);
+#include "secmem.h"   /* locked memory for key material */
 
 /* ---- key versions ---- */
 struct srcf_key {            /* lives in one secure slot: 52 bytes */

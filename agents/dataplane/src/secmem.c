@@ -12,6 +12,12 @@
  * opens and closes one file repeatedly does not mmap/munmap each time).
  *
  * Allocation happens per open file, never per I/O: one process-wide mutex is enough.
+ *
+ * Secrets larger than a slot (strongroom-volume's passphrase and volume key) get
+ * mappings of their own with the same protections (srcf_secure_map).
+ *
+ * mlock by its system call: AddressSanitizer's interceptor makes mlock() a no-op, and
+ * the sanitizer builds of the daemons must hold their keys as the release builds do.
  */
 #include "internal.h"
 
@@ -19,6 +25,7 @@
 #include <openssl/crypto.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define ARENA_BYTES 4096u
@@ -47,25 +54,46 @@ static void after_fork_child(void) {
     arenas = NULL;   /* the inherited mappings stay (wiped): a page or two per fork */
 }
 
-static struct arena *arena_new(void) {
-    long page = sysconf(_SC_PAGESIZE);
-    size_t mapped = page > (long)ARENA_BYTES ? (size_t)page : ARENA_BYTES;
-    struct arena *a = calloc(1, sizeof *a);
-    if (a == NULL) return NULL;
-    void *base = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+/* `len` bytes (whole pages), private, zeroed, never dumped, wiped in a forked child,
+ * locked; NULL with errno set. */
+static void *map_locked(size_t len) {
+    void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) {
-        free(a);
         errno = ENOMEM;
         return NULL;
     }
     int err = 0;
-    if (madvise(base, mapped, MADV_DONTDUMP) != 0) err = errno;
+    if (madvise(base, len, MADV_DONTDUMP) != 0) err = errno;
 #ifdef MADV_WIPEONFORK
-    if (err == 0 && madvise(base, mapped, MADV_WIPEONFORK) != 0 && errno != EINVAL) err = errno;
+    if (err == 0 && madvise(base, len, MADV_WIPEONFORK) != 0 && errno != EINVAL) err = errno;
 #endif
-    if (err == 0 && mlock(base, mapped) != 0) err = errno;
+    if (err == 0 && syscall(SYS_mlock, base, len) != 0) err = errno;
     if (err != 0) {
-        munmap(base, mapped);
+        munmap(base, len);
+        errno = err;
+        return NULL;
+    }
+    return base;
+}
+
+static void unmap_locked(void *base, size_t len) {
+    (void)syscall(SYS_munlock, base, len);
+    munmap(base, len);
+}
+
+static size_t page_round(size_t len) {
+    long page = sysconf(_SC_PAGESIZE);
+    size_t p = page > 0 ? (size_t)page : ARENA_BYTES;
+    return len == 0 ? p : (len + p - 1) / p * p;
+}
+
+static struct arena *arena_new(void) {
+    size_t mapped = page_round(ARENA_BYTES);
+    struct arena *a = calloc(1, sizeof *a);
+    if (a == NULL) return NULL;
+    void *base = map_locked(mapped);
+    if (base == NULL) {
+        int err = errno;
         free(a);
         errno = err;
         return NULL;
@@ -73,6 +101,20 @@ static struct arena *arena_new(void) {
     a->base = base;
     a->mapped = mapped;
     return a;
+}
+
+void *srcf_secure_map(size_t len) {
+    if (len > SIZE_MAX / 2) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return map_locked(page_round(len));
+}
+
+void srcf_secure_unmap(void *p, size_t len) {
+    if (p == NULL) return;
+    OPENSSL_cleanse(p, page_round(len));
+    unmap_locked(p, page_round(len));
 }
 
 void *srcf_secure_alloc(void) {
@@ -111,8 +153,7 @@ void srcf_secure_free(void *slot) {
         a->used &= ~(UINT64_C(1) << ((size_t)(p - a->base) / SECMEM_SLOT));
         if (a->used == 0 && !(a == arenas && a->next == NULL)) {
             *link = a->next;
-            munlock(a->base, a->mapped);
-            munmap(a->base, a->mapped);
+            unmap_locked(a->base, a->mapped);
             free(a);
         }
         break;

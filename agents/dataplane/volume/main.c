@@ -2,8 +2,10 @@
  * container as one file in a FUSE mount, until it is unmounted or SIGTERM/SIGINT/SIGHUP
  * arrives. The passphrase comes on stdin. Exit codes and everything else: README.md. */
 #define _GNU_SOURCE
+#include "args.h"
 #include "fs.h"
 #include "luks.h"
+#include "secmem.h"
 #include "srcf.h"
 #include "volume_io.h"
 
@@ -19,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,41 +62,23 @@ static int die(int code, const char *fmt, ...)
 	return code;
 }
 
-/* The passphrase and the volume key get a locked, non-dumpable page of their own:
- * libsrcf's secure slots (secmem.c) hold 60 bytes, and these are 1 KiB and 64 bytes. The
- * page is wiped and unmapped once the cipher contexts are keyed. */
+/* The passphrase and the volume key get locked, non-dumpable memory of their own from
+ * libsrcf's allocator (secmem.h: a slot holds 60 bytes, these are 1 KiB and 64 bytes).
+ * It is wiped and unmapped once the cipher contexts are keyed. */
 struct secrets {
 	unsigned char key[VIO_KEY_SIZE];
 	unsigned char pass[PASS_MAX + 1]; /* one more: a longer passphrase is refused, not cut */
 };
 
-static struct secrets *secrets_new(size_t *mapped)
+static struct secrets *secrets_new(void)
 {
-	long page = sysconf(_SC_PAGESIZE);
-	size_t len = ((sizeof(struct secrets) + (size_t)page - 1) / (size_t)page) * (size_t)page;
-	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED)
-		return NULL;
-	int bad = madvise(p, len, MADV_DONTDUMP) != 0;
-#ifdef MADV_WIPEONFORK
-	/* fuse_daemonize() forks: the child must not inherit the secrets (it gets none). */
-	bad |= madvise(p, len, MADV_WIPEONFORK) != 0 && errno != EINVAL;
-#endif
-	if (bad || mlock(p, len) != 0) {
-		munmap(p, len);
-		return NULL;
-	}
-	*mapped = len;
-	return p;
+	/* MADV_WIPEONFORK too: fuse_daemonize() forks, and the child gets no secrets. */
+	return srcf_secure_map(sizeof(struct secrets));
 }
 
-static void secrets_free(struct secrets *s, size_t mapped)
+static void secrets_free(struct secrets *s)
 {
-	if (!s)
-		return;
-	OPENSSL_cleanse(s, mapped);
-	munlock(s, mapped);
-	munmap(s, mapped);
+	srcf_secure_unmap(s, sizeof(struct secrets));
 }
 
 /* Until EOF, byte for byte: a newline is part of the passphrase, as with cryptsetup
@@ -127,17 +110,6 @@ static void keep_fuse_log(enum fuse_log_level level, const char *fmt, va_list ap
 	fuse_said[strcspn(fuse_said, "\n")] = 0;
 }
 
-static int parse_int(const char *s, int *out)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < 0 || v > INT_MAX)
-		return -1;
-	*out = (int)v;
-	return 0;
-}
-
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -157,14 +129,14 @@ int main(int argc, char **argv)
 		switch (opt) {
 		case 'n': name = optarg; break;
 		case 't':
-			if (parse_int(optarg, &threads) || threads < 1 || threads > 256)
+			if (sr_parse_int(optarg, &threads) || threads < 1 || threads > 256)
 				return die(EXIT_USAGE, "--threads takes a number from 1 to 256");
 			break;
 		case 'a': allow_other = 1; break;
 		case 'w': writeback = 1; break;
 		case 'f': foreground = 1; break;
 		case 'r':
-			if (parse_int(optarg, &ready_fd) || fcntl(ready_fd, F_GETFD) < 0)
+			if (sr_parse_int(optarg, &ready_fd) || fcntl(ready_fd, F_GETFD) < 0)
 				return die(EXIT_USAGE, "--ready-fd takes the number of an open descriptor");
 			break;
 		case 'h': usage(); return EXIT_OK;
@@ -187,13 +159,12 @@ int main(int argc, char **argv)
 	mallopt(M_MMAP_THRESHOLD, 32 << 20);
 	mallopt(M_TRIM_THRESHOLD, 128 << 20);
 
-	size_t mapped = 0;
-	struct secrets *sec = secrets_new(&mapped);
+	struct secrets *sec = secrets_new();
 	if (!sec)
 		return die(EXIT_MLOCK, "cannot lock memory for the key: raise RLIMIT_MEMLOCK (ulimit -l) or run as root");
 	ssize_t pass_len = read_passphrase(sec->pass);
 	if (pass_len < 0 || pass_len > PASS_MAX) {
-		secrets_free(sec, mapped);
+		secrets_free(sec);
 		return die(EXIT_USAGE, pass_len < 0 ? "cannot read the passphrase from stdin: give it on stdin, then close it"
 						     : "the passphrase on stdin is longer than 1024 bytes: give the keyslot's passphrase");
 	}
@@ -201,7 +172,7 @@ int main(int argc, char **argv)
 	const char *container = argv[optind];
 	char mountpoint[PATH_MAX];
 	if (!realpath(argv[optind + 1], mountpoint)) {
-		secrets_free(sec, mapped);
+		secrets_free(sec);
 		return die(EXIT_MOUNT, "mount point %s: %s: create the directory first", argv[optind + 1], strerror(errno));
 	}
 	/* Linux ignores O_EXCL without O_CREAT except on a block device, which it claims:
@@ -209,7 +180,7 @@ int main(int argc, char **argv)
 	int fd = open(container, O_RDWR | O_EXCL | O_CLOEXEC);
 	if (fd < 0) {
 		int e = errno;
-		secrets_free(sec, mapped);
+		secrets_free(sec);
 		return die(EXIT_CONTAINER, "cannot open %s read-write (%s): %s", container, strerror(e),
 			   e == EBUSY ? "unmount it or close its device-mapper mapping first"
 				      : "check the path and that you may write it");
@@ -221,7 +192,7 @@ int main(int argc, char **argv)
 	OPENSSL_cleanse(sec->pass, sizeof(sec->pass));
 	struct vio *vio = NULL;
 	int vr = r ? 0 : vio_open(&vio, fd, &g, sec->key);
-	secrets_free(sec, mapped); /* the key now lives in the cipher contexts only */
+	secrets_free(sec); /* the key now lives in the cipher contexts only */
 	if (r) {
 		close(fd);
 		return die(r, "%s: %s", container, why);
