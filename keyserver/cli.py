@@ -1,6 +1,7 @@
 """`keyserver` command: init, serve, create-admin, rotate-kek, retire-kek, verify-audit.
 
-Exit codes: 0 success, 1 the operation failed (message says why), 2 usage error,
+Exit codes: 0 success, 1 the operation failed (message says why), 2 usage error (a bad
+STRONGROOM_* setting too: one line per setting),
 3 the audit chain is broken, 4 a dependency (HSM, database) is unavailable.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Annotated
 
@@ -18,16 +20,16 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from keyserver.core.errors import CoreError, ServiceUnavailable
+from keyserver.core.errors import CoreError, InvalidInput, NotFound, ServiceUnavailable
 from keyserver.core.permissions import Role
 from keyserver.core.principal import system_context
 from keyserver.kmip.listener import KmipListener
 from keyserver.services import Services, build_services
-from keyserver.settings import SOFTHSM_MODULE, Settings
+from keyserver.settings import SOFTHSM_MODULE, Settings, SettingsInvalid
 
 app = typer.Typer(help="Strongroom key server", no_args_is_help=True, add_completion=False)
 console = Console(stderr=True)
-EXIT_FAILED, EXIT_BROKEN_CHAIN, EXIT_UNAVAILABLE = 1, 3, 4
+EXIT_FAILED, EXIT_USAGE, EXIT_BROKEN_CHAIN, EXIT_UNAVAILABLE = 1, 2, 3, 4
 
 
 @app.callback()
@@ -38,9 +40,20 @@ def _owner_only() -> None:
     os.umask(0o077)
 
 
-def _services() -> Services:
+def _settings() -> Settings:
+    """The settings, or one line per bad STRONGROOM_* value and exit 2."""
     try:
-        return build_services(Settings())
+        return Settings()
+    except SettingsInvalid as exc:
+        for line in exc.problems:
+            console.print(Text(line, style="red"), soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+def _services() -> Services:
+    settings = _settings()
+    try:
+        return build_services(settings)
     except Exception as exc:
         console.print(f"[red]cannot start:[/red] {exc}")
         raise typer.Exit(EXIT_UNAVAILABLE) from None
@@ -82,11 +95,7 @@ def _missing_server(settings: Settings) -> str | None:
 
 def _existing_services() -> Services:
     """The services of the key server that already exists here — never a new one."""
-    try:
-        settings = Settings()
-    except ValueError as exc:
-        console.print(Text(f"cannot start: {exc}"), style="red")
-        raise typer.Exit(EXIT_FAILED) from None
+    settings = _settings()
     problem = _missing_server(settings)
     if problem is not None:
         console.print(Text(f"no key server here: {problem}. Run the command where the server's data directory "
@@ -214,11 +223,7 @@ def serve(
 
     if insecure_http:
         os.environ["STRONGROOM_INSECURE_HTTP"] = "true"  # the workers read their settings too
-    try:
-        settings = Settings()
-    except ValueError as exc:
-        console.print(Text(f"cannot start: {exc}"), style="red")
-        raise typer.Exit(EXIT_FAILED) from None
+    settings = _settings()
     configure(settings.log_level)
     services = _services()
     password = _initialize(services)
@@ -386,20 +391,38 @@ def kmip_client_list() -> None:
 
 
 @kmip_app.command("revoke")
-def kmip_client_revoke(client_id: Annotated[str, typer.Argument(help="the client's id (see `list`)")]) -> None:
+def kmip_client_revoke(client: Annotated[str, typer.Argument(help="the client's name or id (see `list`)")]) -> None:
     """Revoke a KMIP client: refused from its next request on."""
-    import uuid
-
     services = _existing_services()
     try:
-        c = services.kmip_clients.revoke(system_context("cli"), uuid.UUID(client_id))
+        client_id = _kmip_client_id(services, client)
+        c = services.kmip_clients.revoke(system_context("cli"), client_id)
         services.audit.flush()
-        console.print(f"[green]revoked[/green] KMIP client '{c.name}'")
-    except (CoreError, ValueError) as exc:
-        console.print(f"[red]{getattr(exc, 'message', exc)}[/red]")
+        console.print(f"[green]revoked[/green] KMIP client '{c.name}' ({c.id})")
+    except CoreError as exc:
+        console.print(Text(exc.message, style="red"), soft_wrap=True)
         raise typer.Exit(EXIT_FAILED) from None
     finally:
         services.close()
+
+
+def _kmip_client_id(services: Services, ref: str) -> uuid.UUID:
+    """The client `ref` names: its id, or its name (the active one when an earlier
+    client of that name was revoked)."""
+    clients = services.kmip_clients.list(system_context("cli"))
+    by_id = [c for c in clients if str(c.id) == ref.strip().lower()]
+    if by_id:
+        return by_id[0].id
+    named = [c for c in clients if c.name == ref]
+    active = [c for c in named if c.revoked_at is None]
+    chosen = active or named
+    if len(chosen) == 1:
+        return chosen[0].id
+    if not chosen:
+        raise NotFound(f"no KMIP client named or with id '{ref}': `keyserver kmip-client list` shows each "
+                       "client's id and name", code="kmip_client_not_found")
+    raise InvalidInput(f"{len(chosen)} KMIP clients are named '{ref}': give the id of the one to revoke "
+                       f"({', '.join(str(c.id) for c in chosen)})", code="kmip_client_ambiguous")
 
 
 @app.command("create-admin")

@@ -10,11 +10,15 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import secrets
+import typing
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, model_validator
+import pydantic_settings
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hsm.config import HsmConfig
@@ -50,8 +54,25 @@ class AuditSinkSettings(BaseModel):
         return self
 
 
+class SettingsInvalid(ValueError):
+    """Bad STRONGROOM_* values, one line per bad setting in `problems`: the variable,
+    what is wrong with its value and the form expected (never pydantic's dump)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STRONGROOM_", env_file=None, extra="ignore")
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise SettingsInvalid(settings_problems(exc)) from None
+        except pydantic_settings.SettingsError as exc:  # a list or object setting that is not JSON
+            raise SettingsInvalid([_unparsed(str(exc))]) from None
 
     environment: Literal["local", "production"] = "local"
     data_dir: Path = Path("data")
@@ -263,3 +284,86 @@ def from_network(addr: str, networks: tuple[ipaddress.IPv4Network | ipaddress.IP
     except ValueError:
         return False
     return any(ip in n for n in networks)
+
+
+# --- bad settings, said plainly -------------------------------------------------------------
+_SECRET_PARTS = ("pin", "secret", "password")
+
+
+def settings_problems(exc: ValidationError) -> list[str]:
+    """One line per bad setting: `STRONGROOM_X='value': problem; expected form`. Values of
+    secrets are not repeated."""
+    lines: list[str] = []
+    for error in exc.errors(include_url=False):
+        loc = error["loc"]
+        if not loc:  # a rule across settings: its message names the variables
+            lines.append(str(error["msg"]).removeprefix("Value error, "))
+            continue
+        name = str(loc[0])
+        variable = f"STRONGROOM_{name.upper()}"
+        where = f" (item {', '.join(str(x) for x in loc[1:])})" if len(loc) > 1 else ""
+        shown = ""
+        if len(loc) == 1 and not any(part in name for part in _SECRET_PARTS):
+            text = str(error.get("input"))
+            shown = f"={text[:60]!r}" + ("…" if len(text) > 60 else "")
+        field = Settings.model_fields.get(name)
+        expected = f"; expected {_expected(field)}" if field is not None and len(loc) == 1 else ""
+        lines.append(f"{variable}{shown}{where}: {_problem(error)}{expected}")
+    return lines
+
+
+def _unparsed(message: str) -> str:
+    found = re.search(r'field "([a-z0-9_]+)"', message)
+    field = Settings.model_fields.get(found.group(1)) if found else None
+    if found is None or field is None:
+        return message
+    return f"STRONGROOM_{found.group(1).upper()}: not valid JSON; expected {_expected(field)}"
+
+
+def _problem(error: Any) -> str:
+    ctx = error.get("ctx") or {}
+    kind = error["type"]
+    if kind == "int_parsing":
+        return "not a whole number"
+    if kind in ("float_parsing", "int_from_float"):
+        return "not a number" if kind == "float_parsing" else "not a whole number"
+    if kind == "bool_parsing":
+        return "not true or false"
+    if kind == "literal_error":
+        return "not one of the allowed values"
+    if kind == "json_invalid":
+        return "not valid JSON"
+    limits = {"less_than_equal": ("too large", "at most", "le"), "less_than": ("too large", "below", "lt"),
+              "greater_than_equal": ("too small", "at least", "ge"), "greater_than": ("too small", "above", "gt")}
+    if kind in limits:
+        what, rule, bound = limits[kind]
+        return f"{what} (it must be {rule} {ctx.get(bound):g})"
+    return str(error["msg"]).removeprefix("Value error, ").rstrip(".")
+
+
+def _expected(field: FieldInfo) -> str:
+    """The form a setting takes, from its type and bounds."""
+    annotation = field.annotation
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Union or type(annotation).__name__ == "UnionType":
+        annotation = args[0] if len(args) == 1 else annotation
+        args = list(typing.get_args(annotation))
+    bounds = {k: getattr(m, k) for m in field.metadata for k in ("ge", "gt", "le", "lt") if hasattr(m, k)}
+    low = f"from {bounds['ge']:g}" if "ge" in bounds else f"above {bounds['gt']:g}" if "gt" in bounds else ""
+    high = f"to {bounds['le']:g}" if "le" in bounds else f"below {bounds['lt']:g}" if "lt" in bounds else ""
+    span = " ".join(x for x in (low, high) if x)
+    if annotation is int:
+        return "a whole number" + (f" {span}" if span else "")
+    if annotation is float:
+        return "a number" + (f" {span}" if span else "")
+    if annotation is bool:
+        return "true or false"
+    if typing.get_origin(annotation) is Literal:
+        return "one of " + ", ".join(str(a) for a in typing.get_args(annotation))
+    if typing.get_origin(annotation) is list:
+        return "a JSON list, e.g. [\"a\", \"b\"]"
+    if typing.get_origin(annotation) is dict:
+        return "a JSON object, e.g. {\"name\": value}"
+    if annotation is Path:
+        return "a file system path"
+    return "a text value"
