@@ -37,7 +37,8 @@ import httpx
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from keyserver.core.audit import _iso, checkpoint_dict, event_dict, utcnow
+from keyserver.core.audit.checkpoints import checkpoint_dict
+from keyserver.core.audit.record import event_dict, iso, utcnow
 from keyserver.store.models import AuditCheckpoint, AuditEvent, AuditSinkCursor
 
 log = logging.getLogger(__name__)
@@ -391,5 +392,5 @@ class AuditSinks:
     def describe(self) -> list[dict[str, Any]]:
         """For /readyz and the console."""
         return [{"name": st.name, "kind": st.kind, "delivered_seq": st.delivered_seq, "backlog": st.backlog,
-                 "delivered_at": _iso(st.delivered_at) if st.delivered_at else None,
+                 "delivered_at": iso(st.delivered_at) if st.delivered_at else None,
                  "last_error": st.last_error, "healthy": st.healthy} for st in self.status()]

@@ -105,7 +105,7 @@ def test_a_search_counts_to_a_cap_and_pages_the_same_either_way(
     walking the log from its head; below it, from the word index first. Both give the
     newest matches, and repeating a search (past psycopg's prepare threshold, where
     PostgreSQL may switch to a generic plan) gives the same answer."""
-    import keyserver.core.audit as audit_module
+    import keyserver.core.audit.read as audit_module
 
     host = system_context("host:web-7")
     for i in range(12):

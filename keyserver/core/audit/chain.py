@@ -1,0 +1,152 @@
+"""The chainer: a thread in every replica that takes the chain head's row lock, moves the
+inbox into `audit_events` in batches, and links each record to the previous one with
+HMAC-SHA-256 under a key that never leaves the HSM. In the same transaction it keeps the
+hourly counts and the word index, and signs a checkpoint when one is due.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, delete, insert, select, update
+
+from keyserver.core.audit.activity import rollup_reason
+from keyserver.core.audit.checkpoints import Checkpoints
+from keyserver.core.audit.record import GENESIS_HASH, ChainMac, canonical_record
+from keyserver.core.audit_search import record_terms
+from keyserver.core.errors import ServiceUnavailable
+from keyserver.store.db import upsert_counts
+from keyserver.store.models import (
+    AuditEvent,
+    AuditHead,
+    AuditHourly,
+    AuditInbox,
+    AuditRefusalsHourly,
+    AuditSearch,
+    AuditUsageHourly,
+)
+
+log = logging.getLogger(__name__)
+CHAIN_BATCH = 1000
+
+
+def count_chained(conn: Connection, events: list[dict[str, Any]]) -> None:
+    """Add a chained batch to the hourly counts and the search index, in the batch's own
+    transaction: neither ever disagrees with the chain."""
+    hourly: dict[tuple[Any, ...], int] = {}
+    refusals: dict[tuple[Any, ...], int] = {}
+    used: dict[tuple[Any, ...], int] = {}
+    for e in events:
+        hour = e["time"].astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+        hourly[(hour, e["outcome"])] = hourly.get((hour, e["outcome"]), 0) + 1
+        if e["outcome"] == "allowed" and e["object_type"] == "key" and e["object_id"]:
+            k = (e["object_id"], hour, e["actor"], e["action"])
+            used[k] = used.get(k, 0) + 1
+        if e["outcome"] != "allowed":
+            k = (hour, e["actor"], e["action"], rollup_reason(e["outcome"], e["details"]))
+            refusals[k] = refusals.get(k, 0) + 1
+    upsert_counts(conn, AuditHourly, ["hour", "outcome"], hourly)
+    upsert_counts(conn, AuditRefusalsHourly, ["hour", "actor", "action", "reason"], refusals)
+    upsert_counts(conn, AuditUsageHourly, ["key_id", "hour", "actor", "action"], used)
+    conn.execute(insert(AuditSearch), [{"seq": e["seq"], "terms": record_terms(e)} for e in events])
+
+
+class Chainer:
+    def __init__(self, engine: Engine, mac: ChainMac, checkpoints: Checkpoints) -> None:
+        self._engine = engine
+        self._mac = mac
+        self._checkpoints = checkpoints
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._flush_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self, *, poll_seconds: float = 0.5, linger_seconds: float = 0.25) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(poll_seconds, linger_seconds), name="audit-chainer", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        try:
+            self.flush()
+        except ServiceUnavailable:
+            log.warning("audit records left in the inbox at shutdown; they are chained at next start")
+
+    def _run(self, poll_seconds: float, linger_seconds: float) -> None:
+        backoff = poll_seconds
+        while not self._stop.is_set():
+            # Polling as well as waking: other replicas fill the same inbox.
+            if self._wake.wait(timeout=backoff):
+                # Linger so that under load one transaction chains hundreds of records: the
+                # per-batch cost dominated (50 ms: ~0.7 ms CPU per record; 250 ms: ~0.1).
+                self._stop.wait(linger_seconds)
+            self._wake.clear()
+            try:
+                self.flush()
+                backoff = poll_seconds
+            except ServiceUnavailable as exc:
+                backoff = min(backoff * 2, 10.0)
+                log.warning("audit chaining postponed: %s", exc.message)
+            except Exception:
+                backoff = min(backoff * 2, 10.0)
+                log.exception("audit chaining failed; records stay in the inbox and are retried")
+
+    def flush(self) -> int:
+        """Chain every record waiting in the inbox now; returns how many were chained."""
+        total = 0
+        with self._flush_lock:
+            while True:
+                n = self._chain_batch()
+                total += n
+                if n < CHAIN_BATCH:
+                    return total
+
+    def _chain_batch(self) -> int:
+        # Core, not the ORM: this runs for every batch of every replica.
+        with self._engine.begin() as conn:
+            head = conn.execute(select(AuditHead.seq, AuditHead.hash).where(AuditHead.id == 1)
+                                .with_for_update()).first()
+            if head is None:
+                conn.execute(insert(AuditHead).values(id=1, seq=0, hash=GENESIS_HASH, hmac_key_id=self._mac.key_id))
+                seq, prev = 0, GENESIS_HASH
+            else:
+                seq, prev = head
+            rows = conn.execute(select(AuditInbox.id, AuditInbox.payload).order_by(AuditInbox.id)
+                                .limit(CHAIN_BATCH)).all()
+            if not rows:
+                self._checkpoints.maybe_sign(conn, seq, prev, chained=False)
+                return 0
+            events = []
+            for _, p in rows:
+                seq += 1
+                t = datetime.fromisoformat(p["time"])
+                fields: dict[str, Any] = {
+                    "seq": seq, "time": t, "actor": p["actor"], "actor_type": p["actor_type"],
+                    "action": p["action"], "object_type": p["object_type"],
+                    "object_id": p["object_id"], "outcome": p["outcome"],
+                    "source_ip": p["source_ip"], "request_id": p["request_id"],
+                    "details": p["details"], "prev_hash": prev,
+                }
+                prev = self._mac(canonical_record(**fields))
+                events.append({**fields, "hash": prev})
+            conn.execute(insert(AuditEvent), events)
+            count_chained(conn, events)
+            conn.execute(delete(AuditInbox).where(AuditInbox.id.in_([r[0] for r in rows])))
+            conn.execute(update(AuditHead).where(AuditHead.id == 1).values(seq=seq, hash=prev))
+            self._checkpoints.maybe_sign(conn, seq, prev, chained=len(rows) == CHAIN_BATCH)
+            return len(rows)
