@@ -38,10 +38,18 @@ export function fmtBytes(n: number | null | undefined): string {
 
 const GRACES: [number, string][] = [[0, "none: fail closed"], [3600, "1 hour"], [86_400, "1 day"], [604_800, "7 days"]];
 
+/** A grace read exactly, in its largest units: 20 → "20 seconds", 5400 → "1 hour 30 minutes". */
 export function graceLabel(seconds: number): string {
   const known = GRACES.find(([s]) => s === seconds);
   if (known) return known[1];
-  return seconds % 3600 === 0 ? `${seconds / 3600} hours` : `${Math.round(seconds / 60)} minutes`;
+  const parts: string[] = [];
+  let rest = seconds;
+  for (const [size, unit] of [[86_400, "day"], [3600, "hour"], [60, "minute"], [1, "second"]] as const) {
+    const n = Math.floor(rest / size);
+    rest -= n * size;
+    if (n > 0) parts.push(`${n} ${unit}${n === 1 ? "" : "s"}`);
+  }
+  return parts.join(" ");
 }
 
 /** How far a re-key is, or null when none is under way or asked for. */
@@ -50,6 +58,12 @@ export function rekeyStatus(v: Volume): { label: string; percent: number | null 
   if (r && !r.finished && r.generation > v.rekey_applied) {
     const total = r.total ?? 0;
     const percent = total > 0 ? Math.min(100, Math.round(((r.done ?? 0) / total) * 100)) : null;
+    // The host reports a re-key that stopped (killed, rebooted) by leaving "rekeying":
+    // the progress is where it stood, and only the host can resume it.
+    if (v.state !== "rekeying") {
+      const at = percent == null ? "" : ` at ${percent} %`;
+      return { label: `re-key interrupted${at}: resume it on the host with kms-agent volume rekey ${v.name}`, percent };
+    }
     return { label: percent == null ? "re-encrypting" : `re-encrypting: ${percent} %`, percent };
   }
   if (v.rekey_generation > v.rekey_applied) return { label: "re-key asked for: waiting for the host", percent: null };

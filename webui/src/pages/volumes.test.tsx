@@ -4,7 +4,7 @@ import { describe, expect, it } from "vitest";
 import type { Schemas } from "../api/client";
 import { fakeApi, json } from "../test/fakeApi";
 import { meAs, renderWith } from "../test/render";
-import { VolumeDetailPage, VolumesPage, fmtBytes, rekeyStatus } from "./Volumes";
+import { VolumeDetailPage, VolumesPage, fmtBytes, graceLabel, rekeyStatus } from "./Volumes";
 
 type Volume = Schemas["VolumePublic"];
 const ID = "7a0c1e52-5d1e-4c55-9a58-3f3b1f0c2d11";
@@ -37,10 +37,25 @@ describe("volumes", () => {
     expect(rekeyStatus(volume({ rekey_generation: 1, state: "rekeying",
                                 rekey: { generation: 1, done: 25, total: 100, finished: false } }))).toEqual(
       { label: "re-encrypting: 25 %", percent: 25 });
+    // Reported interrupted by its host (no longer "rekeying"): not a re-key under way.
+    expect(rekeyStatus(volume({ rekey_generation: 1, state: "closed",
+                                rekey: { generation: 1, done: 25, total: 100, finished: false } }))).toEqual(
+      { label: "re-key interrupted at 25 %: resume it on the host with kms-agent volume rekey pgdata", percent: 25 });
     expect(rekeyStatus(volume({ rekey_generation: 1, rekey_applied: 1,
                                 rekey: { generation: 1, done: 100, total: 100, finished: true } }))).toBeNull();
     expect(fmtBytes(1536)).toBe("1.5 KiB");
     expect(fmtBytes(null)).toBe("—");
+  });
+
+  it("reads an offline grace exactly", () => {
+    expect(graceLabel(0)).toBe("none: fail closed");
+    expect(graceLabel(20)).toBe("20 seconds");
+    expect(graceLabel(1)).toBe("1 second");
+    expect(graceLabel(90)).toBe("1 minute 30 seconds");
+    expect(graceLabel(5400)).toBe("1 hour 30 minutes");
+    expect(graceLabel(7200)).toBe("2 hours");
+    expect(graceLabel(86_400 + 61)).toBe("1 day 1 minute 1 second");
+    expect(graceLabel(604_800)).toBe("7 days");
   });
 
   it("revokes a volume only after its name is typed, then shows it revoked", async () => {
