@@ -277,9 +277,15 @@ class DataPlane:
 
     # --- requests ---------------------------------------------------------------------
     def set_key(self, key: KeyVersion) -> None:
-        payload = bytearray(key.key_id.bytes + struct.pack(">I", key.version) + bytes(key.material))
+        # The material is copied straight into a mutable buffer and from it into the frame,
+        # both wiped after sending: a concatenation or bytes() of it would leave an
+        # immutable copy that nothing can wipe, alive until the allocator reuses it.
+        payload = bytearray(20 + len(key.material))
+        payload[:16] = key.key_id.bytes
+        struct.pack_into(">I", payload, 16, key.version)
+        payload[20:] = key.material
         try:
-            self._check(self._request(SET_KEY, bytes(payload)), f"key {key.key_id} v{key.version}")
+            self._check(self._request(SET_KEY, payload), f"key {key.key_id} v{key.version}")
         finally:
             payload[:] = bytes(len(payload))
 
@@ -314,17 +320,19 @@ class DataPlane:
         if rc:
             raise DataPlaneError(f"the data plane refused {what}: {os.strerror(rc)}")
 
-    def _request(self, mtype: int, payload: bytes, timeout: float = 10) -> int:
+    def _request(self, mtype: int, payload: bytes | bytearray, timeout: float = 10) -> int:
         rtype, body = self._exchange(mtype, payload, timeout=timeout)
         return int(struct.unpack(">i", body)[0]) if rtype == RESULT and len(body) == 4 else errno.EPROTO
 
-    def _exchange(self, mtype: int, payload: bytes, *, timeout: float) -> tuple[int, bytes]:
+    def _exchange(self, mtype: int, payload: bytes | bytearray, *, timeout: float) -> tuple[int, bytes]:
         if self._sock is None or self._closed:
             raise DataPlaneError("the data plane is not running")
         with self._send_lock:
             self._seq += 1
             seq = self._seq
-            frame = bytearray(_FRAME.pack(8 + len(payload), PROTOCOL, mtype, seq) + payload)
+            frame = bytearray(_FRAME.size + len(payload))
+            _FRAME.pack_into(frame, 0, 8 + len(payload), PROTOCOL, mtype, seq)
+            frame[_FRAME.size:] = payload
             try:
                 self._sock.sendall(frame)
             except OSError as exc:
