@@ -32,9 +32,11 @@ export class ApiError extends Error {
   readonly detail: string;
   readonly requestId: string | null;
   readonly retryAfter: string | null;
+  /** What was wrong with each refused body field, in words, by the field's name ("name", "full_name"). */
+  readonly fields: Readonly<Record<string, string>>;
 
   constructor(init: { status: number; code: string; detail: string; requestId?: string | null;
-                      retryAfter?: string | null }) {
+                      retryAfter?: string | null; fields?: Record<string, string> }) {
     super(init.detail);
     this.name = "ApiError";
     this.status = init.status;
@@ -42,7 +44,13 @@ export class ApiError extends Error {
     this.detail = init.detail;
     this.requestId = init.requestId ?? null;
     this.retryAfter = init.retryAfter ?? null;
+    this.fields = init.fields ?? {};
   }
+}
+
+/** The server's words about one field of a refused request (a 422), to show under that field. */
+export function fieldError(error: unknown, field: string): string | null {
+  return error instanceof ApiError ? error.fields[field] ?? null : null;
 }
 
 const UNSAFE = new Set(["POST", "PUT", "PATCH", "DELETE"]);
@@ -80,9 +88,13 @@ api.use(csrf);
 type ProblemBody = { code?: unknown; title?: unknown; detail?: unknown; request_id?: unknown; errors?: unknown };
 type FieldError = { loc?: unknown; msg?: unknown };
 
-/** pydantic's words without its machinery: "Value error, name is taken" → "name is taken". */
+/** pydantic's words without its machinery: "Value error, name is taken" → "name is taken",
+ *  "String should have at most 128 characters" → "At most 128 characters". */
 function plainWords(msg: string): string {
-  return msg.replace(/^(Value|Assertion) error,\s*/i, "").trim();
+  return msg.replace(/^(Value|Assertion) error,\s*/i, "")
+    .replace(/^(?:String|List|Value) should have (at (?:most|least) [\d,]+ (?:characters?|items?))/i,
+             (_, rest: string) => rest[0].toUpperCase() + rest.slice(1))
+    .trim();
 }
 
 /** "body.tags.env" → "Tags › env": where the value was, as a person names it. */
@@ -121,13 +133,24 @@ export function problemMessage(body: unknown, fallback: string): string {
   return fallback;
 }
 
+/** Each refused body field's words, by its name (the first error of a field wins). */
+function bodyFieldErrors(body: unknown): Record<string, string> {
+  const p = (body && typeof body === "object" ? body : {}) as ProblemBody;
+  const fields: Record<string, string> = {};
+  for (const e of Array.isArray(p.errors) ? (p.errors as FieldError[]) : []) {
+    if (!e || typeof e.msg !== "string" || !Array.isArray(e.loc) || e.loc[0] !== "body" || typeof e.loc[1] !== "string") continue;
+    fields[e.loc[1]] ??= plainWords(e.msg);
+  }
+  return fields;
+}
+
 export async function problemOf(response: Response, body: unknown): Promise<ApiError> {
   const p = (body && typeof body === "object" ? body : {}) as { code?: unknown; request_id?: unknown };
   const detail = problemMessage(body, response.statusText || `The server answered ${response.status}.`);
   return new ApiError({
     status: response.status, code: typeof p.code === "string" ? p.code : `http_${response.status}`, detail,
     requestId: typeof p.request_id === "string" ? p.request_id : response.headers.get("x-request-id"),
-    retryAfter: response.headers.get("retry-after"),
+    retryAfter: response.headers.get("retry-after"), fields: bodyFieldErrors(body),
   });
 }
 

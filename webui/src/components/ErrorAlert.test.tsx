@@ -48,11 +48,25 @@ describe("API errors", () => {
     const err = (await call(Promise.resolve({ error: body, response })).catch((e: unknown) => e)) as ApiError;
     expect(err.detail).toBe("Name: name must be 1-128 characters of letters, digits, . _ -; "
                             + "Rotation period days: Input should be greater than or equal to 1");
+    // Each field's words, for the form to show under that field.
+    expect(err.fields).toEqual({ name: "name must be 1-128 characters of letters, digits, . _ -",
+                                 rotation_period_days: "Input should be greater than or equal to 1" });
     renderWith(<ErrorAlert error={err} />);
     const alert = screen.getByRole("alert");
     expect(alert).not.toHaveTextContent("Value error");
     expect(alert).not.toHaveTextContent("{");
     expect(alert).toHaveTextContent("Correct the value named above and submit again.");
+  });
+
+  it("a text over a limit reads as the limit, not as pydantic's sentence", async () => {
+    const body = { title: "validation_error", status: 422, code: "validation_error",
+                   detail: "username: String should have at most 64 characters", errors: [
+                     { loc: ["body", "username"], msg: "String should have at most 64 characters", type: "string_too_long" },
+                     { loc: ["body", "tags"], msg: "List should have at most 50 items after validation, not 51", type: "too_long" }] };
+    const response = new Response(JSON.stringify(body), { status: 422 });
+    const err = (await call(Promise.resolve({ error: body, response })).catch((e: unknown) => e)) as ApiError;
+    expect(err.detail).toBe("Username: At most 64 characters; Tags: At most 50 items after validation, not 51");
+    expect(err.fields.username).toBe("At most 64 characters");
   });
 
   it("a detail that is not prose (an object, a JSON dump) gives way to the problem's title", async () => {

@@ -15,13 +15,15 @@ interface Props {
   error?: unknown;
   /** Why the server would refuse right now (the action stays unavailable until it is fixed). */
   blockedBy?: string | null;
+  /** A field of the dialog's own holds what the server would refuse (its error is shown under it). */
+  invalid?: boolean;
 }
 
 /** An irreversible action that the person confirms by typing the object's name. */
 export function TypedConfirmDialog({ opened, onClose, title, phrase, actionLabel, children, onConfirm, busy, error,
-                                    blockedBy }: Props) {
+                                    blockedBy, invalid }: Props) {
   const [typed, setTyped] = useState("");
-  const matches = typed === phrase && !blockedBy;
+  const matches = typed === phrase && !blockedBy && !invalid;
   const close = () => { setTyped(""); onClose(); };
   return (
     <Modal opened={opened} onClose={close} title={title} centered>

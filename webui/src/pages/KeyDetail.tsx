@@ -14,6 +14,7 @@ import { GuardedButton } from "../components/Guarded";
 import { TypedConfirmDialog } from "../components/TypedConfirmDialog";
 import { CopyValue, EmptyState, Loading, OutcomeBadge, STATE_COLOR, StateBadge, fmtRelative, fmtTime } from "../components/bits";
 import { PageHeader } from "../components/PageHeader";
+import { LIMITS, lengthError, tooLong } from "../textLimits";
 import { HOST_GROUP_TAG } from "../hosts";
 import { qk, useKey } from "../queries";
 import { KeyCryptoPanel } from "./KeyCrypto";
@@ -252,17 +253,20 @@ function EditDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; op
   }, [opened]);
   const close = () => onClose();
   const groupBefore = k.tags[HOST_GROUP_TAG], groupAfter = parsed[HOST_GROUP_TAG];
+  const descriptionError = lengthError(description, LIMITS.keyDescription, save.error, "description");
+  const ownerError = lengthError(owner.trim(), LIMITS.keyOwner, save.error, "owner");
+  const tooLongNow = !!tooLong(description, LIMITS.keyDescription) || !!tooLong(owner.trim(), LIMITS.keyOwner);
   const badTag = Object.keys(parsed).find((n) => n.length < 1 || n.length > 64) ?? Object.entries(parsed).find(([, v]) => v.length > 256)?.[0];
   return (
     <Modal opened={opened} onClose={close} title={`Edit ${k.name}`} centered size="lg">
       <form aria-label="Edit key details" onSubmit={(e) => {
         e.preventDefault();
-        if (Object.keys(body).length) save.mutate(undefined, { onSuccess: close });
+        if (Object.keys(body).length && !tooLongNow && badTag === undefined) save.mutate(undefined, { onSuccess: close });
       }}>
         <Stack gap="sm">
-          <Textarea label="Description" value={description} maxLength={2000} autosize minRows={2}
+          <Textarea label="Description" value={description} error={descriptionError} autosize minRows={2} maxRows={12}
                     onChange={(e) => setDescription(e.currentTarget.value)} data-autofocus />
-          <TextInput label="Owner" description="The person or team answerable for this key" value={owner} maxLength={128}
+          <TextInput label="Owner" description="The person or team answerable for this key" value={owner} error={ownerError}
                      onChange={(e) => setOwner(e.currentTarget.value)} />
           <TagsInput label="Tags" description="name=value, press Enter after each; at most 50" value={tags} onChange={setTags}
                      error={badTag !== undefined ? `Tag ${badTag || "(empty)"}: names are 1-64 characters, values at most 256` : undefined} />
@@ -277,7 +281,7 @@ function EditDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; op
           <ErrorAlert error={save.error} title="Not saved" />
           <Group justify="flex-end">
             <Button variant="default" onClick={close}>Cancel</Button>
-            <Button type="submit" color="ink" loading={save.isPending} disabled={!Object.keys(body).length || badTag !== undefined}
+            <Button type="submit" color="ink" loading={save.isPending} disabled={!Object.keys(body).length || badTag !== undefined || tooLongNow}
                     data-testid="save-key-details">Save</Button>
           </Group>
         </Stack>
@@ -321,14 +325,16 @@ function RevokeDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; 
     params: { path: { key_ref: k.id } }, body: { reason, message },
   }))));
   const compromise = reason === "key-compromise" || reason === "ca-compromise";
+  const messageError = lengthError(message, LIMITS.revokeMessage, revoke.error, "message");
   return (
     <TypedConfirmDialog opened={opened} onClose={onClose} title={`Revoke ${k.name}`} phrase={k.name}
                         actionLabel="Revoke key" busy={revoke.isPending} error={revoke.error}
+                        invalid={!!tooLong(message, LIMITS.revokeMessage)}
                         onConfirm={() => revoke.mutate(undefined, { onSuccess: onClose })}>
       <Select label="Reason" data={REASONS} value={reason} allowDeselect={false}
               onChange={(v) => v && setReason(v as RevokeReason)} comboboxProps={{ withinPortal: true }} />
       <Textarea label="Message" description="Kept with each revoked version and shown on this page; the audit log records the reason, not this message"
-                value={message} onChange={(e) => setMessage(e.currentTarget.value)} maxLength={1000} autosize minRows={2} />
+                value={message} onChange={(e) => setMessage(e.currentTarget.value)} error={messageError} autosize minRows={2} maxRows={12} />
       <Text size="sm" c={compromise ? "var(--sr-text-danger)" : undefined}>
         {compromise
           ? "Compromised versions can no longer decrypt anything. Data protected by them must be restored from other copies."

@@ -16,6 +16,7 @@ import { EmptyState, Loading, StateBadge, fmtRelative, fmtTime } from "../compon
 import { PageHeader } from "../components/PageHeader";
 import { qk, useKeys, type KeySort } from "../queries";
 import { SortHeader } from "../components/SortHeader";
+import { LIMITS, lengthError, tooLong } from "../textLimits";
 
 const PAGE = 25;
 
@@ -287,14 +288,17 @@ function CreateKeyDialog({ opened, onClose }: { opened: boolean; onClose: () => 
       navigate(`/keys/${encodeURIComponent(key.name)}`);
     },
   });
+  const nameError = lengthError(name.trim(), LIMITS.keyName, create.error, "name");
+  const descriptionError = lengthError(description, LIMITS.keyDescription, create.error, "description");
+  const invalid = !name.trim() || !!tooLong(name.trim(), LIMITS.keyName) || !!tooLong(description, LIMITS.keyDescription);
   return (
     <Modal opened={opened} onClose={() => { reset(); onClose(); }} title="Create key" centered size="lg">
-      <form onSubmit={(e) => { e.preventDefault(); create.mutate(); }} aria-label="Create key">
+      <form onSubmit={(e) => { e.preventDefault(); if (!invalid) create.mutate(); }} aria-label="Create key">
         <Stack gap="sm">
           <TextInput label="Name" required description="Unique; used in API calls (e.g. payments-db)" data-autofocus
-                     value={name} onChange={(e) => setName(e.currentTarget.value)} maxLength={128} />
+                     value={name} onChange={(e) => setName(e.currentTarget.value)} error={nameError} />
           <Textarea label="Description" value={description} onChange={(e) => setDescription(e.currentTarget.value)}
-                    autosize minRows={2} maxLength={2000} />
+                    autosize minRows={2} maxRows={12} error={descriptionError} />
           <TagsInput label="Tags" description="name=value, press Enter after each" value={tags} onChange={setTags}
                      placeholder="env=prod" clearable />
           <NumberInput label="Rotation period (days)" description="Leave empty for manual rotation only"
@@ -304,7 +308,7 @@ function CreateKeyDialog({ opened, onClose }: { opened: boolean; onClose: () => 
           <ErrorAlert error={create.error} title="Key not created" />
           <Group justify="flex-end">
             <Button variant="default" onClick={() => { reset(); onClose(); }}>Cancel</Button>
-            <Button type="submit" color="ink" loading={create.isPending} disabled={!name.trim()}>Create key</Button>
+            <Button type="submit" color="ink" loading={create.isPending} disabled={invalid}>Create key</Button>
           </Group>
         </Stack>
       </form>

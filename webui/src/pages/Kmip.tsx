@@ -5,10 +5,11 @@ import { notifications } from "@mantine/notifications";
 import { IconDownload, IconPlus } from "@tabler/icons-react";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState } from "react";
-import { api, call, type Schemas } from "../api/client";
+import { api, call, fieldError, type Schemas } from "../api/client";
 import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
 import { PageHeader } from "../components/PageHeader";
+import { LIMITS, tooLong } from "../textLimits";
 import { TypedConfirmDialog } from "../components/TypedConfirmDialog";
 import { CopyValue, EmptyState, Loading, fmtRelative, fmtTime } from "../components/bits";
 
@@ -145,7 +146,7 @@ function CreateDialog({ opened, onClose, onIssued }: { opened: boolean; onClose:
   const [role, setRole] = useState("kmip-client");
   const [keyExport, setKeyExport] = useState<KeyExport>("plaintext");
   const [csr, setCsr] = useState("");
-  const nameError = name && !DNS_NAME.test(name.trim()) ? "A DNS name in lower case, such as backup-01.example.com (letters, digits, hyphens, dots)" : null;
+  const nameError = tooLong(name.trim(), LIMITS.kmipClientName) ?? (name && !DNS_NAME.test(name.trim()) ? "A DNS name in lower case, such as backup-01.example.com (letters, digits, hyphens, dots)" : null);
   const csrError = csr.trim() && !csr.includes("BEGIN CERTIFICATE REQUEST") ? "A PEM certificate request (-----BEGIN CERTIFICATE REQUEST-----)" : null;
   const create = useMutation({
     mutationFn: () => call(api.POST("/api/v1/kmip/clients", { body: {
@@ -159,7 +160,7 @@ function CreateDialog({ opened, onClose, onIssued }: { opened: boolean; onClose:
       <form aria-label="Create KMIP client" onSubmit={(e) => { e.preventDefault(); if (!nameError && !csrError) create.mutate(); }}>
         <Stack gap="sm">
           <TextInput label="Name" description="The client's DNS name: its certificate's subject and SAN" required data-autofocus
-                     placeholder="backup-01.example.com" value={name} maxLength={64} error={nameError}
+                     placeholder="backup-01.example.com" value={name} error={nameError ?? fieldError(create.error, "name")}
                      onChange={(e) => setName(e.currentTarget.value)} />
           <Select label="Role" description="What it may do; kmip-client is made for programs (use, export and retire keys)"
                   data={ROLES} value={role} onChange={(v) => setRole(v ?? "kmip-client")} allowDeselect={false} />

@@ -9,6 +9,7 @@ import { ErrorAlert } from "../components/ErrorAlert";
 import { SecretOnce } from "../components/SecretOnce";
 import { EmptyState, Loading, fmtRelative, fmtTime } from "../components/bits";
 import { PageHeader } from "../components/PageHeader";
+import { LIMITS, lengthError, tooLong } from "../textLimits";
 import { qk } from "../queries";
 
 function tokenStatus(t: Token): { label: string; color: string } {
@@ -123,11 +124,13 @@ function CreateTokenDialog({ opened, onClose, onCreated }: { opened: boolean; on
   const close = () => { setName(""); setScopes([]); setDays(90); create.reset(); onClose(); };
   // Scopes can only narrow the owner's role: offer exactly the owner's permissions.
   const available = me?.permissions ?? [];
+  const nameError = lengthError(name.trim(), LIMITS.tokenName, create.error, "name");
+  const invalid = !name.trim() || !!tooLong(name.trim(), LIMITS.tokenName);
   return (
     <Modal opened={opened} onClose={close} title="Create API token" centered>
-      <form onSubmit={(e) => { e.preventDefault(); create.mutate(); }} aria-label="Create API token">
+      <form onSubmit={(e) => { e.preventDefault(); if (!invalid) create.mutate(); }} aria-label="Create API token">
         <Stack gap="sm">
-          <TextInput label="Name" required data-autofocus placeholder="rotation-bot" value={name} maxLength={100}
+          <TextInput label="Name" required data-autofocus placeholder="rotation-bot" value={name} error={nameError}
                      onChange={(e) => setName(e.currentTarget.value)} />
           <MultiSelect label="Scopes" description="Leave empty for all of your role's permissions" data={available}
                        value={scopes} onChange={setScopes} searchable clearable placeholder="e.g. keys:read, keys:rotate" />
@@ -135,7 +138,7 @@ function CreateTokenDialog({ opened, onClose, onCreated }: { opened: boolean; on
           <ErrorAlert error={create.error} title="Token not created" />
           <Group justify="flex-end">
             <Button variant="default" onClick={close}>Cancel</Button>
-            <Button type="submit" color="ink" loading={create.isPending} disabled={!name.trim()}>Create token</Button>
+            <Button type="submit" color="ink" loading={create.isPending} disabled={invalid}>Create token</Button>
           </Group>
         </Stack>
       </form>

@@ -12,6 +12,7 @@ import { SecretOnce } from "../components/SecretOnce";
 import { TypedConfirmDialog } from "../components/TypedConfirmDialog";
 import { EmptyState, Loading, fmtRelative, fmtTime } from "../components/bits";
 import { PageHeader } from "../components/PageHeader";
+import { LIMITS, lengthError, tooLong } from "../textLimits";
 import { qk } from "../queries";
 
 const ROLE_HELP: Record<Role, string> = {
@@ -170,20 +171,24 @@ function CreateUserDialog({ opened, onClose, onCreated }: { opened: boolean; onC
     },
   });
   const close = () => { setUsername(""); setFullName(""); setRole("operator"); create.reset(); onClose(); };
+  const usernameError = lengthError(username.trim(), LIMITS.username, create.error, "username");
+  const fullNameError = lengthError(fullName, LIMITS.fullName, create.error, "full_name");
+  const invalid = username.trim().length < 2 || !!tooLong(username.trim(), LIMITS.username)
+    || !!tooLong(fullName, LIMITS.fullName);
   return (
     <Modal opened={opened} onClose={close} title="Create user" centered>
-      <form onSubmit={(e) => { e.preventDefault(); create.mutate(); }} aria-label="Create user">
+      <form onSubmit={(e) => { e.preventDefault(); if (!invalid) create.mutate(); }} aria-label="Create user">
         <Stack gap="sm">
-          <TextInput label="Username" required data-autofocus value={username} minLength={2} maxLength={64}
+          <TextInput label="Username" required data-autofocus value={username} minLength={2} error={usernameError}
                      onChange={(e) => setUsername(e.currentTarget.value)} />
-          <TextInput label="Full name" value={fullName} maxLength={200} onChange={(e) => setFullName(e.currentTarget.value)} />
+          <TextInput label="Full name" value={fullName} error={fullNameError} onChange={(e) => setFullName(e.currentTarget.value)} />
           <Select label="Role" data={ROLES} value={role} allowDeselect={false} onChange={(v) => v && setRole(v as Role)}
                   description={ROLE_HELP[role]} />
           <Text size="xs" c="dimmed">A one-time password is generated and shown once; the user must change it at first sign-in.</Text>
           <ErrorAlert error={create.error} title="User not created" />
           <Group justify="flex-end">
             <Button variant="default" onClick={close}>Cancel</Button>
-            <Button type="submit" color="ink" loading={create.isPending} disabled={username.trim().length < 2}>Create user</Button>
+            <Button type="submit" color="ink" loading={create.isPending} disabled={invalid}>Create user</Button>
           </Group>
         </Stack>
       </form>
