@@ -276,15 +276,17 @@ def _print_agent_port(services: Services, url: str) -> None:
     from cryptography import x509
 
     from keyserver.core.ca import display_fingerprint
+    from keyserver.runtime.agentport import install_command, loopback_warning
 
     fp = display_fingerprint(x509.load_pem_x509_certificate(services.ca.certificate_pem()))
     # soft_wrap: the one-liner must stay copyable whatever the terminal's width; Text, not
     # markup: a fingerprint is printed exactly (":cd:" in it once became an emoji).
     console.print(Text.assemble("Agent port (hosts, mutual TLS) at ", (url, "bold"),
                                 f"\n  CA SHA-256 fingerprint {fp}\n"
-                                f"  enroll a host: curl -fsS --cacert ca.pem {url}/install.sh | sudo sh -s -- "
-                                "--token TOKEN\n  (ca.pem from /ca.pem, a token from the console: Hosts > "
-                                "Enroll a host)"), soft_wrap=True)
+                                f"  enroll a host: {install_command(url)}\n  (ca.pem from /ca.pem, a token from "
+                                "the console: Hosts > Enroll a host)"), soft_wrap=True)
+    if (warning := loopback_warning(url)) is not None:
+        console.print(Text(f"  note: {warning}", style="yellow"), soft_wrap=True)
 
 
 def _agent_port_failed(settings: Settings, exc: OSError) -> None:

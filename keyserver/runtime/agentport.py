@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import socket
 import ssl
 from collections.abc import Generator
 from typing import Any
+from urllib.parse import urlsplit
 
 import uvicorn
 from starlette.types import Receive, Scope, Send
@@ -89,6 +91,28 @@ def agent_port_only(app: ASGIApp) -> ASGIApp:
                                "and the administrative API are on the key server's main port")(scope, receive, send)
 
     return restricted
+
+
+def install_command(url: str) -> str:
+    """The one-liner a host runs, `TOKEN` standing for the enrollment token. No sudo: a
+    root-only host has none, and the installer asks for it itself when a step needs root."""
+    return f"curl -fsS --cacert ca.pem {url}/install.sh | sh -s -- --token TOKEN"
+
+
+def loopback_warning(url: str) -> str | None:
+    """What to change when hosts would be sent to this machine's own loopback address
+    (the default: the agent port listens on 127.0.0.1), else None."""
+    host = (urlsplit(url).hostname or "").lower()
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost" or host.endswith(".localhost")
+    if not loopback:
+        return None
+    return (f"{url} is this machine's loopback address: another host running the installer would reach "
+            "itself, not this server. Set STRONGROOM_AGENT_HOST=0.0.0.0 (listen on every interface) and "
+            "STRONGROOM_AGENT_PUBLIC_URL=https://NAME:PORT (the address hosts reach this server at), then "
+            "restart the key server")
 
 
 def agent_sidecar(services: Services, app: ASGIApp, uvicorn_kwargs: dict[str, Any]

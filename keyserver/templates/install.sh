@@ -1,18 +1,28 @@
 #!/bin/sh
 # Strongroom agent installer, served by the key server.
 #
-#   curl -fsS --cacert ca.pem @SERVER_URL@/install.sh | sudo sh -s -- --token TOKEN [options]
+#   curl -fsS --cacert ca.pem @SERVER_URL@/install.sh | sh -s -- --token TOKEN [options]
 #
 # Options:
 #   --token TOKEN       enrollment token from the console (Hosts > Enroll a host), or in
 #                       STRONGROOM_ENROLL_TOKEN
-#   --hostname NAME     the name this host enrolls under (default: its FQDN)
+#   --hostname NAME     the name this host enrolls under (default: `hostname -f`, else `uname -n`;
+#                       never localhost)
 #   --prefix DIR        where the agent's Python environment goes (default /opt/strongroom-agent);
-#                       with --prefix, the configuration and state default to DIR/etc and DIR/state
+#                       with --prefix, the configuration, state and run directories default to
+#                       DIR/etc, DIR/state and DIR/run
 #   --config-dir DIR    default /etc/strongroom-agent
 #   --state-dir DIR     the host key and certificates, mode 0700 (default /var/lib/strongroom-agent)
+#   --run-dir DIR       open volumes' mounts and state (default /run/strongroom-agent)
 #   --python PATH       Python 3.11+ to build the environment with (default python3)
+#   --index-url URL     the Python package index (or mirror) for the agent's dependencies
+#   --wheels DIR        offline: take the dependencies from wheels in DIR, no index at all
 #   --no-systemd        do not install a systemd unit; run `kms-agent run` in the foreground
+#
+# Run it as root, or as a user with sudo: then it runs itself again through sudo when a
+# step needs root (system directories, the systemd unit), and never otherwise. The
+# agent's dependencies (cryptography, httpx, typer, rich) come from a Python package
+# index: PyPI, or --index-url / --wheels, or pip's own configuration (/etc/pip.conf).
 #
 # The server's CA certificate is embedded below (this script came over a connection
 # verified with it) and pinned for every later call. The agent's private key is made
@@ -32,7 +42,10 @@ NAME=""
 PREFIX=""
 CONFIG_DIR=""
 STATE_DIR=""
+RUN_DIR=""
 PYTHON=python3
+INDEX_URL=""
+WHEELS=""
 SYSTEMD=auto
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -42,9 +55,12 @@ while [ $# -gt 0 ]; do
     --prefix) [ $# -ge 2 ] || die "--prefix needs a value"; PREFIX=$2; shift 2 ;;
     --config-dir) [ $# -ge 2 ] || die "--config-dir needs a value"; CONFIG_DIR=$2; shift 2 ;;
     --state-dir) [ $# -ge 2 ] || die "--state-dir needs a value"; STATE_DIR=$2; shift 2 ;;
+    --run-dir) [ $# -ge 2 ] || die "--run-dir needs a value"; RUN_DIR=$2; shift 2 ;;
     --python) [ $# -ge 2 ] || die "--python needs a value"; PYTHON=$2; shift 2 ;;
+    --index-url) [ $# -ge 2 ] || die "--index-url needs a value"; INDEX_URL=$2; shift 2 ;;
+    --wheels) [ $# -ge 2 ] || die "--wheels needs a value"; WHEELS=$2; shift 2 ;;
     --no-systemd) SYSTEMD=no; shift ;;
-    -h|--help) sed -n '2,20p' "$0" 2>/dev/null || true; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" 2>/dev/null || true; exit 0 ;;
     *) die "unknown option '$1' (see the comment at the top of $SERVER_URL/install.sh)" ;;
   esac
 done
@@ -52,19 +68,63 @@ done
 if [ -n "$PREFIX" ]; then
   CONFIG_DIR=${CONFIG_DIR:-$PREFIX/etc}
   STATE_DIR=${STATE_DIR:-$PREFIX/state}
+  RUN_DIR=${RUN_DIR:-$PREFIX/run}
 else
   PREFIX=/opt/strongroom-agent
   CONFIG_DIR=${CONFIG_DIR:-/etc/strongroom-agent}
   STATE_DIR=${STATE_DIR:-/var/lib/strongroom-agent}
+  RUN_DIR=${RUN_DIR:-/run/strongroom-agent}
 fi
+[ -z "$WHEELS" ] || [ -d "$WHEELS" ] || die "--wheels $WHEELS: no such directory"
+
+# The server knows a host by this name (audit records say host:NAME): localhost would
+# name every host alike.
+if [ -z "$NAME" ]; then
+  NAME=$(hostname -f 2>/dev/null || true)
+  case "$NAME" in ""|localhost|localhost.*) NAME=$(uname -n 2>/dev/null || true) ;; esac
+fi
+case "$NAME" in
+  ""|localhost|localhost.*|ip6-localhost|ip6-loopback)
+    die "this host's name is '${NAME}', which does not tell hosts apart: pass --hostname NAME (its fully qualified name, e.g. db1.example.com)" ;;
+esac
 
 command -v curl >/dev/null 2>&1 || die "curl is missing: install it (apt-get install curl)"
+if [ "$SYSTEMD" = auto ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+  SYSTEMD=yes
+fi
+
+# Root, or sudo for the whole run when a step needs it (this script came on stdin, so
+# it is fetched again over the same pinned connection).
+if [ "$(id -u)" != 0 ]; then
+  need_root=""
+  [ "$SYSTEMD" = yes ] && need_root="the systemd unit goes to /etc/systemd/system"
+  for d in "$PREFIX" "$CONFIG_DIR" "$STATE_DIR"; do
+    if ! { mkdir -p "$d" 2>/dev/null && [ -w "$d" ]; }; then need_root="$d is not writable by $(id -un)"; fi
+  done
+  if [ -n "$need_root" ]; then
+    command -v sudo >/dev/null 2>&1 \
+      || die "root is needed ($need_root): run the installer as root, or install sudo; or install into directories you own with --prefix DIR --no-systemd"
+    say "running again through sudo: $need_root"
+    ca=$(mktemp)
+    printf '%s\n' "$CA_PEM" > "$ca"
+    set -- --token "$TOKEN" --hostname "$NAME" --prefix "$PREFIX" --config-dir "$CONFIG_DIR" \
+      --state-dir "$STATE_DIR" --run-dir "$RUN_DIR" --python "$PYTHON"
+    [ -z "$INDEX_URL" ] || set -- "$@" --index-url "$INDEX_URL"
+    [ -z "$WHEELS" ] || set -- "$@" --wheels "$WHEELS"
+    [ "$SYSTEMD" = no ] && set -- "$@" --no-systemd
+    rc=0
+    curl -fsS --cacert "$ca" "$SERVER_URL/install.sh" | sudo sh -s -- "$@" || rc=$?
+    rm -f "$ca"
+    exit "$rc"
+  fi
+fi
+
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
   || die "Python 3.11 or newer is needed as '$PYTHON': install python3, or pass --python PATH"
 "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null \
   || die "Python's venv module is missing: apt-get install python3-venv (or pass --python PATH)"
 for d in "$PREFIX" "$CONFIG_DIR" "$STATE_DIR"; do
-  mkdir -p "$d" 2>/dev/null && [ -w "$d" ] || die "cannot write to $d: run the installer with sudo, or choose directories you own (--prefix)"
+  mkdir -p "$d" 2>/dev/null && [ -w "$d" ] || die "cannot write to $d: run the installer as root, or choose directories you own (--prefix)"
 done
 
 umask 022
@@ -82,8 +142,15 @@ got=$("$PYTHON" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], 
 
 say "installing the agent into $PREFIX"
 "$PYTHON" -m venv "$PREFIX"
-"$PREFIX/bin/python" -m pip install --quiet --disable-pip-version-check "$tmp/$WHEEL" \
-  || die "pip could not install the agent and its dependencies (see above); it needs access to a Python package index"
+if [ -n "$WHEELS" ]; then
+  set -- --no-index --find-links "$WHEELS"; source="the wheels in $WHEELS"
+elif [ -n "$INDEX_URL" ]; then
+  set -- --index-url "$INDEX_URL"; source="the package index $INDEX_URL"
+else
+  set --; source="the Python package index (PyPI, or pip's configuration)"
+fi
+"$PREFIX/bin/python" -m pip install --quiet --disable-pip-version-check "$@" "$tmp/$WHEEL" \
+  || die "pip could not install the agent's dependencies (cryptography, httpx, typer, rich) from $source (see above): give this host access to it, or pass --index-url URL (a mirror) or --wheels DIR (offline)"
 
 # pip installs the data plane 0644: available() makes it executable and says what else is missing.
 why=$("$PREFIX/bin/python" -c 'from agents.guardpoint.dataplane import available; print(available() or "")' 2>&1)
@@ -97,17 +164,14 @@ cat > "$CONFIG" <<CONF
 server_url = "$SERVER_URL"
 ca_file = "$CA_FILE"
 state_dir = "$STATE_DIR"
+run_dir = "$RUN_DIR"  # open volumes' mounts and state
 volumes_file = "$CONFIG_DIR/volumes.tab"  # volumes opened at boot: NAME MOUNTPOINT|- [OPTIONS]
 CONF
 
 say "enrolling this host"
-if [ -n "$NAME" ]; then
-  STRONGROOM_ENROLL_TOKEN="$TOKEN" "$PREFIX/bin/kms-agent" --config "$CONFIG" enroll --hostname "$NAME"
-else
-  STRONGROOM_ENROLL_TOKEN="$TOKEN" "$PREFIX/bin/kms-agent" --config "$CONFIG" enroll
-fi
+STRONGROOM_ENROLL_TOKEN="$TOKEN" "$PREFIX/bin/kms-agent" --config "$CONFIG" enroll --hostname "$NAME"
 
-if [ "$SYSTEMD" = auto ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+if [ "$SYSTEMD" = yes ]; then
   cat > /etc/systemd/system/strongroom-agent.service <<UNIT
 [Unit]
 Description=Strongroom host agent

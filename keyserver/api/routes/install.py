@@ -15,6 +15,7 @@ from keyserver.core.ca import display_fingerprint
 from keyserver.core.errors import NotFound
 from keyserver.core.permissions import Permission
 from keyserver.runtime.agentdist import agent_wheel
+from keyserver.runtime.agentport import install_command, loopback_warning
 
 router = APIRouter(tags=["install"])
 PEM = "application/x-pem-file"
@@ -28,6 +29,9 @@ class EnrollmentInfo(BaseModel):
     agent_version: str
     install_command: str | None = Field(
         description="the one-liner to run on a host, with `TOKEN` where the enrollment token goes")
+    install_command_warning: str | None = Field(
+        description="why the one-liner would not work from another host (the agent port's address is this "
+                    "machine's loopback) and which setting fixes it; null when it would")
 
 
 def _agent_url(request: Request, services: ServicesDep) -> str:
@@ -51,7 +55,7 @@ def ca_certificate(services: ServicesDep) -> Response:
 @router.get("/install.sh", operation_id="getAgentInstaller", response_class=Response,
             responses={200: {"content": {"text/x-shellscript": {}}}})
 def installer(request: Request, services: ServicesDep) -> Response:
-    """The agent installer, for `curl -fsS --cacert ca.pem https://SERVER:8443/install.sh | sudo sh -s -- --token T`."""
+    """The agent installer, for `curl -fsS --cacert ca.pem https://SERVER:8443/install.sh | sh -s -- --token T`."""
     wheel = agent_wheel()
     script = (files("keyserver") / "templates" / "install.sh").read_text()
     for name, value in (("SERVER_URL", _agent_url(request, services)), ("WHEEL", wheel.filename),
@@ -83,4 +87,5 @@ def enrollment_info(ctx: Ctx, services: ServicesDep) -> EnrollmentInfo:
         agent_url=url, install_url=f"{url}/install.sh" if url else None, ca_pem=ca_pem.decode(),
         ca_fingerprint_sha256=display_fingerprint(x509.load_pem_x509_certificate(ca_pem)),
         agent_version=agent_wheel().version,
-        install_command=f"curl -fsS --cacert ca.pem {url}/install.sh | sudo sh -s -- --token TOKEN" if url else None)
+        install_command=install_command(url) if url else None,
+        install_command_warning=loopback_warning(url) if url else None)

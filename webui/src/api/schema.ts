@@ -1553,7 +1553,7 @@ export interface paths {
         };
         /**
          * Installer
-         * @description The agent installer, for `curl -fsS --cacert ca.pem https://SERVER:8443/install.sh | sudo sh -s -- --token T`.
+         * @description The agent installer, for `curl -fsS --cacert ca.pem https://SERVER:8443/install.sh | sh -s -- --token T`.
          */
         get: operations["getAgentInstaller"];
         put?: never;
@@ -2092,6 +2092,11 @@ export interface components {
              * @description the one-liner to run on a host, with `TOKEN` where the enrollment token goes
              */
             install_command: string | null;
+            /**
+             * Install Command Warning
+             * @description why the one-liner would not work from another host (the agent port's address is this machine's loopback) and which setting fixes it; null when it would
+             */
+            install_command_warning: string | null;
             /** Install Url */
             install_url: string | null;
         };

@@ -69,6 +69,7 @@ function TokenForm({ groups, onCancel, onCreated }: {
                        allowDecimal={false} allowNegative={false} clampBehavior="strict" value={hours} onChange={setHours} />
         </Group>
         {info.data && !info.data.install_command && <AgentPortDisabled />}
+        {info.data?.install_command_warning && <LoopbackWarning warning={info.data.install_command_warning} />}
         <ErrorAlert error={create.error} title="Token not created" />
         <Group justify="flex-end">
           <Button variant="default" onClick={onCancel}>Cancel</Button>
@@ -109,6 +110,16 @@ function AgentPortDisabled() {
       not open. Set <Code>STRONGROOM_AGENT_ENABLED=true</Code> (the port is <Code>STRONGROOM_AGENT_PORT</Code>,
       8443 by default; set <Code>STRONGROOM_AGENT_PUBLIC_URL</Code> if hosts reach it under another name) and
       restart the key server. A token created now stays valid until it expires.
+    </Alert>
+  );
+}
+
+/** The one-liner would send other hosts to their own loopback: say so before they try. */
+function LoopbackWarning({ warning }: { warning: string }) {
+  return (
+    <Alert color="orange" variant="light" icon={<IconAlertTriangle size={18} />}
+           title="Other hosts cannot reach this address" data-testid="install-command-warning">
+      {warning}
     </Alert>
   );
 }
@@ -176,7 +187,10 @@ function InstallSteps({ info, secret }: { info: EnrollmentInfo; secret: string }
         <Text size="xs" c="dimmed">Check it on the host before you trust the file:
           {" "}<Code>openssl x509 -in ca.pem -noout -fingerprint -sha256</Code> must print the same value.</Text>
       </Step>
-      <Step n={2} title="Run this as root on the host, next to ca.pem">
+      <Step n={2} title="Run this on the host, next to ca.pem">
+        {info.install_command_warning && <LoopbackWarning warning={info.install_command_warning} />}
+        <Text size="sm">As root, or as a user with sudo (the installer asks for it only for the steps that need
+          root). The host also needs a Python package index, or <Code>--index-url</Code> for a mirror.</Text>
         {command ? (
           <Group gap="xs" wrap="nowrap">
             <Code block style={{ flex: 1, wordBreak: "break-all", whiteSpace: "pre-wrap" }}

@@ -54,7 +54,8 @@ const INFO: EnrollmentInfo = {
   ca_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
   ca_fingerprint_sha256: "AB:CD:EF:01:23:45:67:89:AB:CD:EF:01:23:45:67:89:AB:CD:EF:01:23:45:67:89:AB:CD:EF:01:23:45:67:89",
   agent_version: "0.4.0",
-  install_command: "curl -fsS --cacert ca.pem https://keys.example.com:8443/install.sh | sudo sh -s -- --token TOKEN",
+  install_command: "curl -fsS --cacert ca.pem https://keys.example.com:8443/install.sh | sh -s -- --token TOKEN",
+  install_command_warning: null,
 };
 
 const SECRET = "sre_newtoken1_Zm9vYmFyLWJhei1xdXV4LXNlY3JldC12YWx1ZQ";
@@ -84,7 +85,7 @@ describe("host and token rules", () => {
 
   it("the token replaces the one-liner's TOKEN placeholder only", () => {
     expect(installCommand(INFO.install_command as string, SECRET)).toBe(
-      `curl -fsS --cacert ca.pem https://keys.example.com:8443/install.sh | sudo sh -s -- --token ${SECRET}`);
+      `curl -fsS --cacert ca.pem https://keys.example.com:8443/install.sh | sh -s -- --token ${SECRET}`);
     expect(installCommand("curl https://TOKEN.example/install.sh | sh -s -- --token TOKEN", "sre_x_y"))
       .toBe("curl https://TOKEN.example/install.sh | sh -s -- --token sre_x_y");
   });
@@ -238,8 +239,9 @@ describe("Enroll a host", () => {
     expect(server.calls("POST /api/v1/enrollment-tokens").map((c) => c.body))
       .toEqual([{ host_group: "db", max_uses: 5, expires_in_hours: 48 }]);
     expect(command).toHaveTextContent(
-      `curl -fsS --cacert ca.pem https://keys.example.com:8443/install.sh | sudo sh -s -- --token ${SECRET}`);
+      `curl -fsS --cacert ca.pem https://keys.example.com:8443/install.sh | sh -s -- --token ${SECRET}`);
     expect(command.textContent).not.toContain("TOKEN");
+    expect(within(dialog).queryByTestId("install-command-warning")).toBeNull();
     expect(dialog).toHaveTextContent("shown only once");
     expect(dialog).toHaveTextContent("up to 5 hosts");
     expect(within(dialog).getByTestId("ca-fingerprint")).toHaveTextContent(INFO.ca_fingerprint_sha256);
@@ -301,6 +303,22 @@ describe("Enroll a host", () => {
     expect(warning).toHaveTextContent("STRONGROOM_AGENT_PORT");
     expect(within(dialog).queryByTestId("install-command")).toBeNull();
     expect(within(dialog).getByTestId("enrollment-secret")).toHaveTextContent(SECRET);
+  });
+
+  it("when the one-liner points at this machine's loopback, says so before and with the command", async () => {
+    const warning = "https://127.0.0.1:8443 is this machine's loopback address: … Set STRONGROOM_AGENT_HOST=0.0.0.0 "
+      + "and STRONGROOM_AGENT_PUBLIC_URL=https://NAME:PORT";
+    enrollServer({ ...INFO, agent_url: "https://127.0.0.1:8443", install_url: "https://127.0.0.1:8443/install.sh",
+                   install_command: "curl -fsS --cacert ca.pem https://127.0.0.1:8443/install.sh | sh -s -- --token TOKEN",
+                   install_command_warning: warning });
+    renderWith(<HostsPage />);
+    await userEvent.click(await screen.findByRole("button", { name: "Enroll a host" }));
+    const dialog = await screen.findByRole("dialog", { name: "Enroll a host" });
+    expect(await within(dialog).findByTestId("install-command-warning")).toHaveTextContent("STRONGROOM_AGENT_PUBLIC_URL");
+    await userEvent.type(within(dialog).getByRole("textbox", { name: /Host group/ }), "db{Enter}");
+    await within(dialog).findByTestId("enroll-instructions");
+    expect(within(dialog).getByTestId("install-command-warning")).toHaveTextContent("Other hosts cannot reach this address");
+    expect(within(dialog).getByTestId("install-command")).toHaveTextContent(`127.0.0.1:8443/install.sh | sh -s -- --token ${SECRET}`);
   });
 });
 
