@@ -445,7 +445,8 @@ static const struct sr_ops ops = {
 };
 
 /* The harness never runs the session loop, the only caller of the io_uring transport:
- * weak stand-ins let it link without uring.c and liburing (linked in, uring.c's win). */
+ * weak stand-ins let it link without uring*.c and liburing (linked in, uring_setup.c's
+ * win). */
 __attribute__((weak)) int sr_uring_start(struct sr_session *se, int dev_fd, uint32_t max_payload)
 {
 	(void)se, (void)dev_fd, (void)max_payload;

@@ -216,8 +216,9 @@ long sr_op_arg_size(uint32_t opcode);
  * replies given to `sink`. */
 struct sr_session *sr_session_new_detached(const struct sr_ops *ops, void *userdata);
 
-/* io_uring transport (uring.c), started by the loop after INIT when FUSE_OVER_IO_URING
- * was granted: 0, or -errno (the loop then keeps serving /dev/fuse alone). */
+/* io_uring transport (uring_setup.c; uring.c serves the rings), started by the loop after
+ * INIT when FUSE_OVER_IO_URING was granted: 0, or -errno (the loop then keeps serving
+ * /dev/fuse alone). */
 int sr_uring_start(struct sr_session *se, int dev_fd, uint32_t max_payload);
 /* Whether this process can make the rings at all (INIT grants FUSE_OVER_IO_URING only
  * then: once granted, the kernel holds every request until the rings are registered). */
