@@ -1,5 +1,7 @@
 /* The control channel (a UNIX socket inherited from the Python control plane as
- * --control-fd), the key store and the access policy. Wire format: README.md. */
+ * --control-fd) as the rest of the daemon sees it: start and stop, the mount's life,
+ * the access decision and its events. Inside: control.c (the reader), channel.c (the
+ * socket), keystore.c (keys: keystore.h), policy.c, shutdown.c. Wire format: README.md. */
 #ifndef SR_CONTROL_H
 #define SR_CONTROL_H
 
@@ -75,12 +77,6 @@ int sr_policy_check(const struct sr_caller *c, int want, enum sr_op op, const ch
 int sr_policy_active(void);
 void sr_event_send(enum sr_event_kind kind, int access, enum sr_op op, const struct sr_caller *c,
 		   int rule, const char *path);
-
-/* Keys: copy of the key into `out`, 0 or -ENOKEY. */
-int sr_key_get(const uint8_t id[16], uint32_t version, uint8_t out[32]);
-/* The key version new files are written under: 0, or -ENOKEY before any SET_ACTIVE. */
-int sr_key_active(uint8_t id[16], uint32_t *version);
-void sr_keys_wipe(void);
 
 /* The device number of the mount on top at `mountpoint`, from /proc/self/mountinfo
  * (no request to our own file system). 0 or -ENOENT. */
