@@ -75,10 +75,14 @@ def test_the_readme_stories_on_the_default_start(server: Server, tmp_path: Path)
     token = web.post("/api/v1/enrollment-tokens", json={"host_group": "storage"}).json()["secret"]
     info = web.get("/api/v1/enrollment-info").json()
     assert info["ca_fingerprint_sha256"] == fingerprint
+    # The default agent port is 127.0.0.1: the console and the start-up lines say what to set.
+    assert "STRONGROOM_AGENT_PUBLIC_URL" in info["install_command_warning"]
+    assert f"  note: {info['agent_url']} is this machine's loopback address" in server.output, server.output
+    assert f"enroll a host: {info['install_command']}\n" in server.output
     ca = tmp_path / "ca.pem"
     ca.write_text(info["ca_pem"])
     prefix = tmp_path / "agent"
-    one_liner = info["install_command"].replace("sudo ", "").replace("ca.pem", str(ca)).replace("TOKEN", token)
+    one_liner = info["install_command"].replace("ca.pem", str(ca)).replace("TOKEN", token)
     r = subprocess.run(f"{one_liner} --prefix {prefix} --no-systemd --hostname {HOSTNAME}", shell=True,  # noqa: S602 - the one-liner is a shell pipeline
                        capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
