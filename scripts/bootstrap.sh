@@ -87,7 +87,7 @@ native_need() {
            libfuse3-dev:/usr/include/fuse3/fuse_lowlevel.h fuse3:fusermount3 liburing-dev:/usr/include/liburing.h \
            libcryptsetup-dev:/usr/include/libcryptsetup.h
   local dir="$ROOT/agents/dataplane" stamp="$ROOT/agents/dataplane/build/.strongroom-built"
-  local want; want="$(cd "$dir" && cat Makefile include/*.h src/*.c fuse/Makefile fuse/*.[ch] \
+  local want; want="$(cd "$dir" && cat Makefile common.mk include/*.h src/*.[ch] common/*.[ch] fuse/Makefile fuse/*.[ch] \
                       volume/Makefile volume/*.[ch] | sha256sum | cut -c1-16)"
   if [[ -f "$dir/build/libsrcf.so" && -f "$dir/build/libsrcf.a" && -x "$dir/fuse/strongroom-fuse" \
         && -x "$dir/volume/strongroom-volume" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then

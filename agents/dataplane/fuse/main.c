@@ -182,7 +182,7 @@ int main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
 
 	/* A daemon that may hold keys leaves no core dump and cannot be ptrace-attached by
-	 * processes of its own user (the key page is MADV_DONTDUMP besides). */
+	 * processes of its own user (key memory is MADV_DONTDUMP besides: src/secmem.c). */
 	if (control_fd >= 0) {
 		struct rlimit no_core = { 0, 0 };
 		(void)setrlimit(RLIMIT_CORE, &no_core);
