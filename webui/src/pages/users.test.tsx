@@ -1,4 +1,4 @@
-import { screen, waitFor } from "@testing-library/react";
+import { screen, waitFor, within } from "@testing-library/react";
 import userEvent from "@testing-library/user-event";
 import { notifications } from "@mantine/notifications";
 import { describe, expect, it, vi } from "vitest";
@@ -20,21 +20,25 @@ function server() {
   });
 }
 
-async function openMenu() {
+/** Choose `item` from bob's Actions menu; the dialog it opens, found by its name. Every step
+ *  waits for its element by role (the menu closes and the dialog mounts as React gets to it). */
+async function choose(item: string, dialog: string) {
   await userEvent.click(await screen.findByRole("button", { name: "Actions for bob" }));
+  await userEvent.click(await screen.findByRole("menuitem", { name: item }));
+  await waitFor(() => expect(screen.queryByRole("menu")).not.toBeInTheDocument());
+  return within(await screen.findByRole("dialog", { name: dialog }));
 }
 
 describe("Users: no one-click role changes or resets", () => {
   it("makes an admin only after the username is typed, saying what the role may do", async () => {
     const api = server();
     renderWith(<UsersPage />, { me: meAs("admin") });
-    await openMenu();
-    await userEvent.click(await screen.findByRole("menuitem", { name: "Make admin…" }));
+    const dialog = await choose("Make admin…", "Make bob admin");
     expect(api.calls("PATCH /api/v1/users/:id")).toHaveLength(0);
-    expect(await screen.findByText(/everything, including users and the KEK/)).toBeInTheDocument();
-    const submit = screen.getByTestId("typed-confirm-submit");
+    expect(dialog.getByText(/everything, including users and the KEK/)).toBeInTheDocument();
+    const submit = dialog.getByTestId("typed-confirm-submit");
     expect(submit).toBeDisabled();
-    await userEvent.type(screen.getByTestId("typed-confirm-input"), "bob");
+    await userEvent.type(dialog.getByTestId("typed-confirm-input"), "bob");
     await userEvent.click(submit);
     await waitFor(() => expect(api.calls("PATCH /api/v1/users/:id")).toHaveLength(1));
     expect(api.calls("PATCH /api/v1/users/:id")[0].body).toEqual({ role: "admin" });
@@ -45,14 +49,14 @@ describe("Users: no one-click role changes or resets", () => {
   it("resets a password only after confirmation, then shows the one-time password once", async () => {
     const api = server();
     renderWith(<UsersPage />, { me: meAs("admin") });
-    await openMenu();
-    await userEvent.click(await screen.findByRole("menuitem", { name: "Reset password…" }));
+    const dialog = await choose("Reset password…", "Reset the password of bob");
     expect(api.calls("POST /api/v1/users/:id/reset-password")).toHaveLength(0);
-    expect(await screen.findByText(/API tokens are revoked/)).toBeInTheDocument();
-    await userEvent.type(screen.getByTestId("typed-confirm-input"), "bob");
-    await userEvent.click(screen.getByTestId("typed-confirm-submit"));
+    expect(dialog.getByText(/API tokens are revoked/)).toBeInTheDocument();
+    await userEvent.type(dialog.getByTestId("typed-confirm-input"), "bob");
+    await userEvent.click(dialog.getByTestId("typed-confirm-submit"));
     await waitFor(() => expect(api.calls("POST /api/v1/users/:id/reset-password")).toHaveLength(1));
-    expect(await screen.findByText("otp-123-456")).toBeInTheDocument();
+    const secret = within(await screen.findByRole("dialog", { name: "One-time password" }));
+    expect(secret.getByText("otp-123-456")).toBeInTheDocument();
   });
 
   it("says a reset held by the two-person rule waits, and shows no password", async () => {
@@ -64,14 +68,12 @@ describe("Users: no one-click role changes or resets", () => {
     });
     const shown = vi.spyOn(notifications, "show");
     renderWith(<UsersPage />, { me: meAs("admin") });
-    await openMenu();
-    await userEvent.click(await screen.findByRole("menuitem", { name: "Reset password…" }));
-    await userEvent.type(screen.getByTestId("typed-confirm-input"), "bob");
-    await userEvent.click(screen.getByTestId("typed-confirm-submit"));
+    const dialog = await choose("Reset password…", "Reset the password of bob");
+    await userEvent.type(dialog.getByTestId("typed-confirm-input"), "bob");
+    await userEvent.click(dialog.getByTestId("typed-confirm-submit"));
     await waitFor(() => expect(api.calls("POST /api/v1/users/:id/reset-password")).toHaveLength(1));
     await waitFor(() => expect(shown).toHaveBeenCalledWith(expect.objectContaining({
       title: "Waiting for approval", message: detail })));
     expect(screen.queryByText(/one-time password/i)).not.toBeInTheDocument();
-    shown.mockRestore();
   });
 });
