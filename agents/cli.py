@@ -398,7 +398,7 @@ def volume_status(as_json: Annotated[bool, typer.Option("--json", help="machine-
     if as_json:
         out.print_json(json.dumps(rows))
         return
-    table = Table("volume", "path", "key", "server state", "here", "recovery", "offline")
+    table = Table("volume", "path", "key", "server state", "here", "re-key", "recovery", "offline")
     for v in rows:
         local = v["local"]
         here = "-" if local is None else (f"{local['device']} ({local['opened_by']})" if local["alive"]
@@ -408,8 +408,25 @@ def volume_status(as_json: Annotated[bool, typer.Option("--json", help="machine-
         key = f"{v['key_name']} v{v['key_version']}" if v.get("key_name") else "?"
         recovery = "?" if v.get("has_recovery") is None else "yes" if v["has_recovery"] else "no"
         table.add_row(v["name"], v["path"], key, v["state"] + (" (last seen)" if unreachable else ""), here,
-                      recovery, offline)
+                      _rekey_cell(v), recovery, offline)
     out.print(table if rows else "no volumes for this host")
+    for v in rows:  # what waits for this host, said where it is seen
+        if v["rekey_here"] == "interrupted":
+            err.print(f"volume {v['name']}: a re-key was interrupted here; `kms-agent volume rekey {v['name']}` "
+                      "resumes it (the volume does not open until it is done)")
+        elif v["rekey_asked"] is not None and v["rekey_here"] != "running":
+            err.print(f"volume {v['name']}: a re-key was asked for on the key server; run `kms-agent volume rekey "
+                      f"{v['name']}` (the volume is closed while it runs)")
+
+
+def _rekey_cell(v: dict[str, Any]) -> str:
+    if v["rekey_here"] == "running":
+        return "running here"
+    if v["rekey_here"] == "interrupted":
+        return "interrupted: resume it"
+    if v["rekey_asked"] is not None:
+        return f"asked for (#{v['rekey_asked']})"
+    return "-"
 
 
 @volume_app.command("open-all")

@@ -11,6 +11,7 @@ the mappings themselves).
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import secrets
@@ -27,6 +28,7 @@ from typing import Any
 from agents.config import AgentConfig
 from agents.cryptfile.replace import atomic_replace
 from agents.guardpoint.dataplane import available
+from agents.guardpoint.shield import mounts_at
 from agents.keyclient.cache import ServerUnreachable
 from agents.keyclient.client import HostRevoked, ServerClient, ServerRefused, VolumeSecret
 from agents.keyclient.identity import HostIdentity
@@ -43,7 +45,8 @@ from agents.keyclient.spool import EventSpool
 from agents.volume import luks
 
 # What is remembered of the server's list for use while it is unreachable (no secret).
-KNOWN_FIELDS = ("id", "name", "path", "state", "key_name", "key_version", "has_recovery", "grace_seconds")
+KNOWN_FIELDS = ("id", "name", "path", "state", "scope", "key_name", "key_version", "has_recovery", "grace_seconds",
+                "rekey_generation", "rekey_applied", "rekey")
 DAEMON = Path(__file__).resolve().parent.parent / "dataplane" / "volume" / "strongroom-volume"
 READY_SECONDS = 30.0
 STOP_SECONDS = 30.0
@@ -228,7 +231,41 @@ class VolumeManager:
         revoked remembered as seen)."""
         listed = self._client.volumes()
         self._save_known(listed)
-        return listed
+        return [self._interrupted(v) for v in listed]
+
+    def _interrupted(self, vol: dict[str, Any]) -> dict[str, Any]:
+        """A volume of this host the server believes `rekeying` while no re-key runs
+        here: the run was killed (kill -9, a reboot). Said to the server, as it stands
+        (progress kept, not finished), so the console stops showing a re-key under way.
+        Shared volumes are left alone: another host of the group may be re-keying them."""
+        if vol["state"] != "rekeying" or vol.get("scope", "host") != "host" or self._rekey_running(vol["name"]):
+            return vol
+        progress = dict(vol.get("rekey") or {"generation": vol["rekey_generation"], "done": 0,
+                                              "total": vol.get("size_bytes") or 0})
+        progress["finished"] = False
+        with suppress(ServerRefused, ServerUnreachable):
+            return self._client.report_volume(
+                vol["id"], "closed", rekey=progress,
+                detail=f"re-key interrupted: `kms-agent volume rekey {vol['name']}` resumes it")
+        return vol
+
+    def _rekey_lock(self, name: str) -> Path:
+        return self._dir / f"{name}.rekey.lock"
+
+    def _rekey_running(self, name: str) -> bool:
+        """A `volume rekey` of `name` holds its lock while it runs (the kernel drops it
+        with the process, however it ends)."""
+        try:
+            fd = os.open(self._rekey_lock(name), os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
 
     def find(self, ref: str, *, offline: bool = False) -> dict[str, Any]:
         """A volume this host may open, by name, id or path (`offline`: from what is
@@ -303,6 +340,10 @@ class VolumeManager:
         current = self.opened(name)
         if current is not None and self._still_open(current):
             raise VolumeError(f"volume '{name}' is already open at {current.device}", "usage")
+        # Its data plane died (kill -9, a crash): its dead mounts, loop device and FUSE
+        # mount go first, or the new instance would be stacked over them.
+        self._clear_debris(name, current)
+        self._state_file(name).unlink(missing_ok=True)
         if not path.exists():
             raise VolumeError(f"{path} (volume '{name}') is not on this host: attach the device, then open it",
                               "file")
@@ -412,6 +453,32 @@ class VolumeManager:
         return OpenVolume(name, volume_id, str(path), "userspace", loop, pid=proc.pid, fuse_dir=str(fuse_dir),
                           loop=loop)
 
+    def _clear_debris(self, name: str, state: OpenVolume | None) -> None:
+        """Unmount, detach and stop what an instance of `name` left, whether it still
+        serves (a close) or its data plane died (a kill -9: its FUSE mount answers
+        nothing, its loop device and any file system on it are dead). A dead instance's
+        mounts go lazily, wherever they are: nothing of them can be flushed any more."""
+        fuse_dir = Path(state.fuse_dir) if state is not None and state.fuse_dir else self._dir / name
+        dead = state is None or (state.opened_by == "userspace" and not _alive(state.pid))
+        if state is None and mounts_at(str(fuse_dir)) and _answers(fuse_dir):
+            raise VolumeError(f"volume '{name}' is served at {fuse_dir} but this host has no record of it: stop "
+                              "that strongroom-volume (fusermount3 -u) before opening it here again", "usage")
+        loops = _loops_backed_by(fuse_dir / "volume") | ({state.loop} if state is not None and state.loop else set())
+        if dead:
+            for target in _mounts_of(loops):
+                _sh(["umount", "-l", target], f"unmount {target}")
+        elif state is not None and state.mountpoint and _mounts_of({state.device}, at=state.mountpoint):
+            _sh(["umount", state.mountpoint], f"unmount {state.mountpoint} (is something still using it? "
+                                              f"`fuser -vm {state.mountpoint}` shows what)")
+        for loop in sorted(loops):
+            _detach_loop(loop)
+        if state is not None and state.mapping and Path(state.device).exists():
+            luks.dm_close(state.mapping)
+        if mounts_at(str(fuse_dir)):
+            subprocess.run(["fusermount3", "-u", "-z", str(fuse_dir)], capture_output=True, check=False)
+        if state is not None:
+            _wait_gone(state.pid)
+
     def _still_open(self, state: OpenVolume) -> bool:
         if state.opened_by == "dm-crypt":
             return Path(state.device).exists()
@@ -422,18 +489,9 @@ class VolumeManager:
         name = ref if self.opened(ref) is not None else self.find(ref)["name"]
         state = self.opened(name)
         if state is None:
+            self._clear_debris(name, None)  # a record lost with its instance dead: what it left
             return None
-        if state.mountpoint and os.path.ismount(state.mountpoint):
-            _sh(["umount", state.mountpoint], f"unmount {state.mountpoint} (is something still using it? "
-                                              f"`fuser -vm {state.mountpoint}` shows what)")
-        if state.loop:
-            _detach_loop(state.loop)
-        if state.mapping and Path(state.device).exists():
-            luks.dm_close(state.mapping)
-        if state.fuse_dir:
-            if os.path.ismount(state.fuse_dir) or not _alive(state.pid):
-                subprocess.run(["fusermount3", "-u", "-z", state.fuse_dir], capture_output=True, check=False)
-            _wait_gone(state.pid)
+        self._clear_debris(name, state)
         self._state_file(name).unlink(missing_ok=True)
         if report:
             # Closed here whatever the server says: at shutdown it may be gone already.
@@ -488,6 +546,24 @@ class VolumeManager:
             raise VolumeError(f"volume '{name}' is open: close it first (`kms-agent volume close {name}`); the "
                               "re-key runs offline", "usage")
         _, tok = self._sealed(path)
+        with self._rekey_held(name):
+            return self._rekey(vol, path, tok, progress)
+
+    @contextmanager
+    def _rekey_held(self, name: str) -> Iterator[None]:
+        self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self._rekey_lock(name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise VolumeError(f"a re-key of '{name}' is already running on this host", "usage") from None
+            yield
+        finally:
+            os.close(fd)
+
+    def _rekey(self, vol: dict[str, Any], path: Path, tok: dict[str, Any],
+               progress: Callable[[int, int], None]) -> dict[str, Any]:
         with self._asking(vol, unseal=True):
             secret = self._client.unseal_volume(vol["id"], base64.b64decode(tok["blob"]))
         resume = luks.reencryption_pending(luks.metadata(path))
@@ -574,8 +650,28 @@ class VolumeManager:
             seen = self._revoked.refusal(v["id"])
             rows.append({**v, "local": local, "revoked_here": seen.describe() if seen else None,
                          "grace_kept": seen is None and (self._grace / f"{v['id']}.json").exists(),
+                         "rekey_asked": self._rekey_asked(v), "rekey_here": self._rekey_here(v),
                          "as_of": "last seen (server unreachable)" if unreachable else "now"})
         return rows, unreachable
+
+    @staticmethod
+    def _rekey_asked(vol: dict[str, Any]) -> int | None:
+        """The re-key generation asked for in the console and not done yet (None: none)."""
+        asked, applied = vol.get("rekey_generation"), vol.get("rekey_applied")
+        return int(asked) if asked is not None and applied is not None and asked > applied else None
+
+    def _rekey_here(self, vol: dict[str, Any]) -> str | None:
+        """`running` (a `volume rekey` of it runs here), `interrupted` (its header holds a
+        half-done re-encryption) or None."""
+        if self._rekey_running(vol["name"]):
+            return "running"
+        path = Path(vol["path"])
+        try:
+            if path.exists() and luks.reencryption_pending(luks.metadata(path)):
+                return "interrupted"
+        except (luks.LuksError, OSError):
+            pass  # not readable here: nothing to say of it
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -635,6 +731,39 @@ def _read_line(fd: int, timeout: float) -> str:
             break
         data += chunk
     return data.decode(errors="replace").strip()
+
+
+def _loops_backed_by(served: Path) -> set[str]:
+    """The loop devices attached to `served` (one a previous instance left included:
+    `losetup -j` cannot stat a file on a dead FUSE mount, the kernel's list can say)."""
+    proc = subprocess.run(["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"], capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return set()
+    return {d["name"] for d in json.loads(proc.stdout).get("loopdevices", [])
+            if (d.get("back-file") or "").startswith(str(served))}
+
+
+def _mounts_of(devices: set[str], *, at: str | None = None) -> list[str]:
+    """Where `devices` are mounted (at `at` only, if given), last mounted first."""
+    targets = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            source = fields[fields.index("-") + 2]
+            target = fields[4].encode().decode("unicode_escape")
+            if source in devices and (at is None or target == os.path.realpath(at)):
+                targets.append(target)
+    return targets[::-1]
+
+
+def _answers(path: Path) -> bool:
+    """A FUSE mount whose daemon is alive answers; a dead one says ENOTCONN."""
+    try:
+        os.stat(path)
+        return True
+    except OSError:
+        return False
 
 
 def _detach_loop(loop: str) -> None:

@@ -226,6 +226,7 @@ class VolumeService:
             details: dict[str, Any] = {"name": vol.name, "state": state}
             if vol.state == "revoked":
                 raise Conflict(f"volume '{vol.name}' is revoked", code="volume_revoked")
+            was = vol.state
             vol.state, vol.updated_at = state, now
             if state == "open":
                 vol.opened_by, vol.last_opened_at = opened_by, now
@@ -251,8 +252,9 @@ class VolumeService:
                     vol.recovery_created_at = None
             if detail:
                 details["detail"] = detail[:500]
-            # A progress tick is not an event; the state changes and their outcomes are.
-            if rekey is None or rekey.get("finished") or rekey.get("done", 0) == 0:
+            # A progress tick is not an event; the state changes and their outcomes are (a
+            # re-key the host reports stopped included: it leaves `rekeying` unfinished).
+            if rekey is None or rekey.get("finished") or rekey.get("done", 0) == 0 or state != was:
                 self._audit.add(s, ctx, action=action, object_type="volume", object_id=str(vol.id), details=details)
         return vol
 

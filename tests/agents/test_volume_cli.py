@@ -22,10 +22,12 @@ import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from agents.cli import Exit
+from agents.guardpoint.shield import mounts_at
 from agents.keyclient.client import ServerClient
 from agents.keyclient.identity import HostIdentity
 from agents.volume import luks
 from agents.volume.manager import DAEMON
+from keyserver.services import Services
 from tests.agents.test_agent_port import enroll_host, group_key
 from tests.agents.test_cli import kms_agent, write_config
 from tests.conftest import unique
@@ -221,6 +223,15 @@ def test_rotate_recovery_and_rekey_keep_the_data(agent: Agent, admin: httpx.Clie
     code, _, err = agent("recovery", "rot")
     assert code == Exit.USAGE and "already has a recovery passphrase" in err
 
+    # A re-key asked for in the console shows on the host, in the table and on stderr.
+    (vol,) = [v for v in admin.get("/api/v1/volumes").json() if v["path"] == str(image)]
+    assert admin.post(f"/api/v1/volumes/{vol['id']}/rekey").status_code == 202
+    (row,) = [v for v in json.loads(agent.ok("status", "--json")) if v["name"] == "rot"]
+    assert row["rekey_asked"] == 1 and row["rekey_here"] is None
+    code, out, err = agent("status")
+    assert code == Exit.OK and "(#1)" in out  # the re-key column: "asked for (#1)", wrapped to the terminal
+    assert "a re-key was asked for on the key server; run `kms-agent volume rekey rot`" in " ".join(err.split())
+
     # Re-key: the data re-encrypted under a new volume key; the recovery keyslot goes.
     old_uuid = luks.luks_uuid(image)
     out = agent.ok("rekey", "rot")
@@ -230,6 +241,8 @@ def test_rotate_recovery_and_rekey_keep_the_data(agent: Agent, admin: httpx.Clie
     assert image.read_bytes()[16 << 20:(17 << 20)] != before[:1 << 20]
     (vol,) = [v for v in admin.get("/api/v1/volumes").json() if v["path"] == str(image)]
     assert vol["rekey"]["finished"] and not vol["has_recovery"]
+    (row,) = [v for v in json.loads(agent.ok("status", "--json")) if v["name"] == "rot"]
+    assert row["rekey_asked"] is None and row["rekey_here"] is None
     agent.ok("open", "rot", "--userspace", "--mount", str(mnt))
     assert (mnt / "data").read_bytes() == payload
     agent.ok("close", "rot")
@@ -249,9 +262,9 @@ def test_a_killed_data_plane_leaves_a_file_system_that_checks_clean(agent: Agent
     time.sleep(0.5)
     os.kill(agent.opened("crash")["pid"], signal.SIGKILL)
     writer.wait(timeout=60)
-    # The mount is dead; close cleans up what is left, then the volume opens again.
-    _sh("umount", "-l", str(mnt))
+    # The mount is dead; close cleans up everything it left, then the volume opens again.
     agent.ok("close", "crash")
+    assert _debris(agent, "crash", mnt) == []
     agent.ok("open", "crash", "--userspace")
     device = agent.opened("crash")["device"]
     fix = _sh("e2fsck", "-fp", device)  # replays the journal, as a boot would
@@ -262,6 +275,43 @@ def test_a_killed_data_plane_leaves_a_file_system_that_checks_clean(agent: Agent
     agent.ok("open", "crash", "--userspace", "--mount", str(mnt))
     assert (mnt / "kept").read_bytes() == b"k" * 100_000
     agent.ok("close", "crash")
+
+
+def _debris(agent: Agent, name: str, mnt: Path) -> list[str]:
+    """What an instance of volume `name` left on this host: mounts at `mnt`, loop devices
+    over its served file, its FUSE mount."""
+    fuse_dir = agent.run_dir / "volumes" / name
+    left = [f"mount at {mnt}: {m.source}" for m in mounts_at(str(mnt))]
+    listed = json.loads(_sh("losetup", "--list", "--json", "--output", "NAME,BACK-FILE").stdout or "{}")
+    left += [f"loop {d['name']}" for d in listed.get("loopdevices", [])
+             if (d.get("back-file") or "").startswith(str(fuse_dir))]
+    left += [f"FUSE mount at {fuse_dir}" for _ in mounts_at(str(fuse_dir))]
+    return left
+
+
+def test_reopening_after_the_data_plane_died_clears_the_dead_instance(agent: Agent, admin: httpx.Client,
+                                                                        tmp_path: Path) -> None:
+    key = group_key(admin, agent.group)
+    agent.formatted("dead", tmp_path / "dead.img", key["name"], "--size", "40M")
+    mnt = tmp_path / "m"
+    agent.ok("open", "dead", "--userspace", "--mount", str(mnt))
+    (mnt / "kept").write_bytes(b"k" * 10_000)
+    os.sync()
+    first = agent.opened("dead")
+    os.kill(first["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{first['pid']}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # No close in between: the open finds the dead instance and clears it first.
+    agent.ok("open", "dead", "--userspace", "--mount", str(mnt))
+    again = agent.opened("dead")
+    stack = mounts_at(str(mnt))
+    assert [m.source for m in stack] == [again["device"]], "mounted over the dead instance"
+    assert _debris(agent, "dead", mnt) == [f"mount at {mnt}: {again['device']}", f"loop {again['device']}",
+                                            f"FUSE mount at {agent.run_dir / 'volumes' / 'dead'}"]
+    assert (mnt / "kept").read_bytes() == b"k" * 10_000
+    agent.ok("close", "dead")
+    assert _debris(agent, "dead", mnt) == []
 
 
 def test_boot_opens_the_tab_and_fails_closed(agent: Agent, admin: httpx.Client, tmp_path: Path) -> None:
@@ -408,7 +458,8 @@ def test_the_same_volume_opens_with_dm_crypt_and_in_userspace(agent: Agent, admi
     agent.ok("close", "both")
 
 
-def test_a_rekey_killed_half_way_resumes(agent: Agent, admin: httpx.Client, tmp_path: Path) -> None:
+def test_a_rekey_killed_half_way_resumes(agent: Agent, admin: httpx.Client, services: Services,
+                                        tmp_path: Path) -> None:
     """kill -9 of the agent during a re-key: the volume refuses to open half re-encrypted,
     says how to finish, and `rekey` resumes from cryptsetup's checkpoint in the header."""
     key = group_key(admin, agent.group)
@@ -435,10 +486,24 @@ def test_a_rekey_killed_half_way_resumes(agent: Agent, admin: httpx.Client, tmp_
     finally:
         proc.wait(30)
     assert luks.reencryption_pending(luks.metadata(image))
+    (vol,) = [v for v in admin.get("/api/v1/volumes").json() if v["path"] == str(image)]
+    assert vol["state"] == "rekeying" and not vol["rekey"]["finished"]  # as the killed run left it
+    # The host's next contact tells the server the truth: closed, the re-key stopped.
+    (row,) = [v for v in json.loads(agent.ok("status", "--json")) if v["name"] == "half"]
+    assert row["rekey_here"] == "interrupted" and row["state"] == "closed"
+    (vol,) = [v for v in admin.get("/api/v1/volumes").json() if v["path"] == str(image)]
+    assert vol["state"] == "closed" and not vol["rekey"]["finished"] and vol["rekey_applied"] == 0
+    services.audit.flush()
+    audited = admin.get("/api/v1/audit/events", params={"object_id": vol["id"], "limit": 20}).json()["items"]
+    assert any("re-key interrupted" in str(e["details"].get("detail", "")) for e in audited)
+    code, _, err = agent("status")
+    assert "a re-key was interrupted here; `kms-agent volume rekey half` resumes it" in " ".join(err.split())
     code, _, err = agent("open", "half", "--userspace")
     assert code == Exit.USAGE and "interrupted" in err and "kms-agent volume rekey half" in err
     assert "re-encrypted" in agent.ok("rekey", "half")
     assert not luks.reencryption_pending(luks.metadata(image))
+    (vol,) = [v for v in admin.get("/api/v1/volumes").json() if v["path"] == str(image)]
+    assert vol["state"] == "closed" and vol["rekey"]["finished"] and vol["rekey_applied"] == 1
     agent.ok("open", "half", "--userspace")
     with open(agent.opened("half")["device"], "rb") as f:
         for at in range(0, 380 << 20, 40 << 20):
