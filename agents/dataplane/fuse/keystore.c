@@ -8,7 +8,9 @@
  * again, then waits until the calls that borrowed it have returned it (one unwrap or
  * wrap: microseconds) and frees the slot, which wipes it: when DROP_KEY is answered or
  * a shutdown has wiped, the key is gone from the process. */
+#ifndef _GNU_SOURCE /* libsrcf's C tests build this file with -D_GNU_SOURCE */
 #define _GNU_SOURCE
+#endif
 #include "keystore.h"
 
 #include "secmem.h"
