@@ -41,10 +41,9 @@ from keyserver.core.audit import PendingRecord, utcnow
 from keyserver.core.errors import Conflict, IntegrityFailure, InvalidInput, hsm_failure
 from keyserver.core.gcm import GcmBudget
 from keyserver.core.keys import HMAC_ALGORITHMS, version_wrapped
-from keyserver.core.kmip_objects import (
+from keyserver.core.kmip_model import (
     CERTIFICATE,
     PRIVATE_KEY,
-    KmipObjectService,
     StandaloneObject,
     VersionObject,
     audit_details,
@@ -53,6 +52,7 @@ from keyserver.core.kmip_objects import (
     usage_of,
     use_refusal,
 )
+from keyserver.core.kmip_objects import KmipObjectService
 from keyserver.core.permissions import Permission
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import KeyState

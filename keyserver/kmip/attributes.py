@@ -16,7 +16,7 @@ from kmip.core import enums
 from kmip.core.factories.attributes import AttributeFactory
 
 from keyserver.core.keys import PROTECT_STOP_DATE
-from keyserver.core.kmip_objects import (
+from keyserver.core.kmip_model import (
     APPLICATION_SPECIFIC_INFORMATION,
     CERTIFICATE,
     CLIENT_ATTRIBUTES,

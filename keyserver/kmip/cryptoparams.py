@@ -19,7 +19,7 @@ from kmip.core import attributes as kmip_attributes
 from kmip.core import enums
 
 from hsm import AES_CBC_PAD, AES_GCM, ECDSA, RSA_PKCS1V15, RSA_PSS
-from keyserver.core.kmip_objects import (
+from keyserver.core.kmip_model import (
     StandaloneObject,
     VersionObject,
     public_key_algorithm,

@@ -15,7 +15,7 @@ from typing import Any
 from kmip.core import enums
 from kmip.core.messages import payloads
 
-from keyserver.core.kmip_objects import CRYPTOGRAPHIC_PARAMETERS
+from keyserver.core.kmip_model import CRYPTOGRAPHIC_PARAMETERS
 from keyserver.kmip import attributes, cryptoparams
 from keyserver.kmip.context import Call
 from keyserver.kmip.errors import KmipFailure

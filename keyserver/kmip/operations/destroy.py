@@ -17,7 +17,7 @@ from kmip.core.attributes import UniqueIdentifier
 from kmip.core.messages import payloads
 
 from keyserver.core.errors import Conflict
-from keyserver.core.kmip_objects import VersionObject
+from keyserver.core.kmip_model import VersionObject
 from keyserver.core.states import DESTROYED_STATES, KeyState, check_transition
 from keyserver.kmip.context import Call, request_uid
 

@@ -14,7 +14,7 @@ from kmip.core.messages import payloads
 
 from hsm import RSA_OAEP_SHA1
 from hsm.backend import AES_KWP
-from keyserver.core.kmip_objects import CERTIFICATE, OPAQUE, PRIVATE_KEY, VersionObject, public_key_algorithm
+from keyserver.core.kmip_model import CERTIFICATE, OPAQUE, PRIVATE_KEY, VersionObject, public_key_algorithm
 from keyserver.core.states import DESTROYED_STATES, KeyState
 from keyserver.kmip import attributes
 from keyserver.kmip.context import Call, request_uid

@@ -10,7 +10,7 @@ from typing import Any
 from kmip.core import enums
 from kmip.core.messages import payloads
 
-from keyserver.core.kmip_objects import CONTACT_INFORMATION, OBJECT_GROUP, LocateQuery
+from keyserver.core.kmip_model import CONTACT_INFORMATION, OBJECT_GROUP, LocateQuery
 from keyserver.kmip import attributes
 from keyserver.kmip.context import Call
 from keyserver.kmip.errors import KmipFailure

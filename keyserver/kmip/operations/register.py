@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from kmip.core import enums
 from kmip.core.messages import payloads
 
-from keyserver.core.kmip_objects import CERTIFICATE, MAX_SECRET_BYTES, OPAQUE, PRIVATE_KEY, SECRET_DATA
+from keyserver.core.kmip_model import CERTIFICATE, MAX_SECRET_BYTES, OPAQUE, PRIVATE_KEY, SECRET_DATA
 from keyserver.kmip import attributes, cryptoparams
 from keyserver.kmip.context import Call
 from keyserver.kmip.errors import KmipFailure

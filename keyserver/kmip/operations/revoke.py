@@ -14,7 +14,7 @@ from kmip.core import enums
 from kmip.core.attributes import UniqueIdentifier
 from kmip.core.messages import payloads
 
-from keyserver.core.kmip_objects import VersionObject
+from keyserver.core.kmip_model import VersionObject
 from keyserver.kmip.context import Call, request_uid
 from keyserver.kmip.errors import KmipFailure
 
