@@ -240,7 +240,7 @@ def _tamper(url: str | None, data: Path) -> None:
 def test_pg_tools_match_the_server() -> None:
     """The pg_dump chosen for a server is that major version's or a newer one."""
     from keyserver.ops import OpsError
-    from keyserver.ops.backup import pg_tool
+    from keyserver.ops.archive import pg_tool
 
     tool = pg_tool("pg_dump", 15)
     assert int(tool.parts[-3]) >= 15

@@ -1,5 +1,6 @@
 """The `keyserver backup` and `keyserver restore` commands: arguments, progress, exit
-codes. The work is in keyserver.ops.backup."""
+codes. The work is in keyserver.ops.backup and keyserver.ops.restore (the archive both
+share: keyserver.ops.archive)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ def backup(
     runs. Exit codes: 0 written, 1 refused or failed, 4 database or HSM unavailable.
     """
     from keyserver.ops import backup as ops
+    from keyserver.ops.archive import describe
     from keyserver.settings import Settings
 
     try:
@@ -90,7 +92,7 @@ def backup(
     m = result.manifest
     size = result.path.stat().st_size
     console.print(Text.assemble(("backup written", "green"), f": {result.path.resolve()} ({size:,} bytes)\n  ",
-                                ops.describe(m)), soft_wrap=True)
+                                describe(m)), soft_wrap=True)
 
 
 def restore(
@@ -113,7 +115,8 @@ def restore(
     non-empty target, missing PINs), 3 the restored audit chain does not verify, 4
     database or HSM unavailable.
     """
-    from keyserver.ops import backup as ops
+    from keyserver.ops import restore as ops
+    from keyserver.ops.archive import describe
     from keyserver.settings import Settings
 
     try:
@@ -127,7 +130,7 @@ def restore(
     _print_notes(reporter)
     if check_only:
         console.print(Text.assemble(("archive intact", "green"), ": every member matches the manifest; ",
-                                    ops.describe(manifest)), soft_wrap=True)
+                                    describe(manifest)), soft_wrap=True)
         return
     console.print(Text.assemble(
         ("restored", "green"), f": {result.records_verified} audit records verified (full), head now at record "
