@@ -34,7 +34,7 @@ console = Console(stderr=True)
 # Benchmarks with a command of their own: `kms-bench NAME [options]` hands over to them.
 COMMANDS = {"keyserver": "kmsbench.keyserver_load", "kmip": "kmsbench.kmip_load", "audit": "kmsbench.audit_bench",
             "drill": "kmsbench.drill", "adversary": "kmsbench.adversary",
-            "guardpoint-transport": "kmsbench.guardpoint:transport_main"}
+            "guardpoint-transport": "kmsbench.guardpoint_transport:transport_main"}
 
 
 def _ints(text: str) -> list[int]:

@@ -45,7 +45,7 @@ def module_sections(results: dict[str, Any]) -> dict[str, str]:
             s["raw"], threads=s["params"]["threads"], files=s["params"]["files_per_thread"],
             runs=len(s["raw"]["plain"]))
     if "oltp" in suites:
-        from kmsbench.guardpoint import render_oltp
+        from kmsbench.guardpoint_oltp import render_oltp
 
         s = suites["oltp"]
         out["guardpoint-oltp-bench"] = render_oltp(

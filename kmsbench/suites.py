@@ -78,7 +78,7 @@ def concurrent(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
 
 
 def oltp(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
-    from kmsbench.guardpoint import measure_oltp
+    from kmsbench.guardpoint_oltp import measure_oltp
 
     base = work / "oltp"
     base.mkdir()
@@ -194,7 +194,7 @@ def _existing_keyserver(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
 def postgres_cluster(base: Path) -> Iterator[str]:
     """A throwaway PostgreSQL cluster on 127.0.0.1 with connection slots for 200 KMIP
     clients, so the benchmark neither needs nor crowds a shared server."""
-    from kmsbench.guardpoint import PG_BIN, _as_postgres
+    from kmsbench.guardpoint_oltp import PG_BIN, as_postgres
 
     if PG_BIN is None:
         raise BenchError(Exit.PRIVILEGES, "no PostgreSQL server binaries", "apt-get install postgresql, or pass "
@@ -206,8 +206,8 @@ def postgres_cluster(base: Path) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    _as_postgres(f"{PG_BIN}/initdb", "-A", "trust", "-U", "postgres", "-D", str(pgdata))
-    _as_postgres(f"{PG_BIN}/pg_ctl", "-D", str(pgdata), "-w", "-l", str(sockets / "pg.log"), "-o",
+    as_postgres(f"{PG_BIN}/initdb", "-A", "trust", "-U", "postgres", "-D", str(pgdata))
+    as_postgres(f"{PG_BIN}/pg_ctl", "-D", str(pgdata), "-w", "-l", str(sockets / "pg.log"), "-o",
                  f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c max_connections=500 "
                  "-c shared_buffers=128MB", "start")
     try:

@@ -25,7 +25,9 @@ from typing import Any
 
 from agents.volume import luks
 from agents.volume.manager import DAEMON
-from kmsbench.guardpoint import BLOCK, PG_BIN, Cluster, Step, copy_once, guard_point
+from kmsbench.guardpoint import copy_once
+from kmsbench.guardpoint_oltp import PG_BIN, Cluster
+from kmsbench.guardpoint_rig import BLOCK, Step, guard_point
 
 TARGETS = ("plain loop", "volume (userspace)", "guard point")
 
