@@ -438,7 +438,7 @@ class KeyService:
             key.updated_at, key.revision, key.next_rotation_at = now, key.revision + 1, None
             self._notifier.publish(s, Topic.KEYS)  # replicas drop their cached active versions
             self._audit.add(s, ctx, action="key.revoke", object_type="key", object_id=str(key.id),
-                            details={"name": key.name, "reason": reason, "versions": changed})
+                            details={"name": key.name, "reason": reason, "message": message, "versions": changed})
         return key
 
     def destroy(self, ctx: RequestContext, ref: str, *, version: int | None = None) -> ManagedKey:
