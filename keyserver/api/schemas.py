@@ -186,6 +186,10 @@ class AuditEventPublic(BaseModel):
     action: str
     object_type: str | None
     object_id: str | None
+    object_name: str | None = Field(description=(
+        "the object's name when it was recorded (a key's name, a host's hostname, a user's username, a guard "
+        "point's path …), from `details.object_name`; null for objects without one and records chained before "
+        "names were recorded"))
     outcome: str
     source_ip: str | None
     request_id: str | None

@@ -162,7 +162,7 @@ class DataKeyService:
             self._gcm.spend(active.key_id, active.version, name=active.name)
         except (NotFound, Conflict) as exc:
             # Recorded once the lookup's transaction has ended (decision 0010).
-            self._audit.record_now(ctx, action=action, outcome="error", object_type="key", object_id=ref[:200],
+            self._audit.record_now(ctx, action=action, outcome="error", object_type="key", object_id=ref,
                                    details={"reason": exc.code})
             raise
         dk, record = self._seal(ctx, active, action, number_of_bytes, context, include_plaintext)

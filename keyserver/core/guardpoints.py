@@ -118,7 +118,7 @@ class GuardPointService:
 
     def create(self, ctx: RequestContext, spec: GuardPointSpec) -> GuardPoint:
         self._policy.require(ctx, Permission.GUARDPOINTS_MANAGE, action="guard_point.create",
-                             object_type="guard_point", object_id=spec.path[:200])
+                             object_type="guard_point", object_id=spec.path)
         now = self._now()
         with self._db.begin() as s:
             key, backing = self._validate(s, spec)

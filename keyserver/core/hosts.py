@@ -169,12 +169,12 @@ class HostService:
     def enroll(self, *, token: str, csr_pem: str, hostname: str, os_name: str = "", agent_version: str = "",
                source_ip: str | None = None, request_id: str | None = None) -> Enrollment:
         """Called by a new host with its token and CSR: returns its certificate."""
-        ctx = RequestContext(Principal(name=f"enrolling:{hostname[:100]}", actor_type="host", role=None,
+        ctx = RequestContext(Principal(name=f"enrolling:{hostname}", actor_type="host", role=None,
                                        permissions=frozenset()), source_ip, request_id)
 
         def refuse(reason: str, message: str, session: Session | None = None) -> Unauthenticated:
             fields: dict[str, Any] = {"action": "host.enroll", "outcome": "denied", "object_type": "host",
-                                      "object_id": hostname[:200], "details": {"reason": reason}}
+                                      "object_id": hostname, "details": {"reason": reason}}
             if session is None:
                 self._audit.record_now(ctx, **fields)
             else:
@@ -303,14 +303,16 @@ class HostService:
         """The host behind a verified client certificate; refused once revoked."""
         with self._db() as s:
             host = s.execute(select(Host).where(Host.cert_serial == cert_serial)).scalar_one_or_none()
+        # A certificate we issued names its host, revoked or not: the refusal is the host's.
+        principal = ANONYMOUS if host is None else Principal(
+            name=f"host:{host.hostname}", actor_type="host", role=None, permissions=frozenset())
         if host is None or host.state != "active":
-            self._audit.record_now(RequestContext(ANONYMOUS, source_ip, request_id), action="host.authenticate",
+            self._audit.record_now(RequestContext(principal, source_ip, request_id), action="host.authenticate",
                                    outcome="denied", object_type="host",
                                    object_id=str(host.id) if host else cert_serial,
                                    details={"reason": "revoked" if host else "unknown"})
             raise Unauthenticated("this host's certificate is revoked or unknown; re-enroll the host",
                                   code="host_revoked" if host else "host_unknown")
-        principal = Principal(name=f"host:{host.hostname}", actor_type="host", role=None, permissions=frozenset())
         return RequestContext(principal, source_ip, request_id), host
 
     def heartbeat(self, host: Host, *, os_name: str, agent_version: str, guard_points: list[dict[str, Any]] | None,

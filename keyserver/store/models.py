@@ -166,17 +166,18 @@ class AuditEvent(Base):
     __tablename__ = "audit_events"
     __table_args__ = (
         Index("ix_audit_events_time", "time"),
-        Index("ix_audit_events_object", "object_type", "object_id"),
+        # A hash index (PostgreSQL): a path of 4,096 bytes is too long for a B-tree entry.
+        Index("ix_audit_events_object", "object_id", postgresql_using="hash"),
         Index("ix_audit_events_actor", "actor"),
     )
 
     seq: Mapped[int] = mapped_column(BIGINT, primary_key=True, autoincrement=False)
     time: Mapped[datetime]
-    actor: Mapped[str] = mapped_column(String(200))
+    actor: Mapped[str] = mapped_column(String(300))  # "enrolling:" and a 253-character hostname
     actor_type: Mapped[str] = mapped_column(String(16))
     action: Mapped[str] = mapped_column(String(64), index=True)
     object_type: Mapped[str | None] = mapped_column(String(32))
-    object_id: Mapped[str | None] = mapped_column(String(200))
+    object_id: Mapped[str | None] = mapped_column(Text)  # whole: a path is never cut (migration 0023)
     outcome: Mapped[str] = mapped_column(String(16), index=True)
     source_ip: Mapped[str | None] = mapped_column(String(64))
     request_id: Mapped[str | None] = mapped_column(String(64))
@@ -205,7 +206,7 @@ class AuditRefusalsHourly(Base):
     __tablename__ = "audit_refusals_hourly"
 
     hour: Mapped[datetime] = mapped_column(primary_key=True)
-    actor: Mapped[str] = mapped_column(String(200), primary_key=True)
+    actor: Mapped[str] = mapped_column(String(300), primary_key=True)
     action: Mapped[str] = mapped_column(String(64), primary_key=True)
     reason: Mapped[str] = mapped_column(String(64), primary_key=True)
     count: Mapped[int] = mapped_column(BigInteger)
@@ -233,7 +234,7 @@ class AuditUsageHourly(Base):
 
     key_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     hour: Mapped[datetime] = mapped_column(primary_key=True)
-    actor: Mapped[str] = mapped_column(String(200), primary_key=True)
+    actor: Mapped[str] = mapped_column(String(300), primary_key=True)
     action: Mapped[str] = mapped_column(String(64), primary_key=True)
     count: Mapped[int] = mapped_column(BigInteger)
 

@@ -19,7 +19,7 @@ from keyserver.api.schemas import (
     KeyUsage,
     VerifyResultPublic,
 )
-from keyserver.core.audit import AuditFilter, event_dict
+from keyserver.core.audit import AuditFilter, AuditRecord, event_dict
 from keyserver.core.errors import InvalidInput, NotFound
 from keyserver.core.permissions import Permission
 
@@ -32,10 +32,14 @@ def _filter(actor: str | None, action: str | None, object_type: str | None, obje
                        outcome=outcome, since=since, until=until, q=q)
 
 
-Actor = Annotated[str | None, Query(max_length=200, description="exact, or a prefix ending in '*'")]
+def _public(r: AuditRecord) -> AuditEventPublic:
+    return AuditEventPublic(**event_dict(r), object_name=r.object_name)
+
+
+Actor = Annotated[str | None, Query(max_length=300, description="exact, or a prefix ending in '*'")]
 Action = Annotated[str | None, Query(max_length=64, description="exact, or a prefix ending in '.'")]
 ObjType = Annotated[str | None, Query(max_length=32)]
-ObjId = Annotated[str | None, Query(max_length=200, description="exact, or a prefix ending in '*'")]
+ObjId = Annotated[str | None, Query(max_length=4096, description="exact, or a prefix ending in '*'")]
 Search = Annotated[str | None, Query(max_length=200, description=(
     "words every record must hold, in any field or detail; 'pay*' is a prefix (docs/audit.md \"Searching\")"))]
 OutcomeQ = Annotated[Literal["allowed", "denied", "error"] | None, Query()]
@@ -53,7 +57,7 @@ def list_events(
     services.policy.require(ctx, Permission.AUDIT_READ, action="audit.read")
     rows, total, exact = services.audit.query(_filter(actor, action, object_type, object_id, outcome, since, until, q),
                                        limit=limit, before_seq=before_seq)
-    return AuditPage(items=[AuditEventPublic(**event_dict(r)) for r in rows], total=total, total_exact=exact,
+    return AuditPage(items=[_public(r) for r in rows], total=total, total_exact=exact,
                      next_before_seq=rows[-1].seq if len(rows) == limit else None)
 
 
@@ -63,7 +67,7 @@ def get_event(seq: Annotated[int, Path(ge=1, le=MAX_INT)], ctx: Ctx, services: S
     row = services.audit.get(seq)
     if row is None:
         raise NotFound(f"no audit record {seq}", code="audit_record_not_found")
-    return AuditEventPublic(**event_dict(row))
+    return _public(row)
 
 
 @router.get("/export", operation_id="exportAudit", response_class=StreamingResponse,
@@ -132,7 +136,7 @@ def usage(
     since: Annotated[datetime, Query(description="start, with a time zone; rounded down to the bucket")],
     until: Annotated[datetime, Query(description="end (exclusive), with a time zone")],
     key_id: Annotated[uuid.UUID | None, Query(description="one key's usage, with its top actors")] = None,
-    actor: Annotated[str | None, Query(max_length=200, description=(
+    actor: Annotated[str | None, Query(max_length=300, description=(
         "one actor's usage ('host:<hostname>', 'kmip:<client>', a user), with its top keys"))] = None,
     bucket: Annotated[Literal["hour", "day"], Query()] = "hour",
     top: Annotated[int, Query(ge=1, le=20)] = 5,

@@ -46,6 +46,7 @@ from keyserver.core.audit.read import SEARCH_COUNT_CAP, AuditFilter, AuditReader
 from keyserver.core.audit.record import (
     EXPORT_COLUMNS,
     GENESIS_HASH,
+    AuditRecord,
     ChainMac,
     Outcome,
     PendingRecord,
@@ -58,9 +59,10 @@ from keyserver.core.audit.writer import AuditWriter
 
 __all__ = [
     "CHAIN_BATCH", "EXPORT_COLUMNS", "GENESIS_HASH", "MAX_ACTIVITY_BUCKETS", "SEARCH_COUNT_CAP",
-    "SIGNED_FIELDS", "ZERO_DIGEST", "AsyncGroupCommit", "AuditFilter", "AuditService", "CheckpointPolicy",
-    "GroupCommit", "Outcome", "PendingRecord", "VerifyResult", "canonical_checkpoint", "canonical_record",
-    "checkpoint_dict", "checkpoint_digest", "event_dict", "key_fingerprint", "rollup_reason", "utcnow",
+    "SIGNED_FIELDS", "ZERO_DIGEST", "AsyncGroupCommit", "AuditFilter", "AuditRecord", "AuditService",
+    "CheckpointPolicy", "GroupCommit", "Outcome", "PendingRecord", "VerifyResult", "canonical_checkpoint",
+    "canonical_record", "checkpoint_dict", "checkpoint_digest", "event_dict", "key_fingerprint",
+    "rollup_reason", "utcnow",
 ]
 
 

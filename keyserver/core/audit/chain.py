@@ -1,7 +1,8 @@
 """The chainer: a thread in every replica that takes the chain head's row lock, moves the
 inbox into `audit_events` in batches, and links each record to the previous one with
-HMAC-SHA-256 under a key that never leaves the HSM. In the same transaction it keeps the
-hourly counts and the word index, and signs a checkpoint when one is due.
+HMAC-SHA-256 under a key that never leaves the HSM. In the same transaction it names each
+record's object (names.py), keeps the hourly counts and the word index, and signs a
+checkpoint when one is due.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sqlalchemy import Connection, Engine, delete, insert, select, update
 
 from keyserver.core.audit.activity import rollup_reason
 from keyserver.core.audit.checkpoints import Checkpoints
+from keyserver.core.audit.names import name_objects
 from keyserver.core.audit.record import GENESIS_HASH, ChainMac, canonical_record
 from keyserver.core.audit_search import record_terms
 from keyserver.core.errors import ServiceUnavailable
@@ -131,19 +133,17 @@ class Chainer:
             if not rows:
                 self._checkpoints.maybe_sign(conn, seq, prev, chained=False)
                 return 0
-            events = []
-            for _, p in rows:
+            events: list[dict[str, Any]] = [{
+                "time": datetime.fromisoformat(p["time"]), "actor": p["actor"], "actor_type": p["actor_type"],
+                "action": p["action"], "object_type": p["object_type"], "object_id": p["object_id"],
+                "outcome": p["outcome"], "source_ip": p["source_ip"], "request_id": p["request_id"],
+                "details": p["details"],
+            } for _, p in rows]
+            name_objects(conn, events)  # before the MAC: the name is part of the record
+            for e in events:
                 seq += 1
-                t = datetime.fromisoformat(p["time"])
-                fields: dict[str, Any] = {
-                    "seq": seq, "time": t, "actor": p["actor"], "actor_type": p["actor_type"],
-                    "action": p["action"], "object_type": p["object_type"],
-                    "object_id": p["object_id"], "outcome": p["outcome"],
-                    "source_ip": p["source_ip"], "request_id": p["request_id"],
-                    "details": p["details"], "prev_hash": prev,
-                }
-                prev = self._mac(canonical_record(**fields))
-                events.append({**fields, "hash": prev})
+                e.update(seq=seq, prev_hash=prev)
+                prev = e["hash"] = self._mac(canonical_record(**e))
             conn.execute(insert(AuditEvent), events)
             count_chained(conn, events)
             conn.execute(delete(AuditInbox).where(AuditInbox.id.in_([r[0] for r in rows])))

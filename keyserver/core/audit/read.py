@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from keyserver.core.audit.record import AuditRecord
 from keyserver.core.audit_search import hits, matching, words_of
 from keyserver.core.errors import InvalidInput
 from keyserver.store.models import AuditEvent, AuditHead, AuditInbox
@@ -46,7 +47,7 @@ class AuditReader:
 
     def query(
         self, flt: AuditFilter, *, limit: int = 50, before_seq: int | None = None
-    ) -> tuple[list[AuditEvent], int, bool]:
+    ) -> tuple[list[AuditRecord], int, bool]:
         """Newest first; returns the page, the number of matching records and whether that
         number is exact. A search by words or prefixes counts to SEARCH_COUNT_CAP and no
         further (the console shows "10,000+"): counting every record holding a common word
@@ -80,11 +81,11 @@ class AuditReader:
             return rows, min(total, SEARCH_COUNT_CAP), total <= SEARCH_COUNT_CAP
 
     def _page(self, s: Session, flt: AuditFilter, limit: int, before_seq: int | None, *,
-              materialize: bool = False) -> list[AuditEvent]:
+              materialize: bool = False) -> list[AuditRecord]:
         stmt = self.filtered(select(AuditEvent), flt, materialize=materialize)
         if before_seq is not None:
             stmt = stmt.where(AuditEvent.seq < before_seq)
-        return list(s.execute(stmt.order_by(AuditEvent.seq.desc()).limit(limit)).scalars())
+        return [AuditRecord.of(r) for r in s.execute(stmt.order_by(AuditEvent.seq.desc()).limit(limit)).scalars()]
 
     def custom_plans(self, s: Session) -> None:
         """Plans made for this transaction's search words, not a generic plan cached from
@@ -92,9 +93,10 @@ class AuditReader:
         if self._engine.dialect.name == "postgresql":
             s.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
 
-    def get(self, seq: int) -> AuditEvent | None:
+    def get(self, seq: int) -> AuditRecord | None:
         with self._db() as s:
-            return s.get(AuditEvent, seq)
+            row = s.get(AuditEvent, seq)
+            return AuditRecord.of(row) if row is not None else None
 
     def _field(self, stmt: Any, column: Any, value: str, materialize: bool) -> Any:
         """`value` exactly, or, ending in `*`, as a prefix: found through the word index

@@ -60,7 +60,37 @@ def canonical_record(
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def event_dict(r: AuditEvent) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """A chained record as the services hand it out (the protocol side never sees the
+    row). `object_name`: the object's name when it was recorded (names.py)."""
+
+    seq: int
+    time: datetime
+    actor: str
+    actor_type: str
+    action: str
+    object_type: str | None
+    object_id: str | None
+    outcome: str
+    source_ip: str | None
+    request_id: str | None
+    details: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+    @classmethod
+    def of(cls, r: AuditEvent) -> AuditRecord:
+        return cls(r.seq, r.time, r.actor, r.actor_type, r.action, r.object_type, r.object_id, r.outcome,
+                   r.source_ip, r.request_id, r.details, r.prev_hash, r.hash)
+
+    @property
+    def object_name(self) -> str | None:
+        name = self.details.get("object_name") if isinstance(self.details, dict) else None
+        return name if isinstance(name, str) else None
+
+
+def event_dict(r: AuditEvent | AuditRecord) -> dict[str, Any]:
     return {
         "seq": r.seq, "time": iso(r.time), "actor": r.actor, "actor_type": r.actor_type,
         "action": r.action, "object_type": r.object_type, "object_id": r.object_id,
