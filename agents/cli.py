@@ -18,7 +18,6 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from enum import IntEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,30 +27,18 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from agents import __version__
-from agents.config import AgentConfig, ConfigError
-from agents.cryptfile import FormatError, IntegrityError, KeyUnavailable, native, read_header
+from agents.config import AgentConfig
+from agents.cryptfile import native, read_header
 from agents.cryptfile.transform import TMP_PREFIX, decrypt_file, encrypt_file, is_encrypted, rekey_file, rewrap_file
 from agents.daemon import AgentDaemon, clock_skew, os_description
+from agents.errors import AgentError, Exit
 from agents.guardpoint.manager import GuardPointManager, local_reports
 from agents.keyclient.cache import ServerUnreachable
-from agents.keyclient.client import HostRevoked, ServerClient, ServerKeyring, ServerRefused
-from agents.keyclient.identity import HostIdentity, IdentityError
+from agents.keyclient.client import ServerClient, ServerKeyring, ServerRefused
+from agents.keyclient.identity import HostIdentity
 from agents.keyclient.revocation import RevocationLedger, host_refusal_message, host_revocation
 from agents.keyclient.spool import EventSpool
-from agents.volume.luks import LuksError
-from agents.volume.manager import VolumeError, VolumeManager, parse_tab
-
-
-class Exit(IntEnum):
-    OK = 0
-    FAILED = 1
-    USAGE = 2
-    INTEGRITY = 3
-    KEY = 4
-    UNREACHABLE = 5
-    NOT_ENROLLED = 6
-    FILE = 7
-
+from agents.volume.manager import VolumeManager, parse_tab
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 err = Console(stderr=True)
@@ -59,10 +46,16 @@ out = Console()
 _state: dict[str, Any] = {}
 
 
-class Fail(Exception):
+class Fail(AgentError):
+    """A refusal of the command line itself, with the exit status it takes."""
+
     def __init__(self, code: Exit, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+    @property
+    def exit_code(self) -> Exit:
+        return self.code
 
 
 @app.callback()
@@ -73,17 +66,12 @@ def _main(config: Annotated[Path | None, typer.Option(
 
 
 def _config() -> AgentConfig:
-    try:
-        return AgentConfig.load(_state.get("config_path"))
-    except ConfigError as exc:
-        raise Fail(Exit.USAGE, str(exc)) from None
+    return AgentConfig.load(_state.get("config_path"))  # a ConfigError exits 2 (agents/errors.py)
 
 
 def _identity(config: AgentConfig, *, enrolled: bool = True) -> HostIdentity:
     try:
-        identity = HostIdentity.load_or_create(config.state_dir)
-    except IdentityError as exc:
-        raise Fail(Exit.NOT_ENROLLED, str(exc)) from None
+        identity = HostIdentity.load_or_create(config.state_dir)  # an IdentityError exits 6
     except PermissionError:
         raise Fail(Exit.NOT_ENROLLED, f"cannot read {config.state_dir}: run as root (sudo)") from None
     if enrolled and not identity.enrolled:
@@ -315,8 +303,6 @@ def run() -> None:
 volume_app = typer.Typer(help="LUKS2 block volumes unlocked through the key server (docs/volumes.md).",
                          no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(volume_app, name="volume")
-_VOLUME_EXIT = {"usage": Exit.USAGE, "file": Exit.FILE, "key": Exit.KEY, "unreachable": Exit.UNREACHABLE,
-                "host": Exit.NOT_ENROLLED, "failed": Exit.FAILED}
 
 
 @contextmanager
@@ -326,10 +312,6 @@ def _volumes() -> Iterator[VolumeManager]:
     with _client(config) as c:
         try:
             yield VolumeManager(c, config, spool=spool)
-        except VolumeError as exc:
-            raise Fail(_VOLUME_EXIT[exc.kind], str(exc)) from None
-        except LuksError as exc:
-            raise Fail(Exit.FILE, str(exc)) from None
         finally:
             _flush(c, spool)
 
@@ -514,29 +496,9 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else Exit.OK)
-    except Fail as exc:
-        err.print(f"[red]error[/red]: {exc}")
-        sys.exit(exc.code)
-    except HostRevoked as exc:
-        err.print(f"[red]error[/red]: the key server refuses this host ({exc.detail}); re-enroll it with "
-                  "`kms-agent enroll --token TOKEN`")
-        sys.exit(Exit.NOT_ENROLLED)
-    except ServerUnreachable as exc:
-        err.print(f"[red]error[/red]: key server unreachable: {exc}")
-        sys.exit(Exit.UNREACHABLE)
-    except ServerRefused as exc:
-        err.print(f"[red]error[/red]: the key server refused: {exc.detail} ({exc.code})")
-        sys.exit(Exit.NOT_ENROLLED if exc.code.startswith("enrollment_") else Exit.KEY)
-    except IntegrityError as exc:
-        err.print(f"[red]integrity failure[/red]: {exc}; the file is unchanged — restore it from a backup if "
-                  "this persists")
-        sys.exit(Exit.INTEGRITY)
-    except KeyUnavailable as exc:
-        err.print(f"[red]key unavailable[/red]: {exc}")
-        sys.exit(Exit.KEY)
-    except FormatError as exc:
-        err.print(f"[red]error[/red]: {exc}")
-        sys.exit(Exit.FILE)
+    except AgentError as exc:  # every error of the agent's own: one line and its exit status
+        err.print(f"[red]{exc.label}[/red]: {exc.describe()}")
+        sys.exit(exc.exit_code)
     except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         err.print(f"[red]error[/red]: {exc.filename}: {exc.strerror}")
         sys.exit(Exit.FILE)

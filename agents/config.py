@@ -22,13 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from agents.cryptfile.header import check_chunk_size
+from agents.errors import AgentError, Exit
 
 DEFAULT_CONFIG = Path("/etc/strongroom-agent/agent.toml")
 CONFIG_ENV = "STRONGROOM_AGENT_CONFIG"
 
 
-class ConfigError(Exception):
+class ConfigError(AgentError):
     """The configuration file is missing or wrong; the message says which line to fix."""
+
+    exit_status = Exit.USAGE
 
 
 def _flag(raw: dict[str, Any], name: str, default: bool, path: Path) -> bool:

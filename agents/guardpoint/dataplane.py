@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.cryptfile import FormatError, IntegrityError, Keyring, KeyUnavailable, KeyVersion
+from agents.errors import AgentError
 from agents.guardpoint.policy import AccessPolicy, Effect, Mode
 
 log = logging.getLogger("strongroom.agent.dataplane")
@@ -52,7 +53,7 @@ KINDS = {1: "access.denied", 2: "access.would_deny", 3: "access.permitted", 4: "
 MODES = {0: "off", 1: "enforce", 2: "learn"}
 
 
-class DataPlaneError(Exception):
+class DataPlaneError(AgentError):
     """The daemon could not be started, or refused a request; the message says why."""
 
 

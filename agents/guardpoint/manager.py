@@ -35,6 +35,7 @@ from typing import Any
 from agents.config import AgentConfig
 from agents.cryptfile import FormatError, KeyVersion, decrypt_file, encrypt_file, read_header, rewrap_in_place
 from agents.cryptfile.transform import TMP_PREFIX, atomic_replace
+from agents.errors import AgentError
 from agents.guardpoint.dataplane import DataPlane, DataPlaneError, Event, enable_fuse_io_uring, recover_journal
 from agents.guardpoint.dataplane import available as dataplane_unavailable
 from agents.guardpoint.policy import AccessPolicy, Effect, Mode, Rule
@@ -77,7 +78,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 # --- initial protection ------------------------------------------------------------------
-class ProtectionRefused(Exception):
+class ProtectionRefused(AgentError):
     """The directory cannot be protected as it is; the message says what to do."""
 
 

@@ -33,6 +33,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.errors import AgentError
+
 log = logging.getLogger("strongroom.agent.guardpoints")
 
 SOURCE = "strongroom-shield"  # the shield's name in the mount table: how it is told from anything else
@@ -41,7 +43,7 @@ _MNT_FORCE, _MNT_DETACH, _UMOUNT_NOFOLLOW = 1, 2, 8
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class ShieldError(Exception):
+class ShieldError(AgentError):
     """The path cannot be shielded; the guard point is then not served (fail closed)."""
 
 

@@ -17,10 +17,16 @@ from collections.abc import Callable
 
 from agents.cryptfile.errors import KeyUnavailable
 from agents.cryptfile.keys import KeyVersion
+from agents.errors import AgentError, Exit
 
 
-class ServerUnreachable(Exception):
+class ServerUnreachable(AgentError):
     """The fetcher could not reach the key server (network, TLS, 5xx)."""
+
+    exit_status = Exit.UNREACHABLE
+
+    def describe(self) -> str:
+        return f"key server unreachable: {self}"
 
 
 Fetcher = Callable[[uuid.UUID, int], KeyVersion]

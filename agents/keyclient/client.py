@@ -25,6 +25,7 @@ import httpx
 from agents import __version__
 from agents.cryptfile.errors import KeyUnavailable
 from agents.cryptfile.keys import KeyVersion
+from agents.errors import AgentError, Exit
 from agents.keyclient.cache import KeyCache, ServerUnreachable
 from agents.keyclient.identity import CA_FILE, CERT_FILE, KEY_FILE, HostIdentity
 from agents.keyclient.revocation import RevocationLedger, certificate_fingerprint
@@ -33,16 +34,30 @@ from agents.keyclient.revocation import RevocationLedger, certificate_fingerprin
 MAX_EVENT_BATCH = 500
 
 
-class ServerRefused(Exception):
+class ServerRefused(AgentError):
     """The server understood the call and said no (4xx), with its problem code."""
 
     def __init__(self, status: int, code: str, detail: str) -> None:
         super().__init__(detail)
         self.status, self.code, self.detail = status, code, detail
 
+    @property
+    def exit_code(self) -> Exit:
+        return Exit.NOT_ENROLLED if self.code.startswith("enrollment_") else Exit.KEY
+
+    def describe(self) -> str:
+        return f"the key server refused: {self.detail} ({self.code})"
+
 
 class HostRevoked(ServerRefused):
     """This host's certificate is revoked or unknown to the server."""
+
+    @property
+    def exit_code(self) -> Exit:
+        return Exit.NOT_ENROLLED
+
+    def describe(self) -> str:
+        return f"the key server refuses this host ({self.detail}); re-enroll it with `kms-agent enroll --token TOKEN`"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
 from agents.cryptfile.transform import atomic_replace
+from agents.errors import AgentError, Exit
 
 KEY_FILE, CERT_FILE, CA_FILE = "host.key", "host.crt", "ca.crt"
 # The mechanism names the key server records (hsm.backend); the host unwraps with them.
@@ -26,8 +27,10 @@ OAEP = {
 }
 
 
-class IdentityError(Exception):
+class IdentityError(AgentError):
     """The state directory is unusable (wrong permissions, damaged files)."""
+
+    exit_status = Exit.NOT_ENROLLED
 
 
 def write_private(path: Path, data: bytes, mode: int = 0o600) -> None:

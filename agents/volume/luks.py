@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from agents.errors import AgentError, Exit
+
 CIPHER = "aes-xts-plain64"
 KEY_BITS = 512
 TOKEN_TYPE = "strongroom"  # noqa: S105 - the LUKS2 token type name, not a secret
@@ -25,8 +27,10 @@ TOKEN_TYPE = "strongroom"  # noqa: S105 - the LUKS2 token type name, not a secre
 SEALED_KDF = ("--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000")
 
 
-class LuksError(Exception):
+class LuksError(AgentError):
     """cryptsetup failed; the message is its own last line, and what to do."""
+
+    exit_status = Exit.FILE
 
 
 def cryptsetup_path() -> str:

@@ -27,6 +27,7 @@ from typing import Any
 
 from agents.config import AgentConfig
 from agents.cryptfile.replace import atomic_replace
+from agents.errors import AgentError, Exit
 from agents.guardpoint.dataplane import available
 from agents.guardpoint.shield import mounts_at
 from agents.keyclient.cache import ServerUnreachable
@@ -52,12 +53,20 @@ READY_SECONDS = 30.0
 STOP_SECONDS = 30.0
 
 
-class VolumeError(Exception):
+_KIND_EXIT = {"usage": Exit.USAGE, "file": Exit.FILE, "key": Exit.KEY, "unreachable": Exit.UNREACHABLE,
+              "host": Exit.NOT_ENROLLED, "failed": Exit.FAILED}
+
+
+class VolumeError(AgentError):
     """What went wrong and what to do; `kind` picks the CLI's exit status."""
 
     def __init__(self, message: str, kind: str = "failed") -> None:
         super().__init__(message)
         self.kind = kind  # usage | file | key | unreachable | host | failed
+
+    @property
+    def exit_code(self) -> Exit:
+        return _KIND_EXIT[self.kind]
 
 
 @dataclass
