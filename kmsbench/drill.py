@@ -25,488 +25,41 @@ holds, 1 otherwise; `--json` writes everything.
 from __future__ import annotations
 
 import asyncio
-import csv
-import grp
-import io
 import json
 import os
-import pwd
 import shutil
 import signal
-import socket
-import ssl
-import subprocess
-import sys
 import tempfile
-import threading
 import time
-import uuid
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
-import psycopg
 import typer
 from rich.console import Console
 from rich.table import Table
 
-REPO = Path(__file__).resolve().parents[1]
-HAPROXY_CFG = REPO / "deploy" / "haproxy.cfg"
-KEYSERVER = str(Path(sys.executable).with_name("keyserver"))
-REPLICA_ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")  # the config's three slots
-KEYS = ("drill-0", "drill-1", "drill-2", "drill-3")
+from kmsbench.drill_load import (
+    DrillResult,
+    Load,
+    Op,
+    phase_figures,
+)
+from kmsbench.drill_rig import (
+    DrillFailed,
+    Rig,
+    wait_for,
+)
+
 console = Console(stderr=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _free_port_on_all() -> int:
-    """A port free on 127.0.0.1 and on every replica address."""
-    while True:
-        port = _free_port()
-        try:
-            for addr in REPLICA_ADDRESSES:
-                with socket.socket() as s:
-                    s.bind((addr, port))
-            return port
-        except OSError:
-            continue
-
-
-# --- PostgreSQL: a cluster of the drill's own ------------------------------------------
-
-class Cluster:
-    """initdb + pg_ctl in a temporary directory, as the postgres user when we are root
-    (PostgreSQL refuses to run as root)."""
-
-    def __init__(self, root: Path) -> None:
-        bindir = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
-        if bindir is None:
-            raise SystemExit("no PostgreSQL server binaries: apt-get install postgresql")
-        self.bindir, self.root, self.port = bindir, root, _free_port()
-        self.data = root / "pgdata"
-        self.as_postgres = os.geteuid() == 0
-        if self.as_postgres:
-            shutil.chown(root, "postgres")
-        self._run(f"{bindir}/initdb -A trust -U postgres -D {self.data}")
-
-    def _run(self, cmd: str) -> None:
-        argv = ["su", "postgres", "-c", cmd] if self.as_postgres else ["sh", "-c", cmd]
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        if r.returncode != 0:
-            raise RuntimeError(f"{cmd}: {r.stdout}{r.stderr}")
-
-    def _ctl(self, action: str, mode: str = "fast") -> None:
-        opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=400 "
-                "-c shared_buffers=64MB")
-        self._run(f"{self.bindir}/pg_ctl -D {self.data} -o '{opts}' -m {mode} -w -t 60 {action} "
-                  f"-l {self.root}/pg.log")
-
-    def start(self) -> None:
-        self._ctl("start")
-
-    def restart(self, mode: str) -> None:
-        self._ctl("restart", mode)
-
-    def stop(self) -> None:
-        self._ctl("stop", "immediate")
-
-    def url(self, database: str) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
-
-    def connect(self, database: str) -> psycopg.Connection[Any]:
-        return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=database,
-                               autocommit=True, connect_timeout=5)
-
-
-# --- the replicas and HAProxy ------------------------------------------------------------
-
-@dataclass
-class Replica:
-    index: int
-    address: str
-    env: dict[str, str]
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def name(self) -> str:
-        return f"ks{self.index + 1}"
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([KEYSERVER, "serve"], env=self.env, stdout=out, stderr=subprocess.STDOUT)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
-class HAProxy:
-    """deploy/haproxy.cfg as shipped, its variables set to the drill's addresses."""
-
-    def __init__(self, root: Path, *, rest: int, kmip: int, agent: int, ca: Path) -> None:
-        self.socket_path = root / "haproxy.sock"
-        self.rest_port = _free_port()
-        self.env = {**os.environ, "LB_BIND": "127.0.0.1", "LB_REST_PORT": str(self.rest_port),
-                    "LB_KMIP_PORT": str(_free_port()), "LB_AGENT_PORT": str(_free_port()),
-                    "KS_REST_PORT": str(rest), "KS_KMIP_PORT": str(kmip), "KS_AGENT_PORT": str(agent),
-                    "KS_CA_FILE": str(ca), "KS_CHECK_NAME": "localhost", "LB_STATS_SOCKET": str(self.socket_path),
-                    "LB_USER": pwd.getpwuid(os.getuid()).pw_name, "LB_GROUP": grp.getgrgid(os.getgid()).gr_name,
-                    # every load client of the drill connects from 127.0.0.1
-                    "LB_MAX_CONN_PER_SOURCE": "10000"}
-        for i, addr in enumerate(REPLICA_ADDRESSES):
-            self.env[f"KS_REPLICA{i + 1}"] = addr
-        self.log = root / "haproxy.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def check(self) -> None:
-        r = subprocess.run(["haproxy", "-c", "-q", "-f", str(HAPROXY_CFG)], env=self.env, capture_output=True,
-                           text=True)
-        if r.returncode != 0:
-            raise SystemExit(f"haproxy -c failed on {HAPROXY_CFG}:\n{r.stdout}{r.stderr}")
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(["haproxy", "-db", "-f", str(HAPROXY_CFG)], env=self.env, stdout=out,
-                                         stderr=subprocess.STDOUT)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGUSR1)  # soft stop
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-    def stats(self) -> dict[str, dict[str, str]]:
-        """`show stat` of the REST backend's servers: name -> row (status, stot, ...)."""
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(5)
-            s.connect(str(self.socket_path))
-            s.sendall(b"show stat\n")
-            data = b""
-            while chunk := s.recv(65536):
-                data += chunk
-        rows = csv.DictReader(io.StringIO(data.decode().lstrip("# ")))
-        return {r["svname"]: dict(r) for r in rows if r["pxname"] == "rest" and r["svname"].startswith("ks")}
-
-    def status(self, server: str) -> str:
-        try:
-            return self.stats()[server]["status"]
-        except (OSError, KeyError):
-            return "unknown"
-
-
-def _wait(check: Any, what: str, seconds: float) -> float:
-    """Poll `check` until true; the time it became true (monotonic)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if check():
-                return time.monotonic()
-        except (OSError, httpx.HTTPError, psycopg.Error):
-            pass
-        if time.monotonic() > deadline:
-            raise DrillFailed(f"timed out after {seconds:.0f} s waiting for {what}")
-        time.sleep(0.1)
-
-
-class DrillFailed(Exception):
-    pass
-
-
-# --- the load ----------------------------------------------------------------------------
-
-@dataclass
-class Op:
-    kind: str  # "datakey" or "rotate"
-    key: str
-    request_id: str
-    start: float
-    end: float
-    error: str | None = None  # the class: "connection closed", "connection reset", "502", "503 <code>", ...
-    blob: str | None = None
-    plaintext: str | None = None
-    version: int | None = None
-    key_id: str | None = None
-
-
-def _classify(exc: BaseException) -> str:
-    if isinstance(exc, httpx.ConnectError):
-        return "connect failed"
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return "connection closed"
-    if isinstance(exc, (httpx.ReadError, httpx.WriteError)):
-        return "connection reset"
-    if isinstance(exc, httpx.TimeoutException):
-        return "timeout"
-    return type(exc).__name__
-
-
-class Load:
-    """`clients` concurrent clients through the load balancer, on an event loop of their
-    own (a thread): `rotators` of them rotate a key every `rotate_every` s, the others
-    generate data keys back to back (`think_ms`: a mean wait between requests). Each
-    client keeps one connection alive for 0.5-1.5 times `connection_s`, then opens
-    another (as clients with a connection lifetime do: a replica back in the pool gets
-    its share of new connections), and after any error."""
-
-    def __init__(self, base: str, token: str, trust: ssl.SSLContext, *, clients: int, rotators: int,
-                 think_ms: float, rotate_every: float, tag: str, connection_s: float = 4.0) -> None:
-        self.base, self.trust, self.tag = base, trust, tag
-        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        self.clients, self.rotators, self.think, self.rotate_every = clients, rotators, think_ms / 1000, rotate_every
-        self.connection_s = connection_s
-        self.ops: list[Op] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="drill-load", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(120)
-
-    async def _main(self) -> None:
-        await asyncio.gather(*(self._client(i) for i in range(self.clients)))
-
-    def _client_for(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.base, verify=self.trust, headers=self.headers, timeout=30,
-                                 limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
-
-    async def _client(self, i: int) -> None:
-        import random
-
-        rng = random.Random(i)  # noqa: S311 - timing and connection lifetimes, not secrets
-        rotator = i < self.rotators
-        key = KEYS[i % len(KEYS)]
-        client, n = self._client_for(), 0
-        until = time.monotonic() + rng.uniform(0.5, 1.5) * self.connection_s
-        await asyncio.sleep(rng.random() * 0.5)  # not all at once
-        try:
-            while not self._stop.is_set():
-                n += 1
-                rid = f"{self.tag}-{i}-{n}"
-                op = Op("rotate" if rotator else "datakey", key, rid, time.monotonic(), 0.0)
-                try:
-                    if rotator:
-                        r = await client.post(f"/api/v1/keys/{key}/rotate", headers={"X-Request-ID": rid})
-                    else:
-                        r = await client.post(f"/api/v1/keys/{key}/generate-data-key", content=b"{}",
-                                              headers={"X-Request-ID": rid})
-                    op.end = time.monotonic()
-                    if r.status_code == 200:
-                        body = r.json()
-                        if rotator:
-                            op.version, op.key_id = body["current_version"], body["id"]
-                        else:
-                            op.blob, op.plaintext = body["ciphertext_blob"], body["plaintext"]
-                    else:
-                        code = ""
-                        if r.headers.get("content-type", "").startswith("application/problem+json"):
-                            code = " " + str(r.json().get("code", ""))
-                        op.error = f"{r.status_code}{code}"
-                except httpx.HTTPError as exc:
-                    op.end = time.monotonic()
-                    op.error = _classify(exc)
-                self.ops.append(op)
-                if op.error is not None or time.monotonic() > until:
-                    await client.aclose()
-                    client = self._client_for()
-                    until = time.monotonic() + rng.uniform(0.5, 1.5) * self.connection_s
-                if rotator:
-                    await asyncio.sleep(self.rotate_every)
-                elif self.think:
-                    await asyncio.sleep(rng.uniform(0, 2 * self.think))
-        finally:
-            await client.aclose()
-
-
-# --- figures -----------------------------------------------------------------------------
-
-@dataclass
-class PhaseFigures:
-    name: str
-    seconds: float
-    requests: int
-    errors: int
-    per_second: float
-    p50_ms: float | None
-    p99_ms: float | None
-    error_classes: dict[str, int] = field(default_factory=dict)
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1000, 1)
-
-
-def phase_figures(ops: list[Op], name: str, start: float, end: float) -> PhaseFigures:
-    mine = [o for o in ops if start <= o.start < end]
-    ok = [o.end - o.start for o in mine if o.error is None]
-    errors = [o for o in mine if o.error is not None]
-    return PhaseFigures(name, round(end - start, 2), len(mine), len(errors), round(len(ok) / max(end - start, 1e-9), 1),
-                        _pct(ok, 0.50), _pct(ok, 0.99), dict(Counter(o.error or "" for o in errors)))
-
-
-@dataclass
-class DrillResult:
-    drill: str
-    description: str
-    phases: list[PhaseFigures]
-    # The disruption: from the kill (or the PostgreSQL restart's start) to when it was
-    # over for new requests (the replica marked down; every replica serving again).
-    window: tuple[float, float]
-    window_label: str
-    errors_in_flight_at_start: int
-    errors_started_in_window: int
-    errors_outside_window: int
-    error_span_s: float | None  # first failed request's start to last failed request's end
-    last_error_s: float | None  # the last failed request's end, from the window's start
-    events: dict[str, float]  # seconds from the load's start
-    checks: dict[str, bool]
-    counts: dict[str, int]
-    problems: list[str]
-
 
 # --- the drills --------------------------------------------------------------------------
-
-class Rig:
-    """The cluster, the shared data directory, three replicas and HAProxy."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.replicas: list[Replica] = []
-        self._haproxy: HAProxy | None = None
-        self._cluster: Cluster | None = None
-
-    @property
-    def cluster(self) -> Cluster:
-        assert self._cluster is not None
-        return self._cluster
-
-    @property
-    def haproxy(self) -> HAProxy:
-        assert self._haproxy is not None
-        return self._haproxy
-
-    def start(self) -> None:
-        self._cluster = Cluster(self.root)
-        self.cluster.start()
-        self.database = "strongroom_drill"
-        with self.cluster.connect("postgres") as conn:
-            conn.execute(f'CREATE DATABASE "{self.database}"')
-        root = self.root
-        self.data = root / "data"
-        self.token = self._initialise()
-        self.ca = self.data / "ca.pem"
-        self.trust = ssl.create_default_context(cafile=str(self.ca))
-        rest, kmip, agent = _free_port_on_all(), _free_port_on_all(), _free_port_on_all()
-        self.rest_port = rest
-        base_env = {k: v for k, v in os.environ.items() if not k.startswith(("STRONGROOM_", "SOFTHSM2_CONF"))}
-        for i, addr in enumerate(REPLICA_ADDRESSES):
-            env = {**base_env, "STRONGROOM_DATA_DIR": str(self.data),
-                   "STRONGROOM_DATABASE_URL": self.cluster.url(self.database), "STRONGROOM_WORKERS": "1",
-                   "STRONGROOM_HOST": addr, "STRONGROOM_PORT": str(rest),
-                   "STRONGROOM_KMIP_HOST": addr, "STRONGROOM_KMIP_PORT": str(kmip),
-                   "STRONGROOM_AGENT_HOST": addr, "STRONGROOM_AGENT_PORT": str(agent),
-                   "STRONGROOM_SERVER_NAMES": '["127.0.0.1"]', "STRONGROOM_DATABASE_POOL_SIZE": "16",
-                   "STRONGROOM_LOG_LEVEL": "WARNING",
-                   # the replicas see every client as the proxy (TLS passed through): not capped per address
-                   "STRONGROOM_TRUSTED_PROXIES": '["127.0.0.0/8"]'}
-            self.replicas.append(Replica(i, addr, env, root / f"replica-{i + 1}.log"))
-        self._haproxy = HAProxy(root, rest=rest, kmip=kmip, agent=agent, ca=self.ca)
-        self.haproxy.check()
-        for r in self.replicas:
-            r.start()
-        for r in self.replicas:
-            _wait(lambda r=r: self.ready(r), f"replica {r.name} to be ready (log: {r.log})", 90)
-        self.haproxy.start()
-        _wait(lambda: all(self.haproxy.status(r.name) == "UP" for r in self.replicas),
-              "HAProxy to mark every replica up", 30)
-        self.base = f"https://127.0.0.1:{self.haproxy.rest_port}"
-
-    def _initialise(self) -> str:
-        """Schema, token, CA, the drill's keys and an administrator's API token, made once
-        before any replica starts (as the compose file's first replica does alone)."""
-        for k in [k for k in os.environ if k.startswith(("STRONGROOM_", "SOFTHSM2_CONF"))]:
-            del os.environ[k]
-        from keyserver.core.keys import KeySpec
-        from keyserver.core.principal import system_context
-        from keyserver.services import build_services
-        from keyserver.settings import Settings
-
-        settings = Settings(data_dir=self.data, database_url=self.cluster.url(self.database))
-        services = build_services(settings)
-        try:
-            services.initialize()
-            ctx = system_context("drill")
-            for name in KEYS:
-                services.keys.create(ctx, KeySpec(name=name))
-            user, _ = services.identity.create_user(ctx, username="drill", role="admin",
-                                                    password=uuid.uuid4().hex + "-load-rig")
-            token = services.identity.create_token(ctx, name="drill", scopes=None, expires_in_days=1,
-                                                   user_id=user.id).secret
-            services.audit.flush()
-            (self.data / "ca.pem").write_bytes(services.ca.certificate_pem())
-        finally:
-            services.close()
-        return token
-
-    def ready(self, r: Replica) -> bool:
-        assert r.proc is not None
-        if r.proc.poll() is not None:
-            raise DrillFailed(f"replica {r.name} exited with {r.proc.returncode}; its log: {r.log}")
-        if not self.ca.exists():
-            return False
-        url = f"https://{r.address}:{self.rest_port}/readyz"
-        return httpx.get(url, verify=self.trust, timeout=2).status_code == 200
-
-    def serves_data_key(self, r: Replica) -> bool:
-        """A data key made by this replica itself (not through HAProxy)."""
-        resp = httpx.post(f"https://{r.address}:{self.rest_port}/api/v1/keys/{KEYS[0]}/generate-data-key",
-                          json={}, headers={"Authorization": f"Bearer {self.token}"}, verify=self.trust, timeout=5)
-        return resp.status_code == 200
-
-    def close(self) -> None:
-        if self._haproxy is not None:
-            self._haproxy.stop()
-        for r in self.replicas:
-            r.stop()
-        if self._cluster is not None:
-            self._cluster.stop()
-
-    def inbox(self) -> int:
-        with self.cluster.connect(self.database) as conn:
-            row = conn.execute("SELECT count(*) FROM audit_inbox").fetchone()
-        return int(row[0]) if row else 0
-
 
 def _api(rig: Rig) -> httpx.Client:
     return httpx.Client(base_url=rig.base, verify=rig.trust, timeout=60,
@@ -519,7 +72,7 @@ def verify_acknowledged(rig: Rig, ops: list[Op]) -> tuple[dict[str, bool], dict[
     problems: list[str] = []
     datakeys = [o for o in ops if o.kind == "datakey" and o.error is None]
     rotations = [o for o in ops if o.kind == "rotate" and o.error is None]
-    _wait(lambda: rig.inbox() == 0, "the audit chainer to chain every record", 120)
+    wait_for(lambda: rig.inbox() == 0, "the audit chainer to chain every record", 120)
     with _api(rig) as api:
         def exported(action: str) -> list[dict[str, Any]]:
             r = api.get("/api/v1/audit/export", params={"format": "jsonl", "action": action})
@@ -540,7 +93,7 @@ def verify_acknowledged(rig: Rig, ops: list[Op]) -> tuple[dict[str, bool], dict[
     wrong = _decrypt_all(rig, datakeys)
     if wrong:
         problems.append(f"{len(wrong)} acknowledged data keys did not decrypt to their plaintext, e.g. {wrong[:3]}")
-    _wait(lambda: rig.inbox() == 0, "the audit chainer to chain every record", 120)
+    wait_for(lambda: rig.inbox() == 0, "the audit chainer to chain every record", 120)
     with _api(rig) as api:
         v = api.post("/api/v1/audit/verify", json={"full": True})
         chain_ok = v.status_code == 200 and v.json()["ok"] is True
@@ -616,12 +169,12 @@ def replica_drill(rig: Rig, *, phase: float, clients: int, rotators: int, think_
     sessions_before = int(rig.haproxy.stats()[victim.name]["stot"])
     t_kill = time.monotonic()
     victim.kill()
-    t_down = _wait(lambda: rig.haproxy.status(victim.name).startswith("DOWN"), "HAProxy to mark the killed "
+    t_down = wait_for(lambda: rig.haproxy.status(victim.name).startswith("DOWN"), "HAProxy to mark the killed "
                    "replica down", 30)
     time.sleep(max(0.0, phase - (time.monotonic() - t_kill)))
     t_restart = time.monotonic()
     victim.start()
-    t_up = _wait(lambda: rig.haproxy.status(victim.name) == "UP", "HAProxy to mark the restarted replica up", 90)
+    t_up = wait_for(lambda: rig.haproxy.status(victim.name) == "UP", "HAProxy to mark the restarted replica up", 90)
     stot_at_up = int(rig.haproxy.stats()[victim.name]["stot"])
     time.sleep(phase)
     t_end = time.monotonic()
@@ -660,9 +213,9 @@ def postgres_drill(rig: Rig, *, phase: float, clients: int, rotators: int, think
     t_stop = time.monotonic()
     rig.cluster.restart(mode)
     t_pg_up = time.monotonic()
-    t_serving = _wait(lambda: all(rig.serves_data_key(r) for r in rig.replicas),
+    t_serving = wait_for(lambda: all(rig.serves_data_key(r) for r in rig.replicas),
                       "every replica to serve data keys again after the restart", 120)
-    t_all_up = _wait(lambda: all(rig.haproxy.status(r.name) == "UP" for r in rig.replicas),
+    t_all_up = wait_for(lambda: all(rig.haproxy.status(r.name) == "UP" for r in rig.replicas),
                      "HAProxy to mark every replica up again", 60)
     time.sleep(phase)
     t_end = time.monotonic()
