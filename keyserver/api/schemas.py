@@ -186,7 +186,7 @@ class AuditEventPublic(BaseModel):
     action: str
     object_type: str | None
     object_id: str | None
-    object_name: str | None = Field(description=(
+    object_name: str | None = Field(default=None, description=(
         "the object's name when it was recorded (a key's name, a host's hostname, a user's username, a guard "
         "point's path …), from `details.object_name`; null for objects without one and records chained before "
         "names were recorded"))

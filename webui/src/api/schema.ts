@@ -1767,6 +1767,11 @@ export interface components {
             hash: string;
             /** Object Id */
             object_id: string | null;
+            /**
+             * Object Name
+             * @description the object's name when it was recorded (a key's name, a host's hostname, a user's username, a guard point's path …), from `details.object_name`; null for objects without one and records chained before names were recorded
+             */
+            object_name?: string | null;
             /** Object Type */
             object_type: string | null;
             /** Outcome */

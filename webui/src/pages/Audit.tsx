@@ -6,7 +6,7 @@ import { IconDownload, IconSearch, IconShieldCheck } from "@tabler/icons-react";
 import { useMutation, useQuery } from "@tanstack/react-query";
 import { Fragment, useState } from "react";
 import { useSearchParams } from "react-router";
-import { api, auditExportUrl, call, type AuditEvent } from "../api/client";
+import { ApiError, api, auditExportUrl, call, type AuditEvent } from "../api/client";
 import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
 import { GuardedButton } from "../components/Guarded";
@@ -39,13 +39,42 @@ export function timeError(text: string): string | null {
   return !text.trim() || toIsoUtc(text) ? null : `Write it as ${TIME_FORMAT_HINT}, e.g. 2026-11-26 14:30`;
 }
 
+// The API's limits on each filter (keyserver/api/routes/audit.py): a longer value is
+// refused here, under its field, before anything is sent.
+const MAX_LENGTH: Partial<Record<FilterName, number>> = { q: 200, actor: 300, action: 64, object_id: 4096 };
+
+/** What is wrong with one typed filter, in words; null when it is fine or empty. */
+export function filterError(f: FilterName, text: string): string | null {
+  if (f === "since" || f === "until") return timeError(text);
+  const max = MAX_LENGTH[f];
+  return max && text.length > max
+    ? `At most ${max.toLocaleString("en-US")} characters (this has ${text.length.toLocaleString("en-US")})` : null;
+}
+
+// The filters' names as the form labels them, for a refusal the server words by parameter.
+const LABELS: [RegExp, string][] = [
+  [/^Q\b/, "Search"], [/^Object id\b/, "Object ID"], [/^Object type\b/, "Object type"], [/^Since\b/, "From"],
+  [/^Until\b/, "To"], [/^Before seq\b/, "Page"],
+];
+
+/** A refused filter read in the form's words ("Search: At most 200 characters"), not the
+ *  query parameter's name. Other errors pass through as they are. */
+export function auditFilterError(error: unknown): unknown {
+  if (!(error instanceof ApiError) || error.status !== 422) return error;
+  const detail = error.detail.split("; ").map((part) => LABELS.reduce((t, [from, to]) => t.replace(from, to), part))
+    .join("; ");
+  return new ApiError({ status: error.status, code: error.code, detail, requestId: error.requestId,
+                        retryAfter: error.retryAfter, fields: { ...error.fields } });
+}
+
 export function AuditPage() {
   const [params, setParams] = useSearchParams();
   const get = (k: FilterName) => params.get(k) ?? "";
   const [draft, setDraft] = useState<Record<FilterName, string>>(
     () => Object.fromEntries(FILTERS.map((f) => [f, f === "since" || f === "until" ? get(f).replace("T", " ") : get(f)])) as
       Record<FilterName, string>);
-  const [checked, setChecked] = useState(false); // times are judged once Apply was pressed
+  // Typed filters are judged once Apply was pressed; those of a link at once.
+  const [checked, setChecked] = useState(() => FILTERS.some((f) => params.has(f)));
   const [cursors, setCursors] = useState<number[]>([]); // before_seq of each page after the first
   const before = cursors.at(-1);
   const filters = {
@@ -57,8 +86,11 @@ export function AuditPage() {
     since: toIsoUtc(get("since")),
     until: toIsoUtc(get("until")),
   };
+  // A link whose filters cannot be sent asks for nothing: the fields say what is wrong.
+  const linkFaulty = FILTERS.some((f) => filterError(f, f === "since" || f === "until" ? get(f).replace("T", " ") : get(f)));
   const list = useQuery({
     queryKey: ["audit", "list", filters, before],
+    enabled: !linkFaulty,
     queryFn: () => call(api.GET("/api/v1/audit/events", { params: { query: { ...filters, limit: PAGE, before_seq: before } } })),
     placeholderData: (prev) => prev,
   });
@@ -69,7 +101,7 @@ export function AuditPage() {
   const apply = (e?: React.FormEvent) => {
     e?.preventDefault();
     setChecked(true);
-    if (timeError(draft.since) || timeError(draft.until)) return;
+    if (FILTERS.some((f) => filterError(f, draft[f]))) return;
     const next = new URLSearchParams();
     for (const f of FILTERS) if (draft[f]) next.set(f, draft[f]);
     setCursors([]);
@@ -114,13 +146,16 @@ export function AuditPage() {
         <form onSubmit={apply} aria-label="Audit filters">
           <Group gap="xs" align="flex-end">
             <TextInput label="Search" placeholder="words, pay* for a prefix" value={draft.q} onChange={set("q")} w={210}
-                       leftSection={<IconSearch size={14} />} data-testid="audit-search"
-                       description="Every word, in any field or detail" inputWrapperOrder={["label", "input", "description"]} />
+                       leftSection={<IconSearch size={14} />} data-testid="audit-search" error={checked && filterError("q", draft.q)}
+                       description="Every word, in any field or detail" inputWrapperOrder={["label", "input", "description", "error"]} />
             <TextInput label="Actor" placeholder="alice or host:db-*" value={draft.actor} onChange={set("actor")} w={140}
-                       description="* at the end: prefix" inputWrapperOrder={["label", "input", "description"]} />
-            <TextInput label="Action" placeholder="key. or key.rotate" value={draft.action} onChange={set("action")} w={150} />
+                       error={checked && filterError("actor", draft.actor)} data-testid="audit-actor"
+                       description="* at the end: prefix" inputWrapperOrder={["label", "input", "description", "error"]} />
+            <TextInput label="Action" placeholder="key. or key.rotate" value={draft.action} onChange={set("action")} w={150}
+                       error={checked && filterError("action", draft.action)} />
             <TextInput label="Object ID" placeholder="key UUID, user id…" value={draft.object_id} onChange={set("object_id")} w={170}
-                       description="* at the end: prefix" inputWrapperOrder={["label", "input", "description"]} />
+                       error={checked && filterError("object_id", draft.object_id)}
+                       description="* at the end: prefix" inputWrapperOrder={["label", "input", "description", "error"]} />
             <Select label="Outcome" placeholder="Any" clearable data={["allowed", "denied", "error"]} w={100}
                     value={draft.outcome || null} onChange={(v) => setDraft((d) => ({ ...d, outcome: v ?? "" }))} />
             <TextInput label="From (UTC)" placeholder="YYYY-MM-DD HH:mm" value={draft.since} onChange={set("since")} w={168}
@@ -133,7 +168,8 @@ export function AuditPage() {
         </form>
       </Paper>
       <Paper withBorder radius="md">
-        {list.error ? <ErrorAlert error={list.error} /> : list.isPending ? <Loading label="Loading audit records…" /> :
+        {linkFaulty ? <EmptyState title="These filters cannot be applied">Correct the fields marked above, then press Apply.</EmptyState> :
+          list.error ? <ErrorAlert error={auditFilterError(list.error)} /> : list.isPending ? <Loading label="Loading audit records…" /> :
           list.data.items.length === 0 ? <EmptyState title="No records match">Widen the time range or clear filters.</EmptyState> : (
             <Table.ScrollContainer minWidth={900}>
               <Table highlightOnHover fz="sm" verticalSpacing={6} data-testid="audit-table"
@@ -152,8 +188,7 @@ export function AuditPage() {
                       <Table.Td style={{ whiteSpace: "nowrap" }}>{fmtTime(e.time)}</Table.Td>
                       <Table.Td>{e.actor}</Table.Td>
                       <Table.Td><Text size="sm" ff="monospace">{e.action}</Text></Table.Td>
-                      <Table.Td><Text size="xs" ff="monospace" lineClamp={1} maw={260}>
-                        {e.object_type ? `${e.object_type}:` : ""}{e.object_id ?? "—"}</Text></Table.Td>
+                      <Table.Td><ObjectCell e={e} /></Table.Td>
                       <Table.Td><OutcomeBadge outcome={e.outcome} /></Table.Td>
                       <Table.Td>{e.source_ip ?? "—"}</Table.Td>
                     </Table.Tr>
@@ -184,6 +219,21 @@ export function AuditPage() {
   );
 }
 
+/** The object by its name when the record has one (its id is in the drawer and on hover),
+ *  else by its type and id. */
+function ObjectCell({ e }: { e: AuditEvent }) {
+  if (!e.object_name) {
+    return <Text size="xs" ff="monospace" lineClamp={1} maw={260} title={e.object_id ?? undefined}>
+      {e.object_type ? `${e.object_type}:` : ""}{e.object_id ?? "—"}</Text>;
+  }
+  return (
+    <div title={e.object_id ?? undefined} data-testid="audit-object">
+      <Text size="sm" lineClamp={1} maw={260} style={{ overflowWrap: "anywhere" }}>{e.object_name}</Text>
+      {e.object_type && <Text size="xs" c="dimmed">{e.object_type.replace(/_/g, " ")}</Text>}
+    </div>
+  );
+}
+
 function AuditDrawer({ seq, onClose }: { seq: number | null; onClose: () => void }) {
   const { can } = useAuth();
   const q = useQuery({
@@ -203,7 +253,7 @@ export function RecordView({ e }: { e: AuditEvent }) {
   const rows: [string, React.ReactNode][] = [
     ["Sequence", e.seq], ["Time", fmtTime(e.time)], ["Actor", `${e.actor} (${e.actor_type})`],
     ["Action", <Code key="a">{e.action}</Code>], ["Outcome", <OutcomeBadge key="o" outcome={e.outcome} />],
-    ["Object type", e.object_type ?? "—"], ["Object ID", e.object_id ?? "—"],
+    ["Object type", e.object_type ?? "—"], ["Object", e.object_name ?? "—"], ["Object ID", e.object_id ?? "—"],
     ["Source address", e.source_ip ?? "—"], ["Request ID", e.request_id ?? "—"],
   ];
   return (

@@ -3,7 +3,8 @@ import userEvent from "@testing-library/user-event";
 import { describe, expect, it } from "vitest";
 import { fakeApi } from "../test/fakeApi";
 import { meAs, renderWith } from "../test/render";
-import { AuditPage, timeError, toIsoUtc } from "./Audit";
+import { ApiError } from "../api/client";
+import { AuditPage, auditFilterError, filterError, timeError, toIsoUtc } from "./Audit";
 import { ChainStatus } from "./Dashboard";
 
 const ago = (seconds: number) => new Date(Date.now() - seconds * 1000).toISOString();
@@ -50,8 +51,8 @@ describe("the dashboard's audit chain panel", () => {
 describe("the audit log's search", () => {
   const record = (seq: number, actor: string) => ({
     seq, time: ago(seq), actor, actor_type: "host", action: "datakey.generate", object_type: "key",
-    object_id: "0b6f3c1e-7d4a-4c2b-9e1f-5a8d2c3b4e6f", outcome: "allowed", source_ip: "10.0.0.7", request_id: "r",
-    details: {}, prev_hash: "0".repeat(64), hash: "1".repeat(64),
+    object_id: "0b6f3c1e-7d4a-4c2b-9e1f-5a8d2c3b4e6f", object_name: null as string | null, outcome: "allowed",
+    source_ip: "10.0.0.7", request_id: "r", details: {}, prev_hash: "0".repeat(64), hash: "1".repeat(64),
   });
 
   it("sends the words and prefixes from a shared link, and new ones typed into the search box", async () => {
@@ -105,5 +106,55 @@ describe("the audit log's search", () => {
     await userEvent.click(screen.getByRole("button", { name: "Apply" }));
     await waitFor(() => expect(server.calls("GET /api/v1/audit/events").at(-1)?.url.searchParams.get("until"))
       .toBe("2026-11-26T08:15:00.000Z"));
+  });
+
+  it("shows each object by its name, with its id in the record's drawer", async () => {
+    const named = { ...record(12, "alice"), action: "key.revoke", object_name: "payments-db",
+                    details: { name: "payments-db", reason: "key-compromise", message: "laptop stolen", versions: [1],
+                               object_name: "payments-db" } };
+    const path = `/srv/${"deep/".repeat(60)}ledger`;
+    const guarded = { ...record(11, "bob"), action: "guard_point.create", object_type: "guard_point",
+                      object_id: "5d1c9a2e-0f3b-4e6a-8c7d-1b2a3c4d5e6f", object_name: path };
+    fakeApi({
+      "GET /api/v1/audit/events": { items: [named, guarded, record(10, "host:db-1")], total: 3, total_exact: true,
+                                    next_before_seq: null },
+      "GET /api/v1/audit/events/12": named,
+    });
+    renderWith(<AuditPage />, { at: "/audit", path: "/audit", me: meAs("auditor") });
+    const objects = await screen.findAllByTestId("audit-object");
+    expect(objects.map((o) => o.textContent)).toEqual(["payments-dbkey", `${path}guard point`]);
+    expect(objects[0]).toHaveAttribute("title", named.object_id);
+    // Without a name, the type and id as before.
+    expect(screen.getByTestId("audit-table")).toHaveTextContent(`key:${record(10, "x").object_id}`);
+    await userEvent.click(screen.getByRole("button", { name: "Open audit record 12" }));
+    const drawer = await screen.findByTestId("audit-record");
+    expect(drawer).toHaveTextContent("Objectpayments-db");
+    expect(drawer).toHaveTextContent(`Object ID${named.object_id}`);
+    expect(drawer).toHaveTextContent('"message": "laptop stolen"');
+  });
+
+  it("refuses an over-long filter under its field, and words a server refusal by the form's labels", async () => {
+    expect(filterError("q", "x".repeat(200))).toBeNull();
+    expect(filterError("q", "x".repeat(201))).toBe("At most 200 characters (this has 201)");
+    expect(filterError("object_id", "/".repeat(5000))).toBe("At most 4,096 characters (this has 5,000)");
+    expect(filterError("since", "11/26/2026")).toMatch(/YYYY-MM-DD HH:mm, in UTC/);
+    const worded = auditFilterError(new ApiError({ status: 422, code: "validation_error",
+      detail: "Q: At most 200 characters; Object id: At most 4096 characters" })) as ApiError;
+    expect(worded.detail).toBe("Search: At most 200 characters; Object ID: At most 4096 characters");
+    const other = new ApiError({ status: 403, code: "forbidden", detail: "Q: kept" });
+    expect(auditFilterError(other)).toBe(other);
+
+    const server = fakeApi({ "GET /api/v1/audit/events": { items: [], total: 0, total_exact: true, next_before_seq: null } });
+    // A link with a filter the server would refuse asks for nothing and says what is wrong.
+    renderWith(<AuditPage />, { at: `/audit?actor=${"a".repeat(301)}`, path: "/audit", me: meAs("auditor") });
+    expect(await screen.findByText("At most 300 characters (this has 301)")).toBeInTheDocument();
+    expect(screen.getByText("These filters cannot be applied")).toBeInTheDocument();
+    expect(server.calls("GET /api/v1/audit/events")).toHaveLength(0);
+    await userEvent.clear(screen.getByTestId("audit-actor"));
+    await userEvent.type(screen.getByTestId("audit-actor"), "alice");
+    await userEvent.click(screen.getByRole("button", { name: "Apply" }));
+    await waitFor(() => expect(server.calls("GET /api/v1/audit/events").at(-1)?.url.searchParams.get("actor"))
+      .toBe("alice"));
+    expect(screen.queryByText(/At most 300 characters/)).toBeNull();
   });
 });
