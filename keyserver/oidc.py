@@ -25,11 +25,13 @@ import httpx
 import jwt
 
 from keyserver.core.errors import Forbidden, ServiceUnavailable, Unauthenticated
+from keyserver.core.identity import FULL_NAME_MAX, USERNAME_MAX
 from keyserver.core.permissions import Role
 
 ALGORITHMS = ["RS256", "ES256", "PS256"]
 DISCOVERY_TTL = 300.0
 LEEWAY_SECONDS = 60
+PREFIX = "oidc:"  # accounts the provider signs in; ':' is not allowed in local usernames
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,12 +162,23 @@ class OidcClient:
         mapped = {(self.config.role_map or {}).get(v) for v in values} - {None}
         # The most powerful role a person's groups give, in the order roles are listed.
         role = next((r.value for r in Role if r.value in mapped), None)
-        username = str(claims.get("preferred_username") or claims.get("email") or claims["sub"]).strip().lower()
+        claim = next(c for c in ("preferred_username", "email", "sub") if claims.get(c) or c == "sub")
+        username = str(claims[claim]).strip().lower()
         if role is None:
             raise Forbidden(f"'{username}' signed in at the identity provider, but none of their "
                             f"'{self.config.role_claim}' ({', '.join(values) or 'none'}) maps to a role here: ask "
                             "an administrator to add it to STRONGROOM_OIDC_ROLE_MAP", code="oidc_no_role")
-        return Identity(username=f"oidc:{username}"[:64], full_name=str(claims.get("name", ""))[:200], role=role,
+        # Refused, never cut: two people whose names share a prefix would become one account.
+        if len(f"{PREFIX}{username}") > USERNAME_MAX:
+            raise Forbidden(f"the identity provider's '{claim}' for this person has {len(username)} characters; a "
+                            f"name here is at most {USERNAME_MAX - len(PREFIX)} (as {PREFIX}<name>): ask the "
+                            f"provider's administrator for a shorter '{claim}'", code="oidc_username_too_long")
+        full_name = str(claims.get("name", ""))
+        if len(full_name) > FULL_NAME_MAX:
+            raise Forbidden(f"the identity provider's 'name' for '{username}' has {len(full_name)} characters; a full "
+                            f"name here is at most {FULL_NAME_MAX}: ask the provider's administrator to shorten it",
+                            code="oidc_name_too_long")
+        return Identity(username=f"{PREFIX}{username}", full_name=full_name, role=role,
                         subject=str(claims["sub"]), claims={k: claims[k] for k in ("sub", "iss") if k in claims})
 
     def close(self) -> None:

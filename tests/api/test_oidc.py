@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from hsm import HsmBackend
+from keyserver.core.principal import system_context
 from keyserver.services import Services, build_services
 from keyserver.settings import Settings
 from tests.api.test_audit_sinks import _ca_and_server
@@ -126,6 +127,16 @@ def test_single_sign_on_with_roles_from_groups(settings: Settings, hsm_backend: 
             back = parse_qs(urlparse(r.headers["location"]).fragment.split("?", 1)[1])
             assert r.status_code == 302 and back["code"] == ["oidc_no_role"] and "ROLE_MAP" in back["sso_error"][0]
             assert browser.get(f"{base}/api/v1/auth/me").status_code == 401
+        # A name longer than an account's here is refused with its length, not cut to fit.
+        long_name = "admin-" + "x" * 60
+        with httpx.Client(verify=trust, timeout=30) as browser:
+            r = _sign_in(browser, f"{base}/api/v1/auth/oidc/login", long_name)
+            back = parse_qs(urlparse(r.headers["location"]).fragment.split("?", 1)[1])
+            assert r.status_code == 302 and back["code"] == ["oidc_username_too_long"]
+            assert "'preferred_username' for this person has 66 characters" in back["sso_error"][0]
+            assert browser.get(f"{base}/api/v1/auth/me").status_code == 401
+        users = svc.identity.list_users(system_context("tests"))
+        assert not [u for u in users if u.username.startswith("oidc:admin-x")]
         # A callback that this server did not start (no cookie, or another state) is refused.
         with httpx.Client(verify=trust, timeout=30) as stranger:
             r = stranger.get(f"{base}/api/v1/auth/oidc/callback", params={"code": "x", "state": "y"})

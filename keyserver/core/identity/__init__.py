@@ -37,15 +37,16 @@ from keyserver.core.identity.records import IssuedToken, LoginResult, Shared, sh
 from keyserver.core.identity.sessions import Sessions
 from keyserver.core.identity.tokens import TOKEN_PREFIX, Tokens
 from keyserver.core.identity.totp import TOTP_STEP, SecondFactor, totp_dek, with_totp_dek
-from keyserver.core.identity.users import USERNAME_RE, Users
+from keyserver.core.identity.users import FULL_NAME_MAX, USERNAME_MAX, USERNAME_RE, Users
 from keyserver.core.policy import Policy
 from keyserver.core.principal import Principal, RequestContext
 from keyserver.store.models import ApiToken, User
 from keyserver.store.notify import Notifier
 
 __all__ = [
-    "MIN_PASSWORD", "TOKEN_PREFIX", "TOTP_STEP", "USERNAME_RE", "IdentityService", "IssuedToken", "LoginResult",
-    "generate_password", "sha256_hex", "totp_dek", "with_totp_dek",
+    "FULL_NAME_MAX", "MIN_PASSWORD", "TOKEN_PREFIX", "TOTP_STEP", "USERNAME_MAX", "USERNAME_RE",
+    "IdentityService", "IssuedToken", "LoginResult", "generate_password", "sha256_hex", "totp_dek",
+    "with_totp_dek",
 ]
 
 

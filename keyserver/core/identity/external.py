@@ -8,10 +8,11 @@ import uuid
 
 from sqlalchemy import select
 
-from keyserver.core.errors import Forbidden
+from keyserver.core.errors import Forbidden, InvalidInput
 from keyserver.core.identity.passwords import EXTERNAL_PASSWORD
 from keyserver.core.identity.records import LoginResult, Shared, check_role
 from keyserver.core.identity.sessions import Sessions
+from keyserver.core.identity.users import FULL_NAME_MAX, USERNAME_MAX
 from keyserver.core.principal import Principal, RequestContext
 from keyserver.store.models import User
 from keyserver.store.notify import Topic
@@ -27,6 +28,10 @@ class ExternalSignIn:
         Their account here is made on first sign-in, with no usable password; their role
         follows the provider's claims at every sign-in (a change is audited)."""
         check_role(role)
+        # keyserver/oidc.py refuses these with the provider's words; this guards other callers.
+        if len(username) > USERNAME_MAX or len(full_name) > FULL_NAME_MAX:
+            raise InvalidInput(f"a username is at most {USERNAME_MAX} characters and a full name at most "
+                               f"{FULL_NAME_MAX}", code="username_too_long")
         now = self._x.now()
         anon = RequestContext(principal=Principal(name=username, actor_type="user", role=None,
                                                   permissions=frozenset()), source_ip=source_ip, request_id=request_id)

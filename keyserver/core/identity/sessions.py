@@ -14,7 +14,13 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from keyserver.core.errors import Forbidden, InvalidInput, RateLimited, Unauthenticated
-from keyserver.core.identity.passwords import DUMMY_HASH, check_password, hash_password, verify_password
+from keyserver.core.identity.passwords import (
+    DUMMY_HASH,
+    PasswordRefused,
+    check_password,
+    hash_password,
+    verify_password,
+)
 from keyserver.core.identity.records import LoginResult, Shared, end_sessions, find_user, sha256_hex, user_principal
 from keyserver.core.identity.throttle import (
     ACCOUNT_LOCKED,
@@ -55,9 +61,15 @@ class Sessions:
                 self._x.audit.record_after(s, ctx, action="user.change_password", outcome="denied",
                                            object_type="user", object_id=user.username)
                 raise Forbidden("the current password is wrong", code="wrong_password")
-            check_password(new, user.username)
+            try:
+                check_password(new, username=user.username, role=user.role, context=[user.full_name])
+            except PasswordRefused as exc:
+                self._x.audit.record_after(s, ctx, action="user.change_password", outcome="denied",
+                                           object_type="user", object_id=user.username,
+                                           details={"reason": exc.reason})
+                raise
             if verify_password(user.password_hash, new):
-                raise InvalidInput("the new password must differ from the current one")
+                raise InvalidInput("the new password must differ from the current one", code="password_unchanged")
             user.password_hash = hash_password(new)
             now = self._x.now()
             user.must_change_password, user.password_changed_at = False, now
@@ -166,6 +178,11 @@ class Sessions:
             if row is None:
                 raise Unauthenticated("your session is not valid; sign in again", code="session_invalid")
             sess, user = row
+            if sess.revoked and not user.disabled and sess.created_at < user.password_changed_at:
+                # Ended by a password change or reset (every session ends then): "expired"
+                # would send the holder looking at timeouts, not at the new password.
+                raise Unauthenticated("the password of this account was changed after this session began; sign in "
+                                      "again with the new password", code="session_replaced")
             if sess.revoked or user.disabled or sess.expires_at <= now or sess.last_seen_at + self._idle <= now:
                 raise Unauthenticated("your session has expired; sign in again", code="session_expired")
             if require_csrf and (csrf_token is None or

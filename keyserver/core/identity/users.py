@@ -12,14 +12,16 @@ from sqlalchemy.orm import Session
 
 from keyserver.core.approvals import APPROVER_ROLES
 from keyserver.core.errors import Conflict, InvalidInput
-from keyserver.core.identity.passwords import check_password, generate_password, hash_password
+from keyserver.core.identity.passwords import PasswordRefused, check_password, generate_password, hash_password
 from keyserver.core.identity.records import Shared, check_role, end_sessions, find_user, revoke_tokens
 from keyserver.core.permissions import Permission, Role
 from keyserver.core.principal import RequestContext, system_context
 from keyserver.store.models import User
 from keyserver.store.notify import Topic
 
+USERNAME_MAX = 64  # the column's width (store/models.py)
 USERNAME_RE = re.compile(r"^[a-z0-9][a-z0-9._@-]{1,63}$")
+FULL_NAME_MAX = 200
 
 
 class Users:
@@ -60,9 +62,19 @@ class Users:
         self._x.policy.require(ctx, Permission.USERS_MANAGE, action="user.create", object_type="user",
                                object_id=username)
         username = username.strip().lower()
+        if len(username) > USERNAME_MAX:
+            raise InvalidInput(f"a username is at most {USERNAME_MAX} characters; this one has {len(username)}",
+                               code="username_too_long")
         if not USERNAME_RE.match(username):
             raise InvalidInput("a username is 2-64 characters: lower-case letters, digits and . _ @ -")
         check_role(role)
+        if password is not None:
+            try:
+                check_password(password, username=username, role=role, context=[full_name])
+            except PasswordRefused as exc:
+                self._x.audit.record_now(ctx, action="user.create", outcome="denied", object_type="user",
+                                         object_id=username, details={"reason": exc.reason, "role": role})
+                raise
         with self._x.db() as s:
             if s.execute(select(User.id).where(User.username == username)).first():
                 raise Conflict(f"user '{username}' exists already", code="user_exists")
@@ -73,8 +85,6 @@ class Users:
         temporary = password is None
         if password is None:
             password = generate_password()
-        else:
-            check_password(password, username)
         now = self._x.now()
         with self._x.db.begin() as s:
             if s.execute(select(User.id).where(User.username == username)).first():

@@ -14,6 +14,7 @@ export function hintFor(err: ApiError): string | null {
     case "rate_limited":
       return `Too many attempts. Wait${err.retryAfter ? ` ${err.retryAfter} seconds` : " a moment"} and try again.`;
     case "session_expired":
+    case "session_replaced":
     case "session_invalid":
     case "unauthenticated":
       return "Sign in again to continue.";
