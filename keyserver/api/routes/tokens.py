@@ -7,13 +7,12 @@ from fastapi import APIRouter, Query
 
 from keyserver.api.deps import Ctx, ServicesDep
 from keyserver.api.schemas import TokenCreate, TokenCreated, TokenPublic
-from keyserver.core.identity import TOKEN_PREFIX
-from keyserver.store.models import ApiToken
+from keyserver.core.identity import TOKEN_PREFIX, ApiTokenView
 
 router = APIRouter(prefix="/tokens", tags=["api tokens"])
 
 
-def token_public(t: ApiToken) -> TokenPublic:
+def token_public(t: ApiTokenView) -> TokenPublic:
     return TokenPublic(id=t.id, name=t.name, owner=t.user.username, scopes=t.scopes, created_at=t.created_at,
                        expires_at=t.expires_at, last_used_at=t.last_used_at, revoked_at=t.revoked_at,
                        prefix=f"{TOKEN_PREFIX}{t.lookup_id}")

@@ -35,7 +35,7 @@ from keyserver.core.identity.external import ExternalSignIn
 from keyserver.core.identity.passwords import MIN_PASSWORD, generate_password
 from keyserver.core.identity.records import IssuedToken, LoginResult, Shared, sha256_hex
 from keyserver.core.identity.sessions import Sessions
-from keyserver.core.identity.tokens import TOKEN_PREFIX, Tokens
+from keyserver.core.identity.tokens import TOKEN_PREFIX, ApiTokenView, Tokens
 from keyserver.core.identity.totp import TOTP_STEP, SecondFactor, totp_dek, with_totp_dek
 from keyserver.core.identity.users import FULL_NAME_MAX, USERNAME_MAX, USERNAME_RE, Users
 from keyserver.core.policy import Policy
@@ -45,7 +45,7 @@ from keyserver.store.notify import Notifier
 
 __all__ = [
     "FULL_NAME_MAX", "MIN_PASSWORD", "TOKEN_PREFIX", "TOTP_STEP", "USERNAME_MAX", "USERNAME_RE",
-    "IdentityService", "IssuedToken", "LoginResult", "generate_password", "sha256_hex", "totp_dek",
+    "ApiTokenView", "IdentityService", "IssuedToken", "LoginResult", "generate_password", "sha256_hex", "totp_dek",
     "with_totp_dek",
 ]
 

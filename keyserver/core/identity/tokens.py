@@ -10,6 +10,7 @@ import secrets
 import time
 import uuid
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from sqlalchemy import select, update
 
@@ -21,6 +22,35 @@ from keyserver.store.models import ApiToken, User
 from keyserver.store.notify import Topic
 
 TOKEN_PREFIX = "srk_"  # noqa: S105 - a public prefix, not a secret
+
+
+class _OwnerView(Protocol):
+    @property
+    def username(self) -> str: ...
+
+
+class ApiTokenView(Protocol):
+    """An API token as the protocol side reads it (rows satisfy it; see core/views.py):
+    its lookup id for the public prefix, never its secret or hash."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def lookup_id(self) -> str: ...
+    @property
+    def user(self) -> _OwnerView: ...
+    @property
+    def scopes(self) -> list[str]: ...
+    @property
+    def created_at(self) -> datetime: ...
+    @property
+    def expires_at(self) -> datetime | None: ...
+    @property
+    def last_used_at(self) -> datetime | None: ...
+    @property
+    def revoked_at(self) -> datetime | None: ...
 
 
 class Tokens:
