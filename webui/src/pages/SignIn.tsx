@@ -29,8 +29,11 @@ export function SignInPage() {
   const next = from && from !== "/sign-in" ? from : "/";
   if (me) return <Navigate to={me.must_change_password ? "/change-password" : next} replace />;
 
+  // Spaces and dashes as authenticators show them go; a seventh digit is refused, not cut.
+  const codeError = needCode && code.length > 6 ? `6 digits; this one has ${code.length}` : null;
   const submit = async (e: React.FormEvent) => {
     e.preventDefault();
+    if (codeError) return;
     setBusy(true);
     setError(null);
     try {
@@ -68,7 +71,7 @@ export function SignInPage() {
                          value={password} onChange={(e) => setPassword(e.currentTarget.value)} />
           {needCode && (
             <TextInput label="Authenticator code" name="totp" autoComplete="one-time-code" inputMode="numeric"
-                       required autoFocus maxLength={6} description="The 6-digit code your authenticator app shows"
+                       required autoFocus description="The 6-digit code your authenticator app shows" error={codeError}
                        value={code} onChange={(e) => setCode(e.currentTarget.value.replace(/\D/g, ""))} />
           )}
           <ErrorAlert error={error} title="Sign-in failed" />

@@ -18,8 +18,12 @@ describe("sign-in with a second factor", () => {
     await userEvent.click(screen.getByRole("button", { name: "Sign in" }));
     const codeInput = await screen.findByLabelText(/Authenticator code/);
     expect(screen.queryByText(/Sign-in failed/)).toBeNull(); // a question, not an error
-    await userEvent.type(codeInput, "12a3456");
-    expect(codeInput).toHaveValue("123456"); // digits only
+    await userEvent.type(codeInput, "12a34567");
+    expect(codeInput).toHaveValue("1234567"); // digits only, and none cut
+    expect(screen.getByText("6 digits; this one has 7")).toBeInTheDocument();
+    await userEvent.click(screen.getByRole("button", { name: "Sign in" }));
+    expect(server.calls("POST /api/v1/auth/login")).toHaveLength(1);
+    await userEvent.type(codeInput, "{Backspace}");
     await userEvent.click(screen.getByRole("button", { name: "Sign in" }));
     await waitFor(() => expect(server.calls("POST /api/v1/auth/login")).toHaveLength(2));
     expect(server.calls("POST /api/v1/auth/login")[1].body).toMatchObject({ totp_code: "123456" });
