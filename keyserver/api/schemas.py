@@ -247,7 +247,9 @@ class AuditRecordCopy(BaseModel):
     actor_type: str = Field(max_length=64)
     action: str = Field(max_length=256)
     object_type: str | None = Field(default=None, max_length=256)
-    object_id: str | None = Field(default=None, max_length=1024)
+    # Whole, as the record holds it (an agent's file path: up to 4,096 characters); the
+    # request body's limit bounds it, as it bounds the details.
+    object_id: str | None = Field(default=None)
     outcome: str = Field(max_length=32)
     source_ip: str | None = Field(default=None, max_length=64)
     request_id: str | None = Field(default=None, max_length=128)

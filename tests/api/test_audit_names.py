@@ -83,6 +83,11 @@ def test_a_revoked_hosts_refusals_name_the_host(tmp_path: Path, base_url: str, a
     host.client.send_events([{"event": "access.denied", "time": time.time(), "path": deep, "uid": 1000}])
     event = _records(services, admin, object_id=deep)
     assert len(event) == 1 and event[0]["actor"] == f"host:{name}.example.com"
+    # A copy kept outside (the record as the API lists it) is compared whole, too.
+    copy = [{"type": "record", **{k: v for k, v in event[0].items() if k != "object_name"}}]
+    verified = admin.post("/api/v1/audit/verify", json={"outside": copy})
+    assert verified.status_code == 200, verified.text
+    assert verified.json()["ok"] and verified.json()["outside_records"] == 1
     assert admin.post(f"/api/v1/hosts/{host.id}/revoke").status_code == 200
     with pytest.raises(ServerRefused) as refused:
         host.client.heartbeat(os_name="Linux test")
