@@ -534,3 +534,14 @@ def test_a_refused_create_leaves_no_image_and_status_works_offline(agent: Agent,
     assert row["state"] == "closed" and row["as_of"].startswith("last seen") and row["local"] is None
     assert row["revoked_here"] is None and row["grace_kept"] is False  # it would fail closed
     assert kms_agent(agent._mp, agent._capsys, offline, "volume", "status")[0] == Exit.OK
+    # Open here, and the server gone since: what is open here is shown, as is.
+    agent.ok("open", "seen", "--userspace")
+    code, out, err = kms_agent(agent._mp, agent._capsys, offline, "volume", "status", "--json")
+    assert code == Exit.OK and "unreachable" in err
+    (row,) = [v for v in json.loads(out) if v["name"] == "seen"]
+    assert row["as_of"].startswith("last seen") and row["local"]["alive"]
+    assert row["local"]["device"].startswith("/dev/loop")
+    assert row["rekey_asked"] is None and row["rekey_here"] is None
+    code, out, _ = kms_agent(agent._mp, agent._capsys, offline, "volume", "status")
+    assert code == Exit.OK and "/dev/loop" in out
+    agent.ok("close", "seen")
