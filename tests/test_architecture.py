@@ -1,6 +1,8 @@
 """The architecture, checked: no import cycles between the project's modules (lazy
 imports inside functions count: they hide a cycle, they do not remove it), `core` knows
-no HTTP or KMIP, and `hsm` is the only user of PKCS#11."""
+no HTTP or KMIP, the protocol side (`api`, `kmip`, `runtime`) reaches the store only
+through `core`, and `hsm` is the only user of PKCS#11. Every rule is over every module
+of every package found on disk, so a new package or module is checked the day it lands."""
 
 from __future__ import annotations
 
@@ -130,3 +132,57 @@ def test_hsm_is_the_only_pkcs11_user() -> None:
     offenders = [str(p.relative_to(ROOT)) for package in PACKAGES if package != "hsm"
                  for p in sorted((ROOT / package).rglob("*.py")) if "pkcs11" in _third_party(p)]
     assert offenders == []
+
+
+# The protocol side: it serves HTTP, KMIP and the worker processes, and speaks to the
+# database only through core (keyserver/core/views.py, the services). Each exception
+# names why it must stay.
+PROTOCOL_SIDE = ("keyserver.api", "keyserver.kmip", "keyserver.runtime")
+STORE = "keyserver.store"
+STORE_ALLOWED = {
+    # The problem handler turns "the store was busy" (a lock or pooled connection not free
+    # in time, raised from anywhere below) into 503 + Retry-After; it recognises the
+    # driver's exception, which only the store knows how to read.
+    "keyserver.api.problems": "is_busy: the store's busy error → 503 at the edge",
+    # Being moved onto core by its owner in issue 30 (API tokens go with identity/);
+    # remove this line when that lands.
+    "keyserver.api.routes.tokens": "pending (issue 30): ApiToken rows → core identity",
+}
+
+
+def _store_importers(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Protocol-side modules that import the store, with what they import of it."""
+    return {name: sorted(t for t in targets if t == STORE or t.startswith(STORE + "."))
+            for name, targets in sorted(graph.items())
+            if (name in PROTOCOL_SIDE or name.startswith(tuple(p + "." for p in PROTOCOL_SIDE)))
+            and any(t == STORE or t.startswith(STORE + ".") for t in targets)}
+
+
+def test_the_protocol_side_reaches_the_store_only_through_core() -> None:
+    offenders = {name: found for name, found in _store_importers(_graph()).items() if name not in STORE_ALLOWED}
+    assert offenders == {}, "import what you need from keyserver.core (views.py, kmip_model.py, a service)"
+
+
+def test_every_store_exception_names_a_module_that_exists() -> None:
+    assert set(STORE_ALLOWED) <= set(_modules())
+
+
+def test_the_store_rule_finds_an_offender() -> None:
+    graph = {"keyserver.api.routes.x": {"keyserver.store.models", "keyserver.core.keys"},
+             "keyserver.kmip": {"keyserver.store"}, "keyserver.core.keys": {"keyserver.store.models"},
+             "keyserver.apiary": {"keyserver.store"}}
+    assert _store_importers(graph) == {"keyserver.api.routes.x": ["keyserver.store.models"],
+                                       "keyserver.kmip": ["keyserver.store"]}
+
+
+def test_every_package_is_checked() -> None:
+    # A top-level package these rules did not walk would be checked by none of them.
+    top_level = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests"}
+    assert top_level <= set(PACKAGES)
+    # A directory of modules without __init__.py is a namespace package: importable, but
+    # easy to miss; every importable directory of project modules is a regular package (a
+    # name that is no identifier, like a fuzz corpus with its generator, is not imported).
+    for package in PACKAGES:
+        for d in sorted((ROOT / package).rglob("*")):
+            if d.is_dir() and d.name.isidentifier() and "node_modules" not in d.parts and any(d.glob("*.py")):
+                assert (d / "__init__.py").exists(), f"{d.relative_to(ROOT)} has modules but no __init__.py"

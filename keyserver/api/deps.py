@@ -19,9 +19,9 @@ from starlette.concurrency import run_in_threadpool
 from keyserver.core.ca import serial_hex
 from keyserver.core.errors import Forbidden, Unauthenticated
 from keyserver.core.principal import ANONYMOUS, RequestContext
+from keyserver.core.views import HostRecord
 from keyserver.logs import request_id_var
 from keyserver.services import Services
-from keyserver.store.models import Host
 
 SESSION_COOKIE = "strongroom_session"
 CSRF_COOKIE = "strongroom_csrf"
@@ -101,7 +101,7 @@ Ctx = Annotated[RequestContext, Depends(authenticate)]
 @dataclass(frozen=True, slots=True)
 class HostCaller:
     ctx: RequestContext
-    host: Host
+    host: HostRecord
 
 
 async def authenticate_host(request: Request, services: ServicesDep) -> HostCaller:

@@ -26,6 +26,7 @@ from keyserver.core.permissions import Permission
 from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import DESTROYED_STATES, KeyState, check_transition
+from keyserver.core.views import KeyView
 from keyserver.store.models import KeyVersion, KmipPublicKey, KmipSealedObject, ManagedKey
 from keyserver.store.notify import Notifier, Topic
 
@@ -97,7 +98,7 @@ def require_aes(key: ManagedKey, purpose: str) -> None:
                        code="wrong_key_algorithm")
 
 
-def key_state(key: ManagedKey) -> KeyState:
+def key_state(key: KeyView) -> KeyState:
     """A key's state is its newest version's: that is the one new data would use."""
     return KeyState(key.versions[-1].state)
 

@@ -9,7 +9,7 @@ import base64
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -52,6 +52,11 @@ PAIR_GENERATIONS = 2  # RSA key pairs generated at once per replica
 MAX_SECRET_BYTES = 64 * 1024
 # Objects with a lifecycle of their own (not a managed key's version).
 StandaloneObject = KmipPublicKey | KmipSealedObject
+# Their two kinds by the names the KMIP layer uses (keyserver/kmip never imports the
+# store): a registered or generated public key, and a sealed object (a private key,
+# secret data, a certificate, an opaque object).
+PublicKeyObject: TypeAlias = KmipPublicKey
+SealedObject: TypeAlias = KmipSealedObject
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,8 @@ from keyserver.core.kmip_model import (
     PROCESS_START_DATE,
     SECRET_DATA,
     SERVER_KEPT,
+    PublicKeyObject,
+    SealedObject,
     VersionObject,
     public_key_algorithm,
     usage_of,
@@ -34,7 +36,6 @@ from keyserver.core.kmip_model import (
 from keyserver.core.states import KeyState
 from keyserver.core.usage import USAGE_ATTRIBUTE, requested_uses
 from keyserver.kmip.errors import KmipFailure
-from keyserver.store.models import KmipPublicKey, KmipSealedObject
 
 A = enums.AttributeType
 _factory = AttributeFactory()
@@ -162,7 +163,7 @@ def settable(attribute_name: str) -> str:
 PAIR_ALGORITHMS = {"RSA": enums.CryptographicAlgorithm.RSA, "EC": enums.CryptographicAlgorithm.EC}
 
 
-def _lifecycle(obj: KmipPublicKey | KmipSealedObject) -> dict[str, Any]:
+def _lifecycle(obj: PublicKeyObject | SealedObject) -> dict[str, Any]:
     return {
         A.STATE.value: STATE_TO_KMIP[obj.state],
         A.INITIAL_DATE.value: _ts(obj.created_at),
@@ -173,7 +174,7 @@ def _lifecycle(obj: KmipPublicKey | KmipSealedObject) -> dict[str, Any]:
     }
 
 
-def _last_change(obj: KmipPublicKey) -> int | None:
+def _last_change(obj: PublicKeyObject) -> int | None:
     """A public key has no change counter: its last lifecycle date that has passed."""
     now = datetime.now(UTC)
     dates = [d for d in (obj.created_at, obj.activation_date, obj.deactivation_date, obj.compromise_date,
@@ -181,7 +182,7 @@ def _last_change(obj: KmipPublicKey) -> int | None:
     return _ts(max(dates)) if dates else None
 
 
-def public_key_values(pk: KmipPublicKey) -> dict[str, Any]:
+def public_key_values(pk: PublicKeyObject) -> dict[str, Any]:
     values: dict[str, Any] = {
         A.UNIQUE_IDENTIFIER.value: str(pk.id),
         A.OBJECT_TYPE.value: enums.ObjectType.PUBLIC_KEY,
@@ -198,7 +199,7 @@ def public_key_values(pk: KmipPublicKey) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
 
-def sealed_values(obj: KmipSealedObject) -> dict[str, Any]:
+def sealed_values(obj: SealedObject) -> dict[str, Any]:
     values: dict[str, Any] = {
         A.UNIQUE_IDENTIFIER.value: str(obj.id),
         A.OBJECT_TYPE.value: OBJECT_TYPES[obj.object_type],
@@ -218,10 +219,10 @@ def sealed_values(obj: KmipSealedObject) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
 
-def values_of(obj: VersionObject | KmipPublicKey | KmipSealedObject) -> dict[str, Any]:
+def values_of(obj: VersionObject | PublicKeyObject | SealedObject) -> dict[str, Any]:
     if isinstance(obj, VersionObject):
         return version_values(obj)
-    if isinstance(obj, KmipPublicKey):
+    if isinstance(obj, PublicKeyObject):
         return public_key_values(obj)
     return sealed_values(obj)
 

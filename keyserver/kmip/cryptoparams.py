@@ -20,6 +20,7 @@ from kmip.core import enums
 
 from hsm import AES_CBC_PAD, AES_GCM, ECDSA, RSA_PKCS1V15, RSA_PSS
 from keyserver.core.kmip_model import (
+    PublicKeyObject,
     StandaloneObject,
     VersionObject,
     public_key_algorithm,
@@ -31,7 +32,6 @@ from keyserver.core.usage import Usage
 from keyserver.kmip.attributes import parameters_stored, parameters_value
 from keyserver.kmip.context import Call
 from keyserver.kmip.errors import KmipFailure
-from keyserver.store.models import KmipPublicKey
 
 R = enums.ResultReason
 HASHES = {enums.HashingAlgorithm.SHA_1: "SHA-1", enums.HashingAlgorithm.SHA_256: "SHA-256",
@@ -171,7 +171,7 @@ PERMISSIONS = {"encrypt": Permission.KEYS_ENCRYPT, "decrypt": Permission.KEYS_DE
 def algorithm_of(obj: VersionObject | StandaloneObject) -> str | None:
     if isinstance(obj, VersionObject):
         return obj.key.algorithm
-    if isinstance(obj, KmipPublicKey):
+    if isinstance(obj, PublicKeyObject):
         return public_key_algorithm(obj)
     return obj.algorithm
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from keyserver.api.deps import Ctx, ServicesDep
-from keyserver.store.models import ApprovalRequest
+from keyserver.core.views import ApprovalView
 
 router = APIRouter(prefix="/approvals", tags=["approvals"])
 State = Literal["pending", "approved", "executed", "failed", "rejected", "expired"]
@@ -36,7 +36,7 @@ class ApprovalDecision(BaseModel):
     executed: bool = Field(description="true when this approval was the last one needed and the action ran")
 
 
-def approval_public(r: ApprovalRequest) -> ApprovalPublic:
+def approval_public(r: ApprovalView) -> ApprovalPublic:
     return ApprovalPublic(id=r.id, action=r.action, target=r.target, params=dict(r.params or {}),
                           requested_by=r.requested_by, required=r.required, approvals=list(r.approvals or []),
                           state=r.state, created_at=r.created_at, expires_at=r.expires_at,  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, StringConstraints
 from keyserver.api.deps import Ctx, ServicesDep
 from keyserver.api.schemas import Strict
 from keyserver.core.guardpoints import GuardPointSpec
-from keyserver.store.models import GuardPoint
+from keyserver.core.views import GuardPointView
 
 router = APIRouter(prefix="/guard-points", tags=["guard points"])
 
@@ -68,7 +68,7 @@ class GuardPointPublic(BaseModel):
     updated_at: datetime
 
 
-def guard_point_public(gp: GuardPoint, key_name: str) -> GuardPointPublic:
+def guard_point_public(gp: GuardPointView, key_name: str) -> GuardPointPublic:
     return GuardPointPublic(id=gp.id, host_group=gp.host_group, host_id=gp.host_id, path=gp.path,
                             backing_path=gp.backing_path, key_id=gp.key_id, key_name=key_name,
                             chunk_size=gp.chunk_size, mode=gp.mode, rules=[RuleModel(**r) for r in gp.rules],

@@ -10,9 +10,9 @@ from pydantic import BaseModel, Field
 from keyserver.api.deps import Ctx, ServicesDep, client_ip
 from keyserver.api.schemas import MAX_INT, Page, Strict
 from keyserver.core.hosts import TOKEN_PREFIX
+from keyserver.core.views import EnrollmentTokenView, HostRecord
 from keyserver.logs import request_id_var
 from keyserver.services import Services
-from keyserver.store.models import EnrollmentToken, Host
 
 router = APIRouter(tags=["hosts"])
 
@@ -99,7 +99,7 @@ class HeartbeatHour(BaseModel):
     count: int
 
 
-def host_public(h: Host, services: Services) -> HostPublic:
+def host_public(h: HostRecord, services: Services) -> HostPublic:
     return HostPublic.model_validate({**{c: getattr(h, c) for c in _HOST_COLUMNS},
                                       "online": services.hosts.is_online(h)})
 
@@ -107,7 +107,7 @@ def host_public(h: Host, services: Services) -> HostPublic:
 _HOST_COLUMNS = [f for f in HostPublic.model_fields if f != "online"]
 
 
-def token_public(t: EnrollmentToken) -> EnrollmentTokenPublic:
+def token_public(t: EnrollmentTokenView) -> EnrollmentTokenPublic:
     return EnrollmentTokenPublic(id=t.id, prefix=f"{TOKEN_PREFIX}{t.lookup_id}", host_group=t.host_group,
                                  max_uses=t.max_uses, uses=t.uses, created_by=t.created_by,
                                  created_at=t.created_at, expires_at=t.expires_at, revoked_at=t.revoked_at)

@@ -21,13 +21,13 @@ from keyserver.api.schemas import (
 )
 from keyserver.core.datakeys import DataKey
 from keyserver.core.keys import KeySpec, key_state
-from keyserver.store.models import ManagedKey
+from keyserver.core.views import KeyView
 
 router = APIRouter(prefix="/keys", tags=["keys"])
 KeyRef = Annotated[str, "key UUID or name"]
 
 
-def key_public(k: ManagedKey) -> KeyPublic:
+def key_public(k: KeyView) -> KeyPublic:
     versions = []
     for v in k.versions:
         pv = KeyVersionPublic.model_validate(v)

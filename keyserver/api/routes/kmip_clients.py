@@ -14,7 +14,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from keyserver.api.deps import Ctx, ServicesDep
-from keyserver.store.models import KmipClient
+from keyserver.core.views import KmipClientView
 
 router = APIRouter(prefix="/kmip/clients", tags=["kmip"])
 KeyExport = Literal["plaintext", "wrapped", "none"]
@@ -58,7 +58,7 @@ class KmipClientIssued(BaseModel):
     private_key_pem: str | None = Field(description="only when no CSR was given; shown once")
 
 
-def client_public(c: KmipClient) -> KmipClientPublic:
+def client_public(c: KmipClientView) -> KmipClientPublic:
     return KmipClientPublic(id=c.id, name=c.name, role=c.role, serial=c.serial,
                             fingerprint_sha256=c.fingerprint_sha256, not_after=c.not_after,
                             created_at=c.created_at, created_by=c.created_by, revoked_at=c.revoked_at,

@@ -12,8 +12,8 @@ from pydantic import BaseModel, Field
 
 from keyserver.api.deps import Ctx, ServicesDep
 from keyserver.api.schemas import Strict
+from keyserver.core.views import VolumeView
 from keyserver.core.volumes import MAX_GRACE_SECONDS
-from keyserver.store.models import Volume
 
 router = APIRouter(prefix="/volumes", tags=["volumes"])
 
@@ -57,7 +57,7 @@ class VolumePublic(BaseModel):
     last_opened_at: datetime | None
 
 
-def volume_public(v: Volume, key_name: str, hostname: str) -> VolumePublic:
+def volume_public(v: VolumeView, key_name: str, hostname: str) -> VolumePublic:
     return VolumePublic(
         id=v.id, name=v.name, host_id=v.host_id, hostname=hostname, host_group=v.host_group,
         scope=v.scope,  # type: ignore[arg-type]

@@ -14,12 +14,19 @@ from kmip.core.messages import payloads
 
 from hsm import RSA_OAEP_SHA1
 from hsm.backend import AES_KWP
-from keyserver.core.kmip_model import CERTIFICATE, OPAQUE, PRIVATE_KEY, VersionObject, public_key_algorithm
+from keyserver.core.kmip_model import (
+    CERTIFICATE,
+    OPAQUE,
+    PRIVATE_KEY,
+    PublicKeyObject,
+    SealedObject,
+    VersionObject,
+    public_key_algorithm,
+)
 from keyserver.core.states import DESTROYED_STATES, KeyState
 from keyserver.kmip import attributes
 from keyserver.kmip.context import Call, request_uid
 from keyserver.kmip.errors import KmipFailure
-from keyserver.store.models import KmipPublicKey, KmipSealedObject
 
 OPERATION = enums.Operation.GET
 R = enums.ResultReason
@@ -71,7 +78,7 @@ def _wrapping_target(spec: Any) -> str:
 SECRET_DATA_TYPES = {"password": enums.SecretDataType.PASSWORD, "seed": enums.SecretDataType.SEED}
 
 
-def _public_key(uid: str, found: KmipPublicKey, fmt: Any) -> Any:
+def _public_key(uid: str, found: PublicKeyObject, fmt: Any) -> Any:
     if fmt not in (None, enums.KeyFormatType.X_509, enums.KeyFormatType.PKCS_1):
         raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "public keys are delivered in X.509 or PKCS#1 format")
     if KeyState(found.state) in DESTROYED_STATES:
@@ -89,7 +96,7 @@ def _public_key(uid: str, found: KmipPublicKey, fmt: Any) -> Any:
     return payloads.GetResponsePayload(object_type=enums.ObjectType.PUBLIC_KEY, unique_identifier=uid, secret=secret)
 
 
-def _sealed(call: Call, uid: str, found: KmipSealedObject, fmt: Any) -> Any:
+def _sealed(call: Call, uid: str, found: SealedObject, fmt: Any) -> Any:
     if found.object_type == PRIVATE_KEY:
         if fmt not in (None, enums.KeyFormatType.PKCS_8, enums.KeyFormatType.PKCS_1):
             raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "private keys are delivered in PKCS#8 or PKCS#1 format")
@@ -138,7 +145,7 @@ def handle(call: Call, payload: Any) -> Any:
         if spec is not None:
             raise KmipFailure(R.FEATURE_NOT_SUPPORTED,
                               "only symmetric keys are delivered wrapped; other objects come as they are")
-        if isinstance(found, KmipPublicKey):
+        if isinstance(found, PublicKeyObject):
             return _public_key(uid, found, fmt)
         return _sealed(call, uid, found, fmt)
     if fmt not in (None, enums.KeyFormatType.RAW):
