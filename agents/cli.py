@@ -290,8 +290,10 @@ def run() -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         manager = GuardPointManager(config, _state.get("config_path"))
-        daemon = AgentDaemon(c, keyring, _spool(config), guard_points=manager,
-                             revocations=RevocationLedger(config.state_dir))
+        spool = _spool(config)
+        daemon = AgentDaemon(c, keyring, spool, guard_points=manager,
+                             revocations=RevocationLedger(config.state_dir),
+                             volumes=VolumeManager(c, config, spool=spool))
         try:
             code = daemon.run(stop)
         finally:

@@ -1,15 +1,17 @@
 """The agent daemon (`kms-agent run`): heartbeats, guard points, event shipping, revocation.
 
 Every heartbeat reports the host (OS, agent version, guard points) and ships the event
-spool, and keeps this host's guard points mounted as the server defines them
-(agents/guardpoint/manager.py). The server's answer carries its clock, checked against ours, and the interval
-to beat at. When the server says this host is revoked, the daemon drops every cached
-key at once, unmounts its guard points and stops (exit status 6: restarting cannot help, re-enrollment can). While
-the server is unreachable it keeps beating, and the key cache keeps serving until its
-TTL ends. A revocation seen by any of the agent's processes (a volume command, a guard
-point) is remembered on disk (agents/keyclient/revocation.py) and stops the daemon the
-same way, at its next turn, whether the server answers or not; with that record the
-daemon does not start at all until the host is enrolled again.
+spool, keeps this host's guard points mounted as the server defines them
+(agents/guardpoint/manager.py) and tells the server of a volume re-key it believes
+running that no longer runs here (killed with its process). The server's answer carries
+its clock, checked against ours, and the interval to beat at. When the server says this
+host is revoked, the daemon drops every cached key at once, unmounts its guard points
+and stops (exit status 6: restarting cannot help, re-enrollment can). While the server
+is unreachable it keeps beating, and the key cache keeps serving until its TTL ends. A
+revocation seen by any of the agent's processes (a volume command, a guard point) is
+remembered on disk (agents/keyclient/revocation.py) and stops the daemon the same way,
+at its next turn, whether the server answers or not; with that record the daemon does
+not start at all until the host is enrolled again.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
+from agents.errors import AgentError
 from agents.guardpoint.manager import GuardPointManager
 from agents.keyclient.cache import ServerUnreachable
 from agents.keyclient.client import HostRevoked, ServerClient, ServerKeyring, ServerRefused
 from agents.keyclient.revocation import RevocationLedger, host_refusal_message
 from agents.keyclient.spool import EventSpool
+from agents.volume.manager import VolumeManager
 
 log = logging.getLogger("strongroom.agent")
 MAX_CLOCK_SKEW_SECONDS = 120.0
@@ -43,12 +47,13 @@ def clock_skew(server_time: str, now: datetime | None = None) -> float:
 class AgentDaemon:
     def __init__(self, client: ServerClient, keyring: ServerKeyring, spool: EventSpool, *,
                  guard_points: GuardPointManager | None = None,
-                 revocations: RevocationLedger | None = None) -> None:
+                 revocations: RevocationLedger | None = None, volumes: VolumeManager | None = None) -> None:
         self._client = client
         self._revocations = revocations
         self._keyring = keyring
         self._spool = spool
         self._manager = guard_points
+        self._volumes = volumes
         self._tag: str | None = None
         self._definitions: list[dict[str, Any]] = []
         self.interval = 30.0
@@ -76,6 +81,13 @@ class AgentDaemon:
             # Every beat: a rotation moves a key's Active version without touching the guard point.
             active = {k["key_id"]: k["active_version"] for k in self._client.list_keys()}
             self._manager.apply(self._definitions, active)
+        if self._volumes is not None and self._host_refusal() is None:
+            try:  # a re-key killed with its process is told to the server here, not left "rekeying"
+                self._volumes.check_rekeys()
+            except (HostRevoked, ServerUnreachable):
+                raise
+            except AgentError as exc:
+                log.warning("volumes: %s", exc.describe())
         sent = self._spool.send(self._client.send_events, rejected=(ServerRefused,))
         if sent:
             log.info("shipped %d events", sent)

@@ -65,6 +65,11 @@ class VolumeManager:
         self._memory.save_known(listed)
         return [self._interrupted(v) for v in listed]
 
+    def check_rekeys(self) -> None:
+        """The daemon's turn: the server's list, with every re-key it believes running
+        that no longer runs here reported interrupted (see _interrupted)."""
+        self._listed()
+
     def _interrupted(self, vol: dict[str, Any]) -> dict[str, Any]:
         """A volume of this host the server believes `rekeying` while no re-key runs
         here: the run was killed (kill -9, a reboot). Said to the server, as it stands

@@ -22,11 +22,14 @@ import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from agents.cli import Exit
+from agents.config import AgentConfig
+from agents.daemon import AgentDaemon
 from agents.guardpoint.shield import mounts_at
-from agents.keyclient.client import ServerClient
+from agents.keyclient.client import ServerClient, ServerKeyring
 from agents.keyclient.identity import HostIdentity
+from agents.keyclient.spool import EventSpool
 from agents.volume import luks
-from agents.volume.manager import DAEMON
+from agents.volume.manager import DAEMON, VolumeManager
 from keyserver.services import Services
 from tests.agents.test_agent_port import enroll_host, group_key
 from tests.agents.test_cli import kms_agent, write_config
@@ -488,11 +491,16 @@ def test_a_rekey_killed_half_way_resumes(agent: Agent, admin: httpx.Client, serv
     assert luks.reencryption_pending(luks.metadata(image))
     (vol,) = [v for v in admin.get("/api/v1/volumes").json() if v["path"] == str(image)]
     assert vol["state"] == "rekeying" and not vol["rekey"]["finished"]  # as the killed run left it
-    # The host's next contact tells the server the truth: closed, the re-key stopped.
-    (row,) = [v for v in json.loads(agent.ok("status", "--json")) if v["name"] == "half"]
-    assert row["rekey_here"] == "interrupted" and row["state"] == "closed"
+    # The host's next contact — the daemon's heartbeat here — tells the server the truth:
+    # closed, the re-key stopped where it stood.
+    config = AgentConfig.load(agent.config)
+    with ServerClient.for_host(agent.agent_url, HostIdentity.load_or_create(agent.state)) as c:
+        AgentDaemon(c, ServerKeyring(c, ttl_seconds=60, max_entries=8), EventSpool(config.spool_dir),
+                    volumes=VolumeManager(c, config)).beat()
     (vol,) = [v for v in admin.get("/api/v1/volumes").json() if v["path"] == str(image)]
     assert vol["state"] == "closed" and not vol["rekey"]["finished"] and vol["rekey_applied"] == 0
+    (row,) = [v for v in json.loads(agent.ok("status", "--json")) if v["name"] == "half"]
+    assert row["rekey_here"] == "interrupted" and row["state"] == "closed"
     services.audit.flush()
     audited = admin.get("/api/v1/audit/events", params={"object_id": vol["id"], "limit": 20}).json()["items"]
     assert any("re-key interrupted" in str(e["details"].get("detail", "")) for e in audited)
