@@ -4,8 +4,9 @@ server seals, opened only when it unseals it (docs/volumes.md).
 Two ways to open, one format: with dm-crypt where the kernel has device-mapper
 (cryptsetup maps it, the kernel does the I/O), otherwise in userspace through the native
 data plane (`strongroom-volume` serves the decrypted data segment as a file, attached
-to a loop device). What is open, and how, is kept in `run_dir` (gone at reboot, like
-the mappings themselves).
+to a loop device). What is open, and how, is kept in `run_dir` (instance.py: gone at
+reboot, like the mappings themselves); what the server said is kept for its outages in
+`state_dir` (offline.py).
 """
 
 from __future__ import annotations
