@@ -53,7 +53,7 @@ export function filterError(f: FilterName, text: string): string | null {
 
 // The filters' names as the form labels them, for a refusal the server words by parameter.
 const LABELS: [RegExp, string][] = [
-  [/^Q\b/, "Search"], [/^Object id\b/, "Object ID"], [/^Object type\b/, "Object type"], [/^Since\b/, "From"],
+  [/^Q\b/, "Search"], [/^Object id\b/, "Object ID"], [/^Since\b/, "From"],
   [/^Until\b/, "To"], [/^Before seq\b/, "Page"],
 ];
 
