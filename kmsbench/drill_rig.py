@@ -9,7 +9,6 @@ import grp
 import io
 import os
 import pwd
-import shutil
 import signal
 import socket
 import ssl
@@ -23,6 +22,8 @@ from typing import Any
 
 import httpx
 import psycopg
+
+from kmsbench.pgcluster import Cluster
 
 REPO = Path(__file__).resolve().parents[1]
 HAPROXY_CFG = REPO / "deploy" / "haproxy.cfg"
@@ -52,48 +53,12 @@ def _free_port_on_all() -> int:
 
 # --- PostgreSQL: a cluster of the drill's own ------------------------------------------
 
-class Cluster:
-    """initdb + pg_ctl in a temporary directory, as the postgres user when we are root
-    (PostgreSQL refuses to run as root)."""
-
-    def __init__(self, root: Path) -> None:
-        bindir = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
-        if bindir is None:
-            raise SystemExit("no PostgreSQL server binaries: apt-get install postgresql")
-        self.bindir, self.root, self.port = bindir, root, _free_port()
-        self.data = root / "pgdata"
-        self.as_postgres = os.geteuid() == 0
-        if self.as_postgres:
-            shutil.chown(root, "postgres")
-        self._run(f"{bindir}/initdb -A trust -U postgres -D {self.data}")
-
-    def _run(self, cmd: str) -> None:
-        argv = ["su", "postgres", "-c", cmd] if self.as_postgres else ["sh", "-c", cmd]
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        if r.returncode != 0:
-            raise RuntimeError(f"{cmd}: {r.stdout}{r.stderr}")
-
-    def _ctl(self, action: str, mode: str = "fast") -> None:
-        opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=400 "
-                "-c shared_buffers=64MB")
-        self._run(f"{self.bindir}/pg_ctl -D {self.data} -o '{opts}' -m {mode} -w -t 60 {action} "
-                  f"-l {self.root}/pg.log")
-
-    def start(self) -> None:
-        self._ctl("start")
-
-    def restart(self, mode: str) -> None:
-        self._ctl("restart", mode)
-
-    def stop(self) -> None:
-        self._ctl("stop", "immediate")
-
-    def url(self, database: str) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
-
-    def connect(self, database: str) -> psycopg.Connection[Any]:
-        return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=database,
-                               autocommit=True, connect_timeout=5)
+def drill_cluster(root: Path) -> Cluster:
+    """The drill's cluster (kmsbench/pgcluster.py), made: slots for every replica's pool
+    and the checks' connections."""
+    cluster = Cluster(root, settings={"max_connections": "400", "shared_buffers": "64MB"})
+    cluster.init()
+    return cluster
 
 
 # --- the replicas and HAProxy ------------------------------------------------------------
@@ -227,7 +192,7 @@ class Rig:
         return self._haproxy
 
     def start(self) -> None:
-        self._cluster = Cluster(self.root)
+        self._cluster = drill_cluster(self.root)
         self.cluster.start()
         self.database = "strongroom_drill"
         with self.cluster.connect("postgres") as conn:
@@ -310,7 +275,7 @@ class Rig:
         for r in self.replicas:
             r.stop()
         if self._cluster is not None:
-            self._cluster.stop()
+            self._cluster.stop("immediate")
 
     def inbox(self) -> int:
         with self.cluster.connect(self.database) as conn:

@@ -7,9 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import statistics
-import subprocess
 from pathlib import Path
 
 from kmsbench.guardpoint_rig import (
@@ -19,49 +17,37 @@ from kmsbench.guardpoint_rig import (
     no_step,
     spread,
 )
+from kmsbench.pgcluster import Cluster as PgCluster
+from kmsbench.pgcluster import as_postgres, server_bindir
 
-PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
-
-
-def as_postgres(*cmd: str, timeout: float = 900) -> str:
-    r = subprocess.run(["runuser", "-u", "postgres", "--", *cmd], capture_output=True, text=True, timeout=timeout,
-                       check=False)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd[:2])} failed: {r.stdout[-2000:]}{r.stderr[-2000:]}")
-    return r.stdout
+PG_BIN = server_bindir()
 
 
 class Cluster:
-    """A throwaway PostgreSQL cluster whose whole data directory is `pgdata`."""
+    """A throwaway cluster (kmsbench/pgcluster.py) whose whole data directory is `pgdata`
+    (on the arm measured), reached over its socket in `run` only, with pgbench's tables."""
 
     def __init__(self, pgdata: Path, run: Path) -> None:
-        assert PG_BIN is not None
-        self.pgdata, self.run = pgdata, run
-        run.mkdir(exist_ok=True)
-        shutil.chown(run, "postgres", "postgres")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.pg = PgCluster(run, pgdata=pgdata, tcp=False, settings={"shared_buffers": "128MB"})
+
+    def _pgbench(self, *args: str) -> str:
+        return as_postgres(str(self.pg.bindir / "pgbench"), "-h", str(self.pg.run), "-p", str(self.pg.port), *args,
+                           "postgres", timeout=900)
 
     def start(self, scale: int) -> None:
-        self.pgdata.mkdir()
-        shutil.chown(self.pgdata, "postgres", "postgres")
-        as_postgres(f"{PG_BIN}/initdb", "-A", "trust", "-U", "postgres", "-D", str(self.pgdata))
-        as_postgres(f"{PG_BIN}/pg_ctl", "-D", str(self.pgdata), "-w", "-l", str(self.run / "pg.log"), "-o",
-                     f"-p {self.port} -k {self.run} -c listen_addresses='' -c shared_buffers=128MB", "start")
-        as_postgres(f"{PG_BIN}/pgbench", "-h", str(self.run), "-p", str(self.port), "-i", "-q", "-s", str(scale),
-                     "postgres")
+        self.pg.init()
+        self.pg.start()
+        self._pgbench("-i", "-q", "-s", str(scale))
 
     def pgbench(self, *args: str) -> float:
-        out = as_postgres(f"{PG_BIN}/pgbench", "-h", str(self.run), "-p", str(self.port), *args, "postgres")
+        out = self._pgbench(*args)
         m = re.search(r"tps = ([\d.]+)", out)
         if m is None:
             raise SystemExit(f"no tps in pgbench's output: {out[-500:]}")
         return float(m.group(1))
 
     def stop(self) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", f"{PG_BIN}/pg_ctl", "-D", str(self.pgdata), "-w",
-                        "-m", "fast", "stop"], capture_output=True, check=False, timeout=120)
+        self.pg.stop()
 
 
 MIXES: dict[str, list[str]] = {"TPC-B-like": [], "select-only": ["-S"]}

@@ -8,9 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -194,27 +192,15 @@ def _existing_keyserver(cfg: Config, work: Path, step: Step) -> dict[str, Any]:
 def postgres_cluster(base: Path) -> Iterator[str]:
     """A throwaway PostgreSQL cluster on 127.0.0.1 with connection slots for 200 KMIP
     clients, so the benchmark neither needs nor crowds a shared server."""
-    from kmsbench.guardpoint_oltp import PG_BIN, as_postgres
+    from kmsbench.pgcluster import Cluster, ClusterError
 
-    if PG_BIN is None:
-        raise BenchError(Exit.PRIVILEGES, "no PostgreSQL server binaries", "apt-get install postgresql, or pass "
-                         "--postgres URL")
-    pgdata, sockets = base / "pgdata", base / "pg-run"
-    for d in (pgdata, sockets):
-        d.mkdir()
-        shutil.chown(d, "postgres", "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    as_postgres(f"{PG_BIN}/initdb", "-A", "trust", "-U", "postgres", "-D", str(pgdata))
-    as_postgres(f"{PG_BIN}/pg_ctl", "-D", str(pgdata), "-w", "-l", str(sockets / "pg.log"), "-o",
-                 f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c max_connections=500 "
-                 "-c shared_buffers=128MB", "start")
     try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(["runuser", "-u", "postgres", "--", f"{PG_BIN}/pg_ctl", "-D", str(pgdata), "-w", "-m", "fast",
-                        "stop"], capture_output=True, check=False, timeout=120)
+        cluster = Cluster(base, settings={"max_connections": "500", "shared_buffers": "128MB"})
+    except ClusterError:
+        raise BenchError(Exit.PRIVILEGES, "no PostgreSQL server binaries", "apt-get install postgresql, or pass "
+                         "--postgres URL") from None
+    with cluster:
+        yield cluster.url()
 
 
 def kmip(cfg: Config, work: Path, step: Step) -> dict[str, Any]:

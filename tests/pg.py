@@ -1,16 +1,14 @@
 """A real PostgreSQL for the test session.
 
 Order: $DATABASE_URL (a server URL; a fresh database is created in it), else the
-local server on 127.0.0.1:5432 (user postgres, trust), else a throwaway cluster made
-with initdb in a temporary directory (run as the postgres user when we are root).
+local server on 127.0.0.1:5432 (user postgres, trust), else a throwaway cluster in a
+temporary directory (kmsbench/pgcluster.py: the one way the tree makes a server of its own).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
 import tempfile
 import time
 import uuid
@@ -20,6 +18,8 @@ from pathlib import Path
 
 import psycopg
 from sqlalchemy.engine import make_url
+
+from kmsbench.pgcluster import Cluster
 
 LOCAL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
@@ -34,33 +34,14 @@ def _reachable(url: str) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def _throwaway_cluster() -> Iterator[str]:
-    bindir = next((p for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
-    if bindir is None:
-        raise RuntimeError("no PostgreSQL server binaries: apt-get install postgresql")
+    """A cluster of the tests' own, made as every throwaway one is (kmsbench/pgcluster.py)."""
     tmp = Path(tempfile.mkdtemp(prefix="strongroom-pg-"))
-    data, port = tmp / "data", _free_port()
-    as_postgres = ["su", "postgres", "-c"] if os.geteuid() == 0 else None
-    if as_postgres:
-        shutil.chown(tmp, "postgres")
-
-    def run(cmd: str) -> None:
-        subprocess.run([*as_postgres, cmd] if as_postgres else ["sh", "-c", cmd], check=True,
-                       stdout=subprocess.DEVNULL)
-
-    run(f"{bindir}/initdb -A trust -U postgres -D {data}")
-    run(f"{bindir}/pg_ctl -D {data} -o '-p {port} -k {tmp} -c listen_addresses=127.0.0.1' -w start -l {tmp}/log")
     try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+        with Cluster(tmp) as cluster:
+            yield cluster.url()
     finally:
-        run(f"{bindir}/pg_ctl -D {data} -m immediate stop")
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -46,14 +46,22 @@ def server_env(data: Path, port: int, **extra: str) -> dict[str, str]:
 
 
 class Server:
-    def __init__(self, data: Path, *args: str, **env: str) -> None:
+    """A throwaway key server: `keyserver serve ARGS` on `data`, on free ports, with `env`
+    over a clean environment. The one way the tests start one. `command` (and `cwd`) run
+    another server instead, such as a previous release's tree; `insecure` and
+    `ready_path` say how to tell it is up when its arguments do not."""
+
+    def __init__(self, data: Path, *args: str, command: Sequence[str] | None = None, cwd: Path | None = None,
+                 insecure: bool | None = None, ready_path: str = "/readyz", **env: str) -> None:
         self.data, self.port = data, free_port()
         self.env = server_env(data, self.port, **env)
-        self.insecure = "--insecure-http" in args or env.get("STRONGROOM_INSECURE_HTTP") == "true"
+        self.insecure = insecure if insecure is not None else (
+            "--insecure-http" in args or env.get("STRONGROOM_INSECURE_HTTP") == "true")
         self.url = f"{'http' if self.insecure else 'https'}://127.0.0.1:{self.port}"
+        self.ready_path = ready_path
         self.cli = KEYSERVER
-        self.proc = subprocess.Popen([KEYSERVER, "serve", *args], env=self.env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen([*(command or [KEYSERVER, "serve"]), *args], cwd=cwd, env=self.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -78,7 +86,7 @@ class Server:
         if not self.insecure and not (self.data / "ca.pem").exists():
             return False
         try:
-            return httpx.get(f"{self.url}/readyz", verify=self.tls(), timeout=2).status_code == 200
+            return httpx.get(f"{self.url}{self.ready_path}", verify=self.tls(), timeout=2).status_code == 200
         except httpx.TransportError:
             return False
 

@@ -140,87 +140,74 @@ def test_several_workers_on_postgresql(tmp_path: Path) -> None:
     from tests.kmip.conftest import ClientFiles, make_client
     from tests.pg import scratch_database
 
-    port, kmip_port = free_port(), free_port()
-    with scratch_database() as url:
-        env = {**_env(tmp_path / "data", port), "STRONGROOM_WORKERS": "2", "STRONGROOM_DATABASE_URL": url,
-               "STRONGROOM_KMIP_PORT": str(kmip_port)}
-        proc = subprocess.Popen([KEYSERVER, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kmip_port = free_port()
+    with scratch_database() as url, Server(tmp_path / "data", STRONGROOM_WORKERS="2", STRONGROOM_DATABASE_URL=url,
+                                           STRONGROOM_KMIP_PORT=str(kmip_port)) as server:
+        proc, env, base = server.proc, server.env, server.url
+        # Many fresh connections: the kernel spreads them over both workers' sockets.
+        trust = _trust(tmp_path)
+        codes = {httpx.get(f"{base}/healthz", timeout=5, verify=trust).status_code for _ in range(40)}
+        assert codes == {200}
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(children) >= 2, children
+        # Metrics add up every worker's counts, whichever worker answers the scrape.
+        username, password = (tmp_path / "data" / "first-run-admin-password").read_text().split()
+        with httpx.Client(base_url=base, verify=trust, timeout=10) as web:
+            r = web.post("/api/v1/auth/login", json={"username": username, "password": password})
+            web.headers["X-CSRF-Token"] = r.json()["csrf_token"]
+            r = web.post("/api/v1/auth/password", json={"current_password": password,
+                                                        "new_password": "several workers 1234 ok"})
+            web.headers["X-CSRF-Token"] = r.json()["csrf_token"]
+            prom = web.post("/api/v1/tokens", json={"name": "prometheus", "scopes": ["system:read"]}).json()
+        healthz = re.compile(
+            r'^strongroom_http_requests_total\{method="GET",route="/healthz",status="200"\} (\S+)$', re.M)
+        seen = set()
+        for _ in range(6):  # fresh connections: the scrapes land on both workers
+            text = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {prom['secret']}"},
+                             verify=trust, timeout=10).text
+            found = healthz.search(text)
+            assert found is not None, text[:2000]
+            seen.add(float(found.group(1)))
+        assert seen == {40.0}, seen
+        # KMIP: every worker listens on the port (each as soon as it has started), the
+        # supervisor does not.
+        deadline = time.monotonic() + 60
+        while True:
+            listening = subprocess.run(["ss", "-Hltnp", f"sport = :{kmip_port}"], capture_output=True,
+                                       text=True).stdout
+            pids = {int(p) for p in re.findall(r"pid=(\d+)", listening)}
+            if len(pids) >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert len(pids) == 2 and pids <= {int(c) for c in children}, listening
+        out = tmp_path / "client"
+        r = subprocess.run([KEYSERVER, "kmip-client", "create", "deploy-test", "--role", "key-officer",
+                            "--out", str(out)], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        files = ClientFiles("deploy-test", "", out / "cert.pem", out / "key.pem", out / "ca.pem")
+        made = []
+        for _ in range(6):  # fresh connections, spread over both workers by the kernel
+            with make_client(files, kmip_port) as client:
+                uid = client.create(enums.CryptographicAlgorithm.AES, 256)
+                client.activate(uid)
+                made.append(uid)
+        for uid in made:
+            with make_client(files, kmip_port) as client:
+                assert len(client.get(uid).value) == 32
+        # Housekeeping (the audit chainer) runs in the supervisor, not in the workers:
+        # while it is stopped, the workers' records wait in the inbox; it chains them
+        # when it continues.
+        assert _eventually_zero(lambda: _inbox(url))
+        os.kill(proc.pid, signal.SIGSTOP)
         try:
-            base = f"https://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{base}/readyz", timeout=2, verify=_trust(tmp_path)).status_code == 200:
-                        break
-                except (httpx.TransportError, FileNotFoundError):
-                    time.sleep(0.2)
-            # Many fresh connections: the kernel spreads them over both workers' sockets.
-            trust = _trust(tmp_path)
-            codes = {httpx.get(f"{base}/healthz", timeout=5, verify=trust).status_code for _ in range(40)}
-            assert codes == {200}
-            children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-            assert len(children) >= 2, children
-            # Metrics add up every worker's counts, whichever worker answers the scrape.
-            username, password = (tmp_path / "data" / "first-run-admin-password").read_text().split()
-            with httpx.Client(base_url=base, verify=trust, timeout=10) as web:
-                r = web.post("/api/v1/auth/login", json={"username": username, "password": password})
-                web.headers["X-CSRF-Token"] = r.json()["csrf_token"]
-                r = web.post("/api/v1/auth/password", json={"current_password": password,
-                                                            "new_password": "several workers 1234 ok"})
-                web.headers["X-CSRF-Token"] = r.json()["csrf_token"]
-                prom = web.post("/api/v1/tokens", json={"name": "prometheus", "scopes": ["system:read"]}).json()
-            healthz = re.compile(
-                r'^strongroom_http_requests_total\{method="GET",route="/healthz",status="200"\} (\S+)$', re.M)
-            seen = set()
-            for _ in range(6):  # fresh connections: the scrapes land on both workers
-                text = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {prom['secret']}"},
-                                 verify=trust, timeout=10).text
-                found = healthz.search(text)
-                assert found is not None, text[:2000]
-                seen.add(float(found.group(1)))
-            assert seen == {40.0}, seen
-            # KMIP: every worker listens on the port (each as soon as it has started), the
-            # supervisor does not.
-            deadline = time.monotonic() + 60
-            while True:
-                listening = subprocess.run(["ss", "-Hltnp", f"sport = :{kmip_port}"], capture_output=True,
-                                           text=True).stdout
-                pids = {int(p) for p in re.findall(r"pid=(\d+)", listening)}
-                if len(pids) >= 2 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-            assert len(pids) == 2 and pids <= {int(c) for c in children}, listening
-            out = tmp_path / "client"
-            r = subprocess.run([KEYSERVER, "kmip-client", "create", "deploy-test", "--role", "key-officer",
-                                "--out", str(out)], env=env, capture_output=True, text=True, timeout=60)
-            assert r.returncode == 0, r.stderr
-            files = ClientFiles("deploy-test", "", out / "cert.pem", out / "key.pem", out / "ca.pem")
-            made = []
-            for _ in range(6):  # fresh connections, spread over both workers by the kernel
-                with make_client(files, kmip_port) as client:
-                    uid = client.create(enums.CryptographicAlgorithm.AES, 256)
-                    client.activate(uid)
-                    made.append(uid)
-            for uid in made:
-                with make_client(files, kmip_port) as client:
-                    assert len(client.get(uid).value) == 32
-            # Housekeeping (the audit chainer) runs in the supervisor, not in the workers:
-            # while it is stopped, the workers' records wait in the inbox; it chains them
-            # when it continues.
-            assert _eventually_zero(lambda: _inbox(url))
-            os.kill(proc.pid, signal.SIGSTOP)
-            try:
-                with make_client(files, kmip_port) as client:
-                    client.get(made[0])
-                time.sleep(2)  # four of a chainer's polls
-                assert _inbox(url) > 0
-            finally:
-                os.kill(proc.pid, signal.SIGCONT)
-            assert _eventually_zero(lambda: _inbox(url))
+            with make_client(files, kmip_port) as client:
+                client.get(made[0])
+            time.sleep(2)  # four of a chainer's polls
+            assert _inbox(url) > 0
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(40)
-        assert proc.returncode == 0
+            os.kill(proc.pid, signal.SIGCONT)
+        assert _eventually_zero(lambda: _inbox(url))
+        assert server.stop() == 0
 
         def alive(pid: str) -> bool:
             status = Path(f"/proc/{pid}/status")

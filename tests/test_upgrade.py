@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import signal
 import subprocess
 import sys
 import tarfile
@@ -28,7 +27,7 @@ from kmip.pie import objects
 
 from tests.conftest import own_store
 from tests.kmip.conftest import ClientFiles, make_client
-from tests.serve import KEYSERVER, Server, eventually, free_port, server_env
+from tests.serve import KEYSERVER, Server, eventually, free_port
 
 pytestmark = [pytest.mark.store, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -53,39 +52,17 @@ def release_tree(dest: Path) -> Path:
     return dest
 
 
-class ReleaseServer:
+def release_server(tree: Path, data: Path, env: dict[str, str]) -> Server:
     """`keyserver serve` of the release: its tree first on the path (cwd and PYTHONPATH
     win over this checkout's editable install), plain HTTP as that release served."""
+    return Server(data, command=[sys.executable, "-c", "from keyserver.cli import app; app()", "serve"], cwd=tree,
+                  insecure=True, ready_path="/healthz", **{**env, "PYTHONPATH": str(tree)})
 
-    def __init__(self, tree: Path, data: Path, env: dict[str, str], name: str = "release") -> None:
-        self.port = free_port()
-        self.env = server_env(data, self.port, **env) | {"PYTHONPATH": str(tree)}
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = data.parent / f"{name}-server.log"
-        self._out = self.log.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-c", "from keyserver.cli import app; app()", "serve"],
-                                     cwd=tree, env=self.env, stdout=self._out, stderr=subprocess.STDOUT)
 
-    def ready(self) -> bool:
-        assert self.proc.poll() is None, f"the release's server exited:\n{self.log.read_text()}"
-        try:
-            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def first_password(self) -> str:
-        found = re.search(r"password:\s+(\S+)", self.log.read_text())
-        assert found, f"the release printed no first-run password:\n{self.log.read_text()}"
-        return found.group(1)
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(40)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._out.close()
+def first_password(server: Server) -> str:
+    found = re.search(r"password:\s+(\S+)", server.output)
+    assert found, f"the release printed no first-run password:\n{server.output}"
+    return found.group(1)
 
 
 def data_key(api: httpx.Client, key: str, context: dict[str, str]) -> dict[str, Any]:
@@ -96,7 +73,7 @@ def data_key(api: httpx.Client, key: str, context: dict[str, str]) -> dict[str, 
             "version": body["key_version"]}
 
 
-def mixed_window(old: ReleaseServer, api: httpx.Client, secret: str, made: list[dict[str, Any]]) -> None:
+def mixed_window(old: Server, api: httpx.Client, secret: str, made: list[dict[str, Any]]) -> None:
     """A replica of the release that was serving before this one migrated the schema
     (a release refuses to start on a newer revision, so the window is the replicas not
     yet restarted): data keys made by either decrypt on the other, and a rotation on the
@@ -115,17 +92,17 @@ def mixed_window(old: ReleaseServer, api: httpx.Client, secret: str, made: list[
 def test_data_made_by_the_previous_release_reads_back_after_the_upgrade(tmp_path: Path) -> None:
     tree = release_tree(tmp_path / "release")
     data, kmip_port = tmp_path / "data", free_port()
-    straggler: ReleaseServer | None = None
+    straggler: Server | None = None
     with own_store() as url, contextlib.ExitStack() as cleanup:
         cleanup.callback(lambda: straggler.stop() if straggler is not None else None)
         env = {"STRONGROOM_KMIP_PORT": str(kmip_port), **({"STRONGROOM_DATABASE_URL": url} if url else {})}
 
         # --- the previous release: first start, the administrator's password chosen, a token.
-        old = ReleaseServer(tree, data, env)
+        old = release_server(tree, data, env)
         try:
             eventually(old.ready, "the release's key server to be ready", seconds=90)
             web = httpx.Client(base_url=old.url, timeout=30)
-            first = old.first_password()
+            first = first_password(old)
             r = web.post("/api/v1/auth/login", json={"username": "admin", "password": first})
             assert r.status_code == 200, r.text
             web.headers["X-CSRF-Token"] = r.json()["csrf_token"]
@@ -170,7 +147,7 @@ def test_data_made_by_the_previous_release_reads_back_after_the_upgrade(tmp_path
             records_before = r.json()["total"]
             # On PostgreSQL, a second replica of the release, left serving through the upgrade.
             if url is not None:
-                straggler = ReleaseServer(tree, data, {**env, "STRONGROOM_KMIP_ENABLED": "false"}, "straggler")
+                straggler = release_server(tree, data, {**env, "STRONGROOM_KMIP_ENABLED": "false"})
                 eventually(straggler.ready, "the release's second replica to be ready", seconds=90)
         finally:
             old.stop()

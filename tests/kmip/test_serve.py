@@ -3,35 +3,28 @@ as a user runs them: separate processes, embedded SQLite + SoftHSM2 data directo
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import ssl
 import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 from kmip.core import enums
 
 from tests.kmip.conftest import ClientFiles, make_client
-from tests.serve import eventually
-
-KEYSERVER = str(Path(sys.executable).with_name("keyserver"))
+from tests.serve import KEYSERVER, Server, eventually, free_port, server_env
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def test_cli_issues_and_serve_listens(tmp_path: Path) -> None:
-    kmip_port, http_port = _port(), _port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STRONGROOM_", "SOFTHSM2_CONF"))}
-    env.update(STRONGROOM_DATA_DIR=str(tmp_path / "data"), STRONGROOM_PORT=str(http_port),
-               STRONGROOM_KMIP_PORT=str(kmip_port), STRONGROOM_LOG_LEVEL="WARNING")
+    kmip_port = free_port()
+    env = server_env(tmp_path / "data", free_port(), STRONGROOM_KMIP_PORT=str(kmip_port))
     # kmip-client refuses a data directory that holds no key server (it never makes one):
     # a user's first step is init (or serve).
     r = subprocess.run([KEYSERVER, "init"], env=env, capture_output=True, text=True, timeout=120)
@@ -45,19 +38,9 @@ def test_cli_issues_and_serve_listens(tmp_path: Path) -> None:
     assert "cli.example.com" in listed.stdout and "active" in listed.stdout
     client_id = listed.stdout.split()[0]
 
-    proc = subprocess.Popen([KEYSERVER, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:  # both doors open: KMIP, and HTTPS (whose start installs the SIGTERM handler)
-            try:
-                socket.create_connection(("127.0.0.1", kmip_port), timeout=1).close()
-                trust = ssl.create_default_context(cafile=str(tmp_path / "data" / "ca.pem"))
-                if httpx.get(f"https://127.0.0.1:{http_port}/healthz", timeout=2, verify=trust).status_code == 200:
-                    break
-            except (OSError, httpx.TransportError):
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.2)
+    with Server(tmp_path / "data", STRONGROOM_KMIP_PORT=str(kmip_port)) as server:
+        # HTTPS answers (its start installs the SIGTERM handler); the KMIP door opens too.
+        eventually(lambda: _listening(kmip_port), "the KMIP listener")
         files = ClientFiles("cli.example.com", client_id, out / "cert.pem", out / "key.pem", out / "ca.pem")
         with make_client(files, kmip_port) as client:
             uid = client.create(enums.CryptographicAlgorithm.AES, 128, name="from-cli-client")
@@ -78,8 +61,5 @@ def test_cli_issues_and_serve_listens(tmp_path: Path) -> None:
                     return True
 
         eventually(refused, "the revoked client to be refused", seconds=10)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(40)
-    # uvicorn re-raises SIGTERM after its graceful shutdown: killed-by-SIGTERM is a clean exit here.
-    assert proc.returncode in (0, -signal.SIGTERM)
+        # uvicorn re-raises SIGTERM after its graceful shutdown: killed-by-SIGTERM is a clean exit here.
+        assert server.stop() in (0, -signal.SIGTERM)
