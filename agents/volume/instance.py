@@ -12,7 +12,7 @@ import select
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -186,6 +186,8 @@ class RunDir:
             subprocess.run(["fusermount3", "-u", "-z", str(fuse_dir)], capture_output=True, check=False)
         if state is not None:
             _wait_gone(state.pid)
+        with suppress(OSError):  # the empty mount point of the served file; busy while a lazy unmount holds it
+            fuse_dir.rmdir()
 
     def still_open(self, state: OpenVolume) -> bool:
         if state.opened_by == "dm-crypt":

@@ -315,6 +315,7 @@ def test_reopening_after_the_data_plane_died_clears_the_dead_instance(agent: Age
     assert (mnt / "kept").read_bytes() == b"k" * 10_000
     agent.ok("close", "dead")
     assert _debris(agent, "dead", mnt) == []
+    assert not (agent.run_dir / "volumes" / "dead").exists() and not os.path.ismount(mnt)
 
 
 def test_boot_opens_the_tab_and_fails_closed(agent: Agent, admin: httpx.Client, tmp_path: Path) -> None:
