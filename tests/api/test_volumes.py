@@ -154,6 +154,24 @@ def test_states_recovery_and_rekey_requests(pair: tuple[Host, Host, dict[str, An
         assert wanted in actions, (wanted, actions)
 
 
+def test_a_rekey_reported_interrupted_is_closed_unfinished_and_audited(
+        pair: tuple[Host, Host, dict[str, Any]], admin: httpx.Client, services: Services) -> None:
+    a, _, key = pair
+    vid = a.client.create_volume(name="cut", path="/srv/cut.img", key=key["name"]).volume["id"]
+    assert admin.post(f"/api/v1/volumes/{vid}/rekey").status_code == 202
+    a.client.report_volume(vid, "rekeying", rekey={"generation": 1, "done": 0, "total": 100, "finished": False})
+    a.client.report_volume(vid, "rekeying", rekey={"generation": 1, "done": 40, "total": 100, "finished": False})
+    # What the agent says of a run killed with its process: closed, where it stood.
+    v = a.client.report_volume(vid, "closed", rekey={"generation": 1, "done": 40, "total": 100, "finished": False},
+                               detail="re-key interrupted: `kms-agent volume rekey cut` resumes it")
+    assert v["state"] == "closed" and v["rekey"] == {"generation": 1, "done": 40, "total": 100, "finished": False}
+    assert v["rekey_applied"] == 0 and v["rekey_generation"] == 1  # still asked for
+    rekeys = [e for e in _audit(services, admin, vid) if e["action"] == "volume.rekey"]
+    # The start and the interruption are events (a progress tick is not).
+    assert [(e["details"]["state"], e["details"].get("detail")) for e in rekeys] == [
+        ("closed", "re-key interrupted: `kms-agent volume rekey cut` resumes it"), ("rekeying", None)]
+
+
 def test_bad_input_gets_a_precise_answer(pair: tuple[Host, Host, dict[str, Any]]) -> None:
     a, _, key = pair
     for fields, status in (({"name": "Bad Name"}, 400), ({"path": "relative/x"}, 400), ({"path": "/a/../b"}, 400),
