@@ -47,21 +47,23 @@ def server_env(data: Path, port: int, **extra: str) -> dict[str, str]:
 
 class Server:
     """A throwaway key server: `keyserver serve ARGS` on `data`, on free ports, with `env`
-    over a clean environment. The one way the tests start one. `command` (and `cwd`) run
-    another server instead, such as a previous release's tree; `insecure` and
-    `ready_path` say how to tell it is up when its arguments do not."""
+    over a clean environment. The one way the tests start one; a subclass runs another
+    server (a previous release's tree: test_upgrade) by setting `command`, `cwd`,
+    `plain_http` (it serves HTTP without being asked) and `ready_path`."""
 
-    def __init__(self, data: Path, *args: str, command: Sequence[str] | None = None, cwd: Path | None = None,
-                 insecure: bool | None = None, ready_path: str = "/readyz", **env: str) -> None:
+    command: Sequence[str] = (KEYSERVER, "serve")
+    cwd: Path | None = None
+    plain_http = False
+    ready_path = "/readyz"
+
+    def __init__(self, data: Path, *args: str, **env: str) -> None:
         self.data, self.port = data, free_port()
         self.env = server_env(data, self.port, **env)
-        self.insecure = insecure if insecure is not None else (
-            "--insecure-http" in args or env.get("STRONGROOM_INSECURE_HTTP") == "true")
+        self.insecure = self.plain_http or "--insecure-http" in args or env.get("STRONGROOM_INSECURE_HTTP") == "true"
         self.url = f"{'http' if self.insecure else 'https'}://127.0.0.1:{self.port}"
-        self.ready_path = ready_path
         self.cli = KEYSERVER
-        self.proc = subprocess.Popen([*(command or [KEYSERVER, "serve"]), *args], cwd=cwd, env=self.env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen([*self.command, *args], cwd=self.cwd, env=self.env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 

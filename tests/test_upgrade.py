@@ -52,11 +52,17 @@ def release_tree(dest: Path) -> Path:
     return dest
 
 
-def release_server(tree: Path, data: Path, env: dict[str, str]) -> Server:
+class ReleaseServer(Server):
     """`keyserver serve` of the release: its tree first on the path (cwd and PYTHONPATH
     win over this checkout's editable install), plain HTTP as that release served."""
-    return Server(data, command=[sys.executable, "-c", "from keyserver.cli import app; app()", "serve"], cwd=tree,
-                  insecure=True, ready_path="/healthz", **{**env, "PYTHONPATH": str(tree)})
+
+    plain_http = True
+    ready_path = "/healthz"
+
+    def __init__(self, tree: Path, data: Path, env: dict[str, str]) -> None:
+        self.command = (sys.executable, "-c", "from keyserver.cli import app; app()", "serve")
+        self.cwd = tree
+        super().__init__(data, **env, PYTHONPATH=str(tree))
 
 
 def first_password(server: Server) -> str:
@@ -98,7 +104,7 @@ def test_data_made_by_the_previous_release_reads_back_after_the_upgrade(tmp_path
         env = {"STRONGROOM_KMIP_PORT": str(kmip_port), **({"STRONGROOM_DATABASE_URL": url} if url else {})}
 
         # --- the previous release: first start, the administrator's password chosen, a token.
-        old = release_server(tree, data, env)
+        old = ReleaseServer(tree, data, env)
         try:
             eventually(old.ready, "the release's key server to be ready", seconds=90)
             web = httpx.Client(base_url=old.url, timeout=30)
@@ -147,7 +153,7 @@ def test_data_made_by_the_previous_release_reads_back_after_the_upgrade(tmp_path
             records_before = r.json()["total"]
             # On PostgreSQL, a second replica of the release, left serving through the upgrade.
             if url is not None:
-                straggler = release_server(tree, data, {**env, "STRONGROOM_KMIP_ENABLED": "false"})
+                straggler = ReleaseServer(tree, data, {**env, "STRONGROOM_KMIP_ENABLED": "false"})
                 eventually(straggler.ready, "the release's second replica to be ready", seconds=90)
         finally:
             old.stop()
