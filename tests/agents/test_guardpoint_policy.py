@@ -17,6 +17,7 @@ import pytest
 
 from agents.cryptfile import KeyVersion
 from agents.guardpoint.policy import AccessPolicy, Caller, Effect, Mode, Rule
+from tests.serve import eventually
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None
                                 or os.geteuid() != 0, reason="needs /dev/fuse, fusermount3 and root")
@@ -100,10 +101,14 @@ def test_enforce_denies_by_user_and_program(mounted: tuple[Path, Path]) -> None:
     assert r.returncode != 0 and "Permission denied" in r.stderr
     r = subprocess.run(["runuser", "-u", "nobody", "--", CAT, str(mnt / "secret")], capture_output=True, text=True)
     assert r.returncode != 0 and "Permission denied" in r.stderr and r.stdout == ""
-    denied = [e for e in events(spool) if e["event"] == "access.denied"]
-    assert {(e["user"], e["exe"]) for e in denied} >= {("root", os.path.realpath(HEAD)),
-                                                        ("nobody", os.path.realpath(CAT))}
-    assert all(e["path"] == "/secret" and e["mode"] == "enforce" for e in denied)
+    expected = {("root", os.path.realpath(HEAD)), ("nobody", os.path.realpath(CAT))}
+
+    def denied() -> list[dict[str, object]]:
+        return [e for e in events(spool) if e["event"] == "access.denied"]
+
+    # events reach the spool from the data plane through the control channel, a moment later
+    eventually(lambda: {(e["user"], e["exe"]) for e in denied()} >= expected, "the denials' events")
+    assert all(e["path"] == "/secret" and e["mode"] == "enforce" for e in denied())
 
 
 @pytest.mark.parametrize("mounted", [AccessPolicy(mode=Mode.LEARN, rules=POLICY.rules)], indirect=True)
@@ -114,5 +119,9 @@ def test_learn_mode_allows_and_records_what_it_would_deny(mounted: tuple[Path, P
     assert subprocess.run([HEAD, str(mnt / "f")], capture_output=True).stdout == b"data\n"
     r = subprocess.run(["runuser", "-u", "nobody", "--", CAT, str(mnt / "f")], capture_output=True)
     assert r.returncode == 0 and r.stdout == b"data\n"
-    would = [e for e in events(spool) if e["event"] == "access.would_deny"]
-    assert {e["user"] for e in would} == {"root", "nobody"} and all(e["mode"] == "learn" for e in would)
+
+    def would() -> list[dict[str, object]]:
+        return [e for e in events(spool) if e["event"] == "access.would_deny"]
+
+    eventually(lambda: {e["user"] for e in would()} >= {"root", "nobody"}, "the would-deny events")
+    assert {e["user"] for e in would()} == {"root", "nobody"} and all(e["mode"] == "learn" for e in would())
