@@ -144,9 +144,6 @@ STORE_ALLOWED = {
     # in time, raised from anywhere below) into 503 + Retry-After; it recognises the
     # driver's exception, which only the store knows how to read.
     "keyserver.api.problems": "is_busy: the store's busy error → 503 at the edge",
-    # Being moved onto core by its owner in issue 30 (API tokens go with identity/);
-    # remove this line when that lands.
-    "keyserver.api.routes.tokens": "pending (issue 30): ApiToken rows → core identity",
 }
 
 
