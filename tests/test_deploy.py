@@ -65,7 +65,7 @@ def test_plain_http_only_when_asked_and_never_in_production(tmp_path: Path) -> N
            "STRONGROOM_HSM_USER_PIN": "u" * 20, "STRONGROOM_HSM_SO_PIN": "s" * 20,
            "STRONGROOM_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:1/none"}
     r = subprocess.run([KEYSERVER, "serve", "--insecure-http"], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and "plain HTTP is refused in production" in r.stderr, r.stderr
+    assert r.returncode == 2 and "plain HTTP is refused in production" in r.stderr, r.stderr
 
 
 def test_cli_create_admin_rotate_kek_and_broken_chain(tmp_path: Path) -> None:
