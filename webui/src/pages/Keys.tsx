@@ -207,7 +207,7 @@ export function BulkDialog({ action, keys, onClose }: { action: BulkAction | nul
               <Text size="sm">{action === "rotate"
                 ? "Each key gets a new active version; data encrypted under older versions still decrypts."
                 : "Each key's current version stops encrypting and is marked revoked; with a compromise reason it becomes Compromised."}</Text>
-              <List size="sm" spacing={2} style={{ maxHeight: 160, overflowY: "auto" }}>
+              <List size="sm" spacing={2} style={{ maxHeight: 160, overflowY: "auto" }} tabIndex={0} aria-label="The selected keys">
                 {keys.map((k) => <List.Item key={k.id}><Text span ff="monospace" size="sm">{k.name}</Text></List.Item>)}
               </List>
               {action === "revoke" && (

@@ -205,7 +205,7 @@ function IssuedDialog({ issued, onClose }: { issued: Issued | null; onClose: () 
               {name}-ca.pem</Button>
           </Group>
           <Text size="sm">A PyKMIP client (<Code>pykmip.conf</Code>) uses them like this:</Text>
-          <Code block fz="xs">{`[client]
+          <Code block fz="xs" tabIndex={0} aria-label="PyKMIP configuration">{`[client]
 host=<this server's KMIP address>
 port=5696
 certfile=/etc/pykmip/${name}-cert.pem
