@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,14 @@ import httpx
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
+from sqlalchemy import update
 
 from agents.keyclient.client import HostRevoked, ServerClient, ServerRefused
 from agents.keyclient.identity import HostIdentity
+from keyserver.core.audit import utcnow
 from keyserver.core.principal import system_context
 from keyserver.services import Services
+from keyserver.store.models import ApprovalRequest
 from tests import https
 from tests.conftest import REPO
 from tests.https import server_spki_pin
@@ -171,6 +175,27 @@ def _prepare_hosts(tmp_path: Path, base_url: str, agent_url: str, admin: httpx.C
 
 
 @contextmanager
+def _pending_approval(services: Services, requested_by: str) -> Iterator[str]:
+    """A key's destruction that another person asked for and that waits for approval, as
+    core/approvals.py records one where the two-person rule holds key.destroy (this
+    session's server holds nothing): the console's Approve dialog opens on it. Rejected
+    afterwards, so no other test finds it pending."""
+    target = f"approval-target-{uuid.uuid4().hex[:6]}"
+    now = utcnow()
+    request = ApprovalRequest(id=uuid.uuid4(), action="key.destroy", target=target, params={},
+                              requested_by=requested_by, requester_user_id=None, required=1, approvals=[],
+                              state="pending", created_at=now, expires_at=now + timedelta(hours=1))
+    with services.db.begin() as s:
+        s.add(request)
+    try:
+        yield target
+    finally:
+        with services.db.begin() as s:
+            s.execute(update(ApprovalRequest).where(ApprovalRequest.id == request.id)
+                      .values(state="rejected", decided_at=now))
+
+
+@contextmanager
 def _heartbeating(hosts: list[FakeHost], every: float = 5.0) -> Iterator[None]:
     """The agents keep reporting while the browser runs, so they stay online."""
     stop = threading.Event()
@@ -190,6 +215,7 @@ def _heartbeating(hosts: list[FakeHost], every: float = 5.0) -> Iterator[None]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the browser run's own bound is 1100 s; on a loaded machine it needs many minutes
 def test_console_end_to_end(base_url: str, agent_url: str, services: Services, admin: httpx.Client,
                             ca_file: Path, tmp_path: Path) -> None:
     node = _require_prerequisites(base_url)
@@ -224,12 +250,14 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
     services.audit.start(poll_seconds=0.1)
     services.replicas.beat()
     try:
-        with _heartbeating([hosts["db1"], hosts["db2"]]):
+        with _heartbeating([hosts["db1"], hosts["db2"]]), _pending_approval(services, auditor_user) as target:
+            env["APPROVAL_TARGET"] = target
             proc = subprocess.run([node, "e2e/run.mjs"], cwd=WEBUI, env=env, capture_output=True, text=True,
-                                  timeout=300)
+                                  timeout=1100)  # some 30 dialogs opened three times, axe run in each
     finally:
         services.audit.stop()
     log = proc.stdout + proc.stderr
+    (tmp_path / "browser.log").write_text(log)  # the whole run, where the assertion shows its end
     summary = [line for line in log.splitlines() if line.startswith(("ok ", "not ok ", "# pass", "# fail"))]
     print("\n".join(summary))
     assert proc.returncode == 0, f"browser tests failed (exit {proc.returncode}):\n{log[-12000:]}"

@@ -40,6 +40,7 @@ const SPARE_TOKEN = env("SPARE_TOKEN"); // the prefix of an unused enrollment to
 const KEY = `payments-db-${Date.now().toString(36)}`;
 const KMIP_CLIENT = env("KMIP_CLIENT");
 const KMIP_REVOKED = env("KMIP_REVOKED");
+const APPROVAL_TARGET = env("APPROVAL_TARGET"); // a key whose destruction another person asked for
 const TOKEN = `rotation-bot-${Date.now().toString(36)}`;
 const TIMEOUT = 15_000;
 
@@ -122,30 +123,109 @@ async function overflowOf(page) {
   });
 }
 
-/** Every dialog and drawer of the console, each opened from its page without acting in it.
- *  `key` is an active key of the caller's own (its Revoke and Destroy are offered). */
-const dialogs = (key) => [
-  { name: "Create key", path: "/keys", open: (p) => p.getByTestId("create-key").click() },
-  { name: `Edit ${key}`, path: `/keys/${key}`, open: (p) => p.getByTestId("edit-key").click() },
-  { name: "Rotation schedule", path: `/keys/${key}`, open: (p) => p.getByTestId("edit-schedule").click() },
-  { name: `Deactivate ${key}`, path: `/keys/${key}`, open: (p) => p.getByRole("button", { name: "Deactivate" }).click() },
-  { name: `Revoke ${key}`, path: `/keys/${key}`, open: (p) => p.getByTestId("revoke-key").click() },
-  { name: `Destroy ${key}`, path: `/keys/${key}`, open: (p) => p.getByTestId("destroy-key").click() },
-  { name: "Enroll a host", path: "/hosts", open: (p) => p.getByTestId("enroll-host").click() },
-  { name: "New guard point", path: "/guard-points", open: (p) => p.getByRole("button", { name: "New guard point" }).click() },
-  { name: "Audit chain verification", path: "/audit", open: (p) => p.getByTestId("verify-chain").click() },
-  { name: /^Audit record #\d+/, path: "/audit",
+/** What the dialogs open on, made for one run (`tag` keeps the runs apart): an active key of
+ *  the caller's own and a query finding it, an API token and an unused enrollment token. */
+async function dialogFixture(context, tag) {
+  const csrf = (await context.cookies()).find((c) => c.name === "strongroom_csrf")?.value ?? "";
+  const post = async (path, data) => {
+    const r = await context.request.post(path, { data, headers: { "X-CSRF-Token": csrf } });
+    assert.ok(r.ok(), `${path}: ${r.status()} ${await r.text()}`);
+    return r.json();
+  };
+  const key = `dlg-${tag}`;
+  await post("/api/v1/keys", { name: key });
+  const token = `dlg-token-${tag}`;
+  await post("/api/v1/tokens", { name: token, expires_in_days: 1 });
+  const enrollment = await post("/api/v1/enrollment-tokens", { host_group: `dlg-${tag}`, max_uses: 1 });
+  return { tag, key, token, enrollPrefix: enrollment.secret.split("_").slice(0, 2).join("_") };
+}
+
+const volumePage = (name) => async (p) => {
+  await p.getByTestId("volumes-table").locator(`tr[data-volume="${name}"]`).filter({ hasText: HOST.db1 })
+    .getByRole("link", { name }).click();
+  await p.getByRole("heading", { name, level: 1 }).waitFor();
+};
+const userMenu = (user, item) => async (p) => {
+  await p.getByRole("button", { name: `Actions for ${user}` }).click();
+  await p.getByRole("menuitem", { name: item }).click();
+};
+
+/** Every dialog and drawer of the console: each <Modal>, <Drawer>, <TypedConfirmDialog> and
+ *  <SecretOnce> in webui/src, by the file (`src`) that places it; tests/webui/test_dialogs_listed.py
+ *  fails when a file has one more than is listed here. Each is opened from its page without
+ *  acting in it, or, where it shows a result (a secret shown once), by doing what shows it.
+ *  `close` is for a dialog without a × (it must be dismissed by its own button). */
+const dialogs = (f) => [
+  { src: "Keys.tsx", name: "Create key", path: "/keys", open: (p) => p.getByTestId("create-key").click() },
+  { src: "Keys.tsx", name: /^Rotate \d+ keys$/, path: `/keys?q=${f.key}`, open: async (p) => {
+    await p.getByRole("checkbox", { name: "Select every key on this page" }).check();
+    await p.getByTestId("bulk-rotate").click();
+  } },
+  { src: "KeyDetail.tsx", name: `Edit ${f.key}`, path: `/keys/${f.key}`, open: (p) => p.getByTestId("edit-key").click() },
+  { src: "KeyDetail.tsx", name: "Rotation schedule", path: `/keys/${f.key}`, open: (p) => p.getByTestId("edit-schedule").click() },
+  { src: "KeyDetail.tsx", name: `Deactivate ${f.key}`, path: `/keys/${f.key}`, open: (p) => p.getByRole("button", { name: "Deactivate" }).click() },
+  { src: "KeyDetail.tsx", name: `Revoke ${f.key}`, path: `/keys/${f.key}`, open: (p) => p.getByTestId("revoke-key").click() },
+  { src: "KeyDetail.tsx", name: `Destroy ${f.key}`, path: `/keys/${f.key}`, open: (p) => p.getByTestId("destroy-key").click() },
+  { src: "EnrollHost.tsx", name: "Enroll a host", path: "/hosts", open: (p) => p.getByTestId("enroll-host").click() },
+  { src: "Hosts.tsx", name: `Revoke enrollment token ${f.enrollPrefix}…`, path: "/hosts",
+    open: (p) => p.getByRole("button", { name: `Revoke enrollment token ${f.enrollPrefix}` }).click() },
+  { src: "HostDetail.tsx", name: `Revoke ${HOST.db2}`, path: `/hosts?q=${HOST.db2}`, open: async (p) => {
+    await p.getByTestId("hosts-table").getByRole("link", { name: HOST.db2 }).click();
+    await p.getByTestId("revoke-host").click();
+  } },
+  { src: "GuardPoints.tsx", name: "New guard point", path: "/guard-points",
+    open: (p) => p.getByRole("button", { name: "New guard point" }).click() },
+  { src: "GuardPoints.tsx", name: /^Delete \//, path: "/guard-points",
+    open: (p) => p.getByRole("button", { name: /^Delete \// }).first().click() },
+  { src: "Volumes.tsx", name: "Re-key volume pg-data", path: "/volumes",
+    open: async (p) => { await volumePage("pg-data")(p); await p.getByTestId("volume-rekey").click(); } },
+  { src: "Volumes.tsx", name: "Revoke volume pg-data", path: "/volumes",
+    open: async (p) => { await volumePage("pg-data")(p); await p.getByTestId("volume-revoke").click(); } },
+  { src: "Audit.tsx", name: "Audit chain verification", path: "/audit", open: (p) => p.getByTestId("verify-chain").click() },
+  { src: "Audit.tsx", name: /^Audit record #\d+/, path: "/audit",
     open: (p) => p.getByRole("button", { name: /^Open audit record \d+/ }).first().click() },
-  { name: "Create user", path: "/users", open: (p) => p.getByTestId("create-user").click() },
-  { name: "Create API token", path: "/tokens", open: (p) => p.getByTestId("create-token").click() },
-  { name: "Rotate the KEK", path: "/system", open: (p) => p.getByTestId("rotate-kek").click() },
-  { name: "Create KMIP client", path: "/kmip-clients", open: (p) => p.getByTestId("create-kmip-client").click() },
-  { name: "Search", path: "/", open: (p) => p.keyboard.press("Control+K") },
+  { src: "Users.tsx", name: "Create user", path: "/users", open: (p) => p.getByTestId("create-user").click() },
+  { src: "Users.tsx", name: `Make ${AUDITOR_USER} operator`, path: "/users", open: userMenu(AUDITOR_USER, "Make operator…") },
+  { src: "Users.tsx", name: `Reset the password of ${AUDITOR_USER}`, path: "/users",
+    open: userMenu(AUDITOR_USER, "Reset password…") },
+  { src: "Users.tsx", name: `Disable ${AUDITOR_USER}`, path: "/users", open: userMenu(AUDITOR_USER, "Disable…") },
+  { src: "Users.tsx", name: "One-time password", path: "/users", open: async (p) => {
+    await p.getByTestId("create-user").click();
+    const create = p.getByRole("dialog", { name: "Create user" });
+    await create.getByLabel("Username").fill(`dlg-${f.tag}-${Date.now().toString(36)}`);
+    await create.getByRole("button", { name: "Create user" }).click();
+  } },
+  { src: "Tokens.tsx", name: "Create API token", path: "/tokens", open: (p) => p.getByTestId("create-token").click() },
+  { src: "Tokens.tsx", name: `Revoke ${f.token}`, path: "/tokens",
+    open: (p) => p.getByRole("button", { name: `Revoke token ${f.token}` }).click() },
+  { src: "Tokens.tsx", name: "API token created", path: "/tokens", open: async (p) => {
+    await p.getByTestId("create-token").click();
+    const create = p.getByRole("dialog", { name: "Create API token" });
+    await create.getByLabel("Name").fill(`dlg-made-${f.tag}-${Date.now().toString(36)}`);
+    await create.getByRole("button", { name: "Create token" }).click();
+  } },
+  { src: "System.tsx", name: "Rotate the KEK", path: "/system", open: (p) => p.getByTestId("rotate-kek").click() },
+  { src: "Kmip.tsx", name: "Create KMIP client", path: "/kmip-clients", open: (p) => p.getByTestId("create-kmip-client").click() },
+  { src: "Kmip.tsx", name: `Revoke ${KMIP_CLIENT}`, path: "/kmip-clients",
+    open: (p) => p.getByRole("button", { name: `Revoke KMIP client ${KMIP_CLIENT}` }).click() },
+  { src: "Kmip.tsx", name: `Key export of ${KMIP_CLIENT}`, path: "/kmip-clients",
+    open: (p) => p.getByRole("button", { name: `Change key export of ${KMIP_CLIENT}` }).click() },
+  { src: "Kmip.tsx", name: "KMIP client created", path: "/kmip-clients", close: (p) => p.getByTestId("kmip-issued-done").click(),
+    open: async (p) => {
+      await p.getByTestId("create-kmip-client").click();
+      const form = p.getByRole("form", { name: "Create KMIP client" });
+      await form.getByRole("textbox", { name: /Name/ }).fill(`dlg-${f.tag}-${Date.now().toString(36)}.${DOMAIN_OF(HOST.db1)}`);
+      await form.getByTestId("create-kmip-client-submit").click();
+    } },
+  { src: "Approvals.tsx", name: "Approve: Destroy a key", path: "/approvals",
+    open: (p) => p.getByRole("button", { name: `Approve: Destroy a key, ${APPROVAL_TARGET}` }).click() },
+  { src: "GlobalSearch.tsx", name: "Search", path: "/", open: (p) => p.keyboard.press("Control+K") },
 ];
 
-/** Open each dialog in turn, run check(name) while it is open, close it by its × (found by its name). */
-async function withEachDialog(page, key, check) {
-  for (const d of dialogs(key)) {
+/** Open each dialog in turn, run check(name, dialog) while it is open, close it by its × (found
+ *  by its name) or, without one, by its own button. */
+async function withEachDialog(page, fixture, check) {
+  for (const d of dialogs(fixture)) {
     await page.goto(`/#${d.path}`);
     await page.locator("#main-content h1").first().waitFor();
     await page.waitForLoadState("networkidle");
@@ -153,16 +233,16 @@ async function withEachDialog(page, key, check) {
     const dialog = page.getByRole("dialog", { name: d.name });
     await dialog.waitFor();
     // A drawer slides in, a modal pops: judge it where it comes to rest.
-    const close = dialog.getByRole("button", { name: /^Close (dialog|panel)$/ });
+    const close = d.close ? null : dialog.getByRole("button", { name: /^Close (dialog|panel)$/ });
     let last = null;
     await until(async () => {
-      const box = await close.boundingBox();
+      const box = await (close ?? dialog).boundingBox();
       const still = box !== null && last !== null && box.x === last.x && box.y === last.y;
       last = box;
       return still;
-    }, () => `${d.name}: its close button never came to rest`);
-    await check(String(d.name), dialog);
-    await close.click();
+    }, () => `${d.name}: it never came to rest`);
+    await check(String(d.name), dialog, close);
+    await (close ? close.click() : d.close(page));
     await dialog.waitFor({ state: "detached" });
   }
 }
@@ -264,7 +344,7 @@ test("enroll a host: create an enrollment token and read the one-liner", async (
   const command = await dialog.getByTestId("install-command").textContent();
   assert.ok(command?.includes(`--token ${secret}`), `the one-liner carries the token: ${command}`);
   assert.ok(command?.includes(`${AGENT_URL}/install.sh`), `the one-liner names the install URL: ${command}`);
-  assert.equal(command, `curl -fsS --cacert ca.pem ${AGENT_URL}/install.sh | sudo sh -s -- --token ${secret}`);
+  assert.equal(command, `curl -fsS --cacert ca.pem ${AGENT_URL}/install.sh | sh -s -- --token ${secret}`); // root or sudo: the installer decides
   assert.equal(await dialog.getByTestId("ca-fingerprint").textContent(), CA_FINGERPRINT);
   await dialog.getByText("shown only once", { exact: false }).waitFor();
   // What the dialog points at is real: the CA download is the certificate whose
@@ -772,14 +852,16 @@ test("a shared link opened signed out lands, filters included, after signing in"
 });
 
 for (const colorScheme of ["light", "dark"]) {
-  test(`accessibility (${colorScheme}): axe-core finds no serious violation on any page`, async () => {
+  test(`accessibility (${colorScheme}, 1440 px): axe-core finds no serious violation on any page or in any dialog`, async () => {
     const problems = [];
     const signedOut = await open(undefined, { colorScheme });
+    await signedOut.page.setViewportSize({ width: 1440, height: 900 });
     await signedOut.page.goto("/#/sign-in");
     await signedOut.page.getByRole("button", { name: "Sign in" }).waitFor();
     problems.push(...(await axeViolations(signedOut.page)).map((v) => `sign-in: ${v}`));
     await signedOut.done();
     const { page, context, done } = await open(STATE, { colorScheme });
+    await page.setViewportSize({ width: 1440, height: 900 });
     // A key in each state, so every state's badge is on the pages axe reads.
     const csrf = (await context.cookies()).find((c) => c.name === "strongroom_csrf")?.value ?? "";
     const batch = `axe-${colorScheme}-${Date.now().toString(36)}`;
@@ -805,8 +887,7 @@ for (const colorScheme of ["light", "dark"]) {
     problems.push(...(await axeViolations(page)).map((v) => `host detail: ${v}`));
     if (colorScheme === "dark") await shot(page, "host-detail-dark");
     // With each dialog and drawer open: what a screen reader meets there is the dialog.
-    await post("/api/v1/keys", { name: `${batch}-live` });
-    await withEachDialog(page, `${batch}-live`, async (name) => {
+    await withEachDialog(page, await dialogFixture(context, `axe-${colorScheme}`), async (name) => {
       problems.push(...(await axeViolations(page)).map((v) => `dialog ${name}: ${v}`));
     });
     writeFileSync(join(E2E_OUT, `axe-${colorScheme}.txt`), problems.join("\n") + "\n");
@@ -825,6 +906,7 @@ for (const [width, height] of [[375, 812], [768, 1024], [1440, 900]]) {
                                                               headers: { "X-CSRF-Token": csrf } });
     assert.equal(made.status(), 201, await made.text());
     const wide = [];
+    const problems = []; // axe at 375 px: every page, and each dialog open
     const measure = async (what) => {
       const [overflow, culprits] = await overflowOf(page);
       if (overflow > 0) wide.push(`${what} at ${width} px is ${overflow} px wider than the window: ${culprits.join("; ")}`);
@@ -839,6 +921,7 @@ for (const [width, height] of [[375, 812], [768, 1024], [1440, 900]]) {
       await page.locator("#main-content h1").first().waitFor();
       await page.waitForLoadState("networkidle");
       await measure(path);
+      if (width === 375) problems.push(...(await axeViolations(page)).map((v) => `${path} at ${width} px: ${v}`));
       // The header is never under the navigation: its home link can be clicked.
       await page.getByRole("link", { name: "Strongroom home" }).click({ trial: true });
     }
@@ -848,16 +931,28 @@ for (const [width, height] of [[375, 812], [768, 1024], [1440, 900]]) {
     await page.getByTestId("host-events").waitFor();
     await page.waitForLoadState("networkidle");
     await measure("host detail");
-    // A phone shows each dialog and drawer within its width too (each closes by its own ×).
+    if (width === 375) problems.push(...(await axeViolations(page)).map((v) => `host detail at ${width} px: ${v}`));
+    // A volume's page.
+    await page.goto("/#/volumes");
+    await page.getByTestId("volumes-table").locator('tr[data-volume="pg-data"]').filter({ hasText: HOST.db1 })
+      .getByRole("link", { name: "pg-data" }).click();
+    await page.getByRole("heading", { name: "pg-data", level: 1 }).waitFor();
+    await page.waitForLoadState("networkidle");
+    await measure("volume detail");
+    if (width === 375) problems.push(...(await axeViolations(page)).map((v) => `volume detail at ${width} px: ${v}`));
+    // A phone shows each dialog and drawer within its width, its × on the screen, and clean
+    // under axe (what a phone's screen reader meets there is the dialog).
     if (width === 375) {
-      await withEachDialog(page, key, async (name, dialog) => {
+      await withEachDialog(page, await dialogFixture(context, `w${width}`), async (name, dialog, close) => {
         await measure(`dialog ${name}`);
-        // Its × is in the window, not scrolled away sideways.
-        const box = await dialog.getByRole("button", { name: /^Close (dialog|panel)$/ }).boundingBox();
+        const box = await (close ?? dialog).boundingBox();
         if (!box || box.x < 0 || box.x + box.width > width) wide.push(`dialog ${name}: its close button is off the screen`);
+        problems.push(...(await axeViolations(page)).map((v) => `dialog ${name} at ${width} px: ${v}`));
       });
+      writeFileSync(join(E2E_OUT, `axe-${width}.txt`), problems.join("\n") + "\n");
     }
     assert.deepEqual(wide, [], wide.join("\n"));
+    assert.deepEqual(problems, [], problems.join("\n"));
     const menu = page.getByRole("button", { name: "Open navigation" });
     // Folded away = moved off the screen (and inert): its links are not where anyone can reach them.
     const onScreen = async () => {
