@@ -24,6 +24,18 @@ const AuthContext = createContext<AuthState | null>(null);
 
 export const ME_KEY = ["auth", "me"] as const;
 
+/** What the sign-in page says after the server ended a session (the 401's problem code). */
+export function signedOutNotice(code: string): string {
+  switch (code) {
+    case "session_expired":
+      return "Your session expired. Sign in again to continue.";
+    case "session_replaced":
+      return "This account's password was changed after you signed in. Sign in again with the new password.";
+    default:
+      return "Your session has ended. Sign in again to continue.";
+  }
+}
+
 /** The notice of a sign-out the person asked for: the next sign-in starts at the dashboard. */
 export const SIGNED_OUT = "You have signed out.";
 
@@ -55,9 +67,7 @@ export function AuthProvider({ children }: { children: ReactNode }) {
     // 401: the session ended (idle timeout, lifetime, reset, disabled, signed out elsewhere).
     const wasSignedIn = qc.getQueryData(ME_KEY) != null;
     if (wasSignedIn) {
-      setNotice(err.code === "session_expired"
-        ? "Your session expired. Sign in again to continue."
-        : "Your session has ended. Sign in again to continue.");
+      setNotice(signedOutNotice(err.code));
       qc.setQueryData(ME_KEY, null);
       qc.removeQueries({ predicate: (q) => q.queryKey[0] !== "auth" });
     }
