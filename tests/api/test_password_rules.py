@@ -22,7 +22,8 @@ def _denials(services: Services, action: str, object_id: str) -> list[AuditEvent
     services.audit.flush()
     with services.db() as s:
         return list(s.execute(select(AuditEvent).where(AuditEvent.action == action, AuditEvent.object_id == object_id,
-                                                       AuditEvent.outcome == "denied")).scalars())
+                                                       AuditEvent.outcome == "denied")
+                              .order_by(AuditEvent.seq)).scalars())
 
 
 @pytest.mark.parametrize(("role", "password"), [

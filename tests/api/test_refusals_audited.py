@@ -28,7 +28,8 @@ def _records(services: Services, action: str, object_id: str) -> list[AuditEvent
     services.audit.flush()
     with services.db() as s:
         return list(s.execute(select(AuditEvent).where(AuditEvent.action == action,
-                                                       AuditEvent.object_id == object_id)).scalars())
+                                                       AuditEvent.object_id == object_id)
+                              .order_by(AuditEvent.seq)).scalars())
 
 
 def test_a_data_key_for_a_missing_key_is_404_and_audited(admin: httpx.Client, services: Services) -> None:

@@ -67,7 +67,8 @@ def _refused(svc: Services, approver: RequestContext, request_id: uuid.UUID, cod
     with svc.db() as s:
         details = s.execute(select(AuditEvent.details).where(
             AuditEvent.action == "approval.approve", AuditEvent.object_id == str(request_id),
-            AuditEvent.actor == approver.principal.name, AuditEvent.outcome == "denied")).scalars().all()
+            AuditEvent.actor == approver.principal.name, AuditEvent.outcome == "denied")
+            .order_by(AuditEvent.seq)).scalars().all()  # in chain order: [-1] is this refusal
     assert {"reason": code}.items() <= details[-1].items()
 
 
