@@ -214,11 +214,14 @@ class HsmBackend(Protocol):
     def hmac(self, wrapped: WrappedKey, data: bytes, *, hash: str) -> bytes:
         """HMAC-`hash` (SHA-256/384/512) of `data` under a wrapped generic secret, in the token."""
 
-    def private_key_sign(self, key: SealedPrivateKey, data: bytes, *, scheme: str, hash: str) -> bytes:
+    def private_key_sign(self, key: SealedPrivateKey, data: bytes, *, scheme: str, hash: str,
+                         prehashed: bool = False) -> bytes:
         """RSA signature (RSA_PSS with salt = hash length, or RSA_PKCS1V15) of `data`,
         by a sealed private key opened inside the token only; with an EC key
         (`key.algorithm` "EC"), `scheme` ECDSA: the digest is computed outside, signed
-        inside (CKM_ECDSA), returned DER-encoded."""
+        inside (CKM_ECDSA), returned DER-encoded. Added: `prehashed` — `data` is already
+        the `hash` digest (its length checked, HsmInvalidInput otherwise), signed as it
+        is: CKM_RSA_PKCS_PSS, CKM_RSA_PKCS over its DigestInfo, or CKM_ECDSA."""
 
     def private_key_decrypt(self, key: SealedPrivateKey, ciphertext: bytes, *, hash: str) -> bytes:
         """RSA-OAEP (MGF1 with the same hash, empty label) decryption by a sealed

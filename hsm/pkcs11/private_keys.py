@@ -30,6 +30,19 @@ from hsm.pkcs11.common import AesWrapView, Lease, der_octet_string, destroy_quie
 from hsm.pkcs11.core import Pkcs11Core
 
 _PRIVATE_KEY_TYPES: Final = {"RSA": KeyType.RSA, "EC": KeyType.EC}
+# DER DigestInfo (RFC 8017 §9.2 note 1) up to the digest, for CKM_RSA_PKCS over a digest.
+DIGEST_INFO_PREFIX: Final = {
+    "SHA-256": bytes.fromhex("3031300d060960864801650304020105000420"),
+    "SHA-384": bytes.fromhex("3041300d060960864801650304020205000430"),
+    "SHA-512": bytes.fromhex("3051300d060960864801650304020305000440"),
+}
+
+
+def _check_digest(digest: bytes, hash: str) -> None:
+    if hash not in DIGEST_INFO_PREFIX:
+        raise HsmInvalidInput(f"signatures over a digest use SHA-256, SHA-384 or SHA-512, not {hash!r}")
+    if len(digest) != mechanisms.HASH_BYTES[hash]:
+        raise HsmInvalidInput(f"a {hash} digest is {mechanisms.HASH_BYTES[hash]} bytes, not {len(digest)}")
 
 
 class PrivateKeyOps(Pkcs11Core):
@@ -132,9 +145,12 @@ class PrivateKeyOps(Pkcs11Core):
         finally:
             self._cache.release(entry)
 
-    def private_key_sign(self, key: SealedPrivateKey, data: bytes, *, scheme: str, hash: str) -> bytes:
+    def private_key_sign(self, key: SealedPrivateKey, data: bytes, *, scheme: str, hash: str,
+                         prehashed: bool = False) -> bytes:
         if key.algorithm == "EC" or scheme == ECDSA:
-            return self._ecdsa_sign(key, data, scheme=scheme, hash=hash)
+            return self._ecdsa_sign(key, data, scheme=scheme, hash=hash, prehashed=prehashed)
+        if prehashed:
+            return self._rsa_sign_digest(key, data, scheme=scheme, hash=hash)
         if scheme == RSA_PSS and hash in mechanisms.PSS_MECHANISMS:
             mechanism = mechanisms.PSS_MECHANISMS[hash]
             param: Any = (mechanisms.HASH_MECHANISMS[hash], mechanisms.HASH_MGF[hash], mechanisms.HASH_BYTES[hash])
@@ -152,15 +168,39 @@ class PrivateKeyOps(Pkcs11Core):
 
         return self._run("private_key_sign", sign, on_crypto=integrity_error)
 
-    def _ecdsa_sign(self, key: SealedPrivateKey, data: bytes, *, scheme: str, hash: str) -> bytes:
+    def _rsa_sign_digest(self, key: SealedPrivateKey, digest: bytes, *, scheme: str, hash: str) -> bytes:
+        """A digest the caller computed, signed inside the token: CKM_RSA_PKCS_PSS (the
+        digest, salt = hash length) or CKM_RSA_PKCS over the DigestInfo built here."""
+        _check_digest(digest, hash)
+        if scheme == RSA_PSS:
+            mechanism = Mechanism.RSA_PKCS_PSS
+            param: Any = (mechanisms.HASH_MECHANISMS[hash], mechanisms.HASH_MGF[hash], mechanisms.HASH_BYTES[hash])
+            message = bytes(digest)
+        elif scheme == RSA_PKCS1V15:
+            mechanism, param, message = Mechanism.RSA_PKCS, None, DIGEST_INFO_PREFIX[hash] + bytes(digest)
+        else:
+            raise HsmInvalidInput(f"RSA signatures are {RSA_PSS} or {RSA_PKCS1V15}, not {scheme}")
+
+        def sign(lease: Lease) -> bytes:
+            with self._opened_private_key(lease, key) as handle:
+                return bytes(RsaPrivateOpsView(lease.session, handle).sign(
+                    message, mechanism=mechanism, mechanism_param=param))
+
+        return self._run("private_key_sign", sign, on_crypto=integrity_error)
+
+    def _ecdsa_sign(self, key: SealedPrivateKey, data: bytes, *, scheme: str, hash: str,
+                    prehashed: bool = False) -> bytes:
         if key.algorithm != "EC" or scheme != ECDSA:
             raise HsmInvalidInput(f"{ECDSA} is for EC keys and EC keys sign with {ECDSA} only, "
                                   f"not {scheme} with a {key.algorithm} key")
         if hash not in mechanisms.HASH_BYTES or hash == "SHA-1":
             raise HsmInvalidInput(f"{ECDSA} hashes with SHA-256, SHA-384 or SHA-512, not {hash!r}")
         # The token has CKM_ECDSA only (no CKM_ECDSA_SHA*): the digest is computed here —
-        # it is no secret — and signed inside the token, which answers r || s.
-        digest = hashlib.new(hash.replace("-", "").lower(), bytes(data)).digest()
+        # it is no secret — (or by the caller, `prehashed`) and signed inside the token,
+        # which answers r || s.
+        if prehashed:
+            _check_digest(data, hash)
+        digest = bytes(data) if prehashed else hashlib.new(hash.replace("-", "").lower(), bytes(data)).digest()
 
         def sign(lease: Lease) -> bytes:
             with self._opened_private_key(lease, key) as handle:
