@@ -98,6 +98,17 @@ class TokenCapabilities:
     # includes rsa_wrap_mechanism). A blob stored under another mechanism needs a
     # token that can read it; empty means "only rsa_wrap_mechanism".
     rsa_unwrap_mechanisms: frozenset[str] = frozenset()
+    # Added: the token ignores CKA_SENSITIVE/CKA_EXTRACTABLE in a C_UnwrapKey template
+    # (openCryptoki 3.8's soft token makes every unwrapped key readable and refuses
+    # CKA_EXTRACTABLE=TRUE there): the backend leaves both out of the template, then sets
+    # them on the new object and reads them back before using it (docs/decisions/0018).
+    unwrap_sets_attributes_after: bool = False
+    # Added: mechanisms whose absence turns whole services off on a token (read from its
+    # mechanism list; True when a record is built by hand). CKM_EC_KEY_PAIR_GEN and
+    # CKM_ECDSA: EC pairs and the audit checkpoint key; CKM_AES_KEY_WRAP_PAD: sealed
+    # private keys and AES-wrapped KMIP Get.
+    supports_ecdsa: bool = True
+    supports_aes_key_wrap_pad: bool = True
 
 
 @dataclass(frozen=True, slots=True)
