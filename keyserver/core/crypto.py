@@ -22,6 +22,7 @@ from typing import Literal
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.asymmetric.utils import Prehashed
 from cryptography.x509 import load_der_x509_certificate
 
 from hsm import (
@@ -181,27 +182,32 @@ class CryptoService:
 
     # --- sign / verify -----------------------------------------------------------------
     def sign(self, ctx: RequestContext, uid: str, data: bytes, *, scheme: str | None = None,
-             hash: str | None = None) -> bytes:
+             hash: str | None = None, digested: bool = False) -> bytes:
         """RSA-PSS (default) or RSA PKCS#1 v1.5 with an RSA private key, SHA-256 by default;
         ECDSA with an EC private key, by default with the hash of the curve's strength
-        (P-256: SHA-256, P-384: SHA-384)."""
+        (P-256: SHA-256, P-384: SHA-384). `digested`: `data` is the digest the caller
+        computed (of the named hash; unnamed, the hash whose length it has), signed as it is."""
         obj = self._subject(ctx, uid, "sign")
         data = self._bounded(data)
         if not isinstance(obj, KmipSealedObject) or obj.object_type != PRIVATE_KEY:
             raise Conflict(f"a {object_type_of(obj)} does not sign; use a private key", code="wrong_object_type")
-        scheme, hash = _signature_choice(obj.algorithm or "RSA", obj.length_bits, scheme, hash)
+        scheme, hash = _signature_choice(obj.algorithm or "RSA", obj.length_bits, scheme,
+                                         _digest_hash(data, hash) if digested else hash)
         try:
-            signature = self._hsm.private_key_sign(self._sealed(obj), data, scheme=scheme, hash=hash)
+            signature = self._hsm.private_key_sign(self._sealed(obj), data, scheme=scheme, hash=hash,
+                                                   prehashed=digested)
         except HsmInvalidInput as exc:
             raise InvalidInput(str(exc)) from exc
         except HsmError as exc:
             raise hsm_failure("sign", exc) from exc
-        self._record(ctx, "sign", obj, {"mechanism": f"{scheme}-{hash}", "bytes": len(data)})
+        self._record(ctx, "sign", obj, {"mechanism": f"{scheme}-{hash}", "bytes": len(data),
+                                        **({"digested": True} if digested else {})})
         return signature
 
     def verify(self, ctx: RequestContext, uid: str, data: bytes, signature: bytes, *, scheme: str | None = None,
-               hash: str | None = None) -> bool:
-        """The inverse of sign, with a public key or a certificate (RSA or EC), in software."""
+               hash: str | None = None, digested: bool = False) -> bool:
+        """The inverse of sign, with a public key or a certificate (RSA or EC), in software;
+        `digested` as for sign."""
         obj = self._subject(ctx, uid, "verify")
         data = self._bounded(data)
         public: rsa.RSAPublicKey | ec.EllipticCurvePublicKey
@@ -215,23 +221,27 @@ class CryptoService:
         else:
             raise Conflict(f"a {object_type_of(obj)} does not verify; use a public key or a certificate",
                            code="wrong_object_type")
+        if digested:
+            hash = _digest_hash(data, hash)
         if isinstance(public, ec.EllipticCurvePublicKey):
             scheme, hash = _signature_choice("EC", public.curve.key_size, scheme, hash)
         else:
             scheme, hash = _signature_choice("RSA", public.key_size, scheme, hash)
         algorithm = HASHES[hash]()
+        chosen: hashes.HashAlgorithm | Prehashed = Prehashed(algorithm) if digested else algorithm
         try:
             if isinstance(public, ec.EllipticCurvePublicKey):
-                public.verify(signature, data, ec.ECDSA(algorithm))
+                public.verify(signature, data, ec.ECDSA(chosen))
             else:
                 pad: padding.AsymmetricPadding = (
                     padding.PSS(mgf=padding.MGF1(HASHES[hash]()), salt_length=algorithm.digest_size)
                     if scheme == RSA_PSS else padding.PKCS1v15())
-                public.verify(signature, data, pad, algorithm)
+                public.verify(signature, data, pad, chosen)
             valid = True
         except InvalidSignature:
             valid = False
-        self._record(ctx, "verify", obj, {"mechanism": f"{scheme}-{hash}", "bytes": len(data), "valid": valid})
+        self._record(ctx, "verify", obj, {"mechanism": f"{scheme}-{hash}", "bytes": len(data), "valid": valid,
+                                          **({"digested": True} if digested else {})})
         return valid
 
     # --- MAC ---------------------------------------------------------------------------
@@ -312,6 +322,21 @@ def _signature_choice(algorithm: str, bits: int | None, scheme: str | None, hash
     if hash not in HASHES or hash == "SHA-1":
         raise InvalidInput(f"{scheme} signatures hash with SHA-256, SHA-384 or SHA-512, not {hash}")
     return scheme, hash
+
+
+def _digest_hash(digest: bytes, named: str | None) -> str:
+    """The hash a caller's digest is of: the named one, whose length it must have, or
+    (none named) the SHA-2 hash of its length."""
+    if named is None:
+        by_length = {h().digest_size: name for name, h in HASHES.items() if name != "SHA-1"}
+        if len(digest) not in by_length:
+            raise InvalidInput(f"the digested data is {len(digest)} bytes: not a SHA-256, SHA-384 or SHA-512 digest "
+                               "(32, 48 or 64 bytes)")
+        return by_length[len(digest)]
+    if named in HASHES and len(digest) != HASHES[named]().digest_size:
+        raise InvalidInput(f"the digested data is {len(digest)} bytes, but a {named} digest is "
+                           f"{HASHES[named]().digest_size}")
+    return named
 
 
 def _oaep(name: str) -> padding.OAEP:

@@ -6,7 +6,8 @@ message decoder builds them like any other.
 AddAttribute (KMIP 1.x, §4.13): request = Unique Identifier (optional) + Attribute;
 response = Unique Identifier + Attribute. KMIP 2.0's form is not served (see discovery).
 MACVerify and RNGRetrieve (KMIP 1.2 §4.34, §4.35), without streaming (no correlation
-value, init or final indicator).
+value, init or final indicator). Sign's request (KMIP 1.4 §4.31) with Digested Data, in
+place of PyKMIP's, which has Data only.
 """
 
 from __future__ import annotations
@@ -298,3 +299,80 @@ def _register_services() -> None:
 
 
 _register_services()
+
+
+# --- Sign requests with Digested Data (KMIP 1.4 §4.31) -----------------------------------------
+# PyKMIP 0.11's Sign request payload knows Data only (and refuses a request without it);
+# this one reads every field KMIP 1.4 defines, so that Sign can serve Digested Data and
+# refuse streaming by name. (PyKMIP's SignatureVerify request payload has them all.)
+_SIGN_REQUEST = (
+    ("unique_identifier", enums.Tags.UNIQUE_IDENTIFIER, primitives.TextString),
+    ("cryptographic_parameters", enums.Tags.CRYPTOGRAPHIC_PARAMETERS, attributes.CryptographicParameters),
+    ("data", enums.Tags.DATA, primitives.ByteString),
+    ("digested_data", enums.Tags.DIGESTED_DATA, primitives.ByteString),
+    ("correlation_value", enums.Tags.CORRELATION_VALUE, primitives.ByteString),
+    ("init_indicator", enums.Tags.INIT_INDICATOR, primitives.Boolean),
+    ("final_indicator", enums.Tags.FINAL_INDICATOR, primitives.Boolean),
+)
+
+
+class SignRequestPayload(base.RequestPayload):  # type: ignore[misc]
+    """Unique Identifier, Cryptographic Parameters, Data or Digested Data, and the
+    streaming fields (Correlation Value, Init and Final Indicator: read, to be refused)."""
+
+    def __init__(self, unique_identifier: str | None = None, cryptographic_parameters: Any = None,
+                 data: bytes | None = None, digested_data: bytes | None = None,
+                 correlation_value: bytes | None = None) -> None:
+        super().__init__()
+        self._unique_identifier = (primitives.TextString(unique_identifier, tag=enums.Tags.UNIQUE_IDENTIFIER)
+                                   if unique_identifier is not None else None)
+        self._cryptographic_parameters = cryptographic_parameters
+        self._data = primitives.ByteString(data, tag=enums.Tags.DATA) if data is not None else None
+        self._digested_data = (primitives.ByteString(digested_data, tag=enums.Tags.DIGESTED_DATA)
+                               if digested_data is not None else None)
+        self._correlation_value = (primitives.ByteString(correlation_value, tag=enums.Tags.CORRELATION_VALUE)
+                                   if correlation_value is not None else None)
+        self._init_indicator = self._final_indicator = None
+
+    @property
+    def unique_identifier(self) -> str | None:
+        return str(self._unique_identifier.value) if self._unique_identifier is not None else None
+
+    @property
+    def cryptographic_parameters(self) -> Any:
+        return self._cryptographic_parameters
+
+    @property
+    def data(self) -> bytes | None:
+        return bytes(self._data.value) if self._data is not None else None
+
+    @property
+    def digested_data(self) -> bytes | None:
+        return bytes(self._digested_data.value) if self._digested_data is not None else None
+
+    @property
+    def correlation_value(self) -> bytes | None:
+        return bytes(self._correlation_value.value) if self._correlation_value is not None else None
+
+    @property
+    def init_indicator(self) -> bool | None:
+        return bool(self._init_indicator.value) if self._init_indicator is not None else None
+
+    @property
+    def final_indicator(self) -> bool | None:
+        return bool(self._final_indicator.value) if self._final_indicator is not None else None
+
+    def read(self, input_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        super().read(input_buffer, kmip_version=kmip_version)
+        _read_items(self, input_buffer, kmip_version, _SIGN_REQUEST)
+
+    def write(self, output_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
+        _write_items(self, output_buffer, kmip_version, base.RequestPayload,
+                     tuple(name for name, _, _ in _SIGN_REQUEST))
+
+
+def _register_sign() -> None:
+    RequestPayloadFactory._create_sign_payload = lambda self: SignRequestPayload()
+
+
+_register_sign()

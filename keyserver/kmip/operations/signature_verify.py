@@ -1,6 +1,6 @@
 """SignatureVerify: with a public key (or an RSA certificate), in software: it needs no
 secret. Answers Validity Indicator Valid or Invalid; Deactivated and Compromised keys
-still verify."""
+still verify. Data or Digested Data, as for Sign; streaming is refused."""
 
 from __future__ import annotations
 
@@ -12,19 +12,20 @@ from kmip.core.messages import payloads
 from keyserver.kmip import cryptoparams
 from keyserver.kmip.context import Call, request_uid
 from keyserver.kmip.errors import KmipFailure
+from keyserver.kmip.operations.sign import message_of
 
 OPERATION = enums.Operation.SIGNATURE_VERIFY
 
 
 def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
-    if payload.data is None or payload.signature_data is None:
-        raise KmipFailure(enums.ResultReason.MISSING_DATA, "SignatureVerify needs Data and Signature Data "
-                                                           "(digested data and streaming are not supported)")
+    data, digested = message_of(payload, "SignatureVerify")
+    if payload.signature_data is None:
+        raise KmipFailure(enums.ResultReason.MISSING_DATA, "SignatureVerify needs Signature Data")
     scheme, name = cryptoparams.signature(
         cryptoparams.for_use(call, uid, "verify", payload.cryptographic_parameters))
-    valid = call.engine.crypto.verify(call.ctx, uid, bytes(payload.data), bytes(payload.signature_data),
-                                      scheme=scheme, hash=name)
+    valid = call.engine.crypto.verify(call.ctx, uid, data, bytes(payload.signature_data),
+                                      scheme=scheme, hash=name, digested=digested)
     return payloads.SignatureVerifyResponsePayload(
         unique_identifier=uid,
         validity_indicator=enums.ValidityIndicator.VALID if valid else enums.ValidityIndicator.INVALID)
