@@ -41,6 +41,8 @@ class TokenQuirk:
     # RSA-OAEP schemes that work inside the token for wrap AND unwrap.
     rsa_oaep: tuple[str, ...]
     why: str
+    # The token ignores CKA_SENSITIVE/CKA_EXTRACTABLE in C_UnwrapKey templates.
+    unwrap_sets_attributes_after: bool = False
 
     def matches(self, token: TokenIdentity) -> bool:
         return (
@@ -61,6 +63,23 @@ KNOWN_QUIRKS: Final = (
             "CKM_RSA_PKCS_OAEP with SHA-256 gives CKR_ARGUMENTS_BAD for wrap/unwrap/"
             "encrypt in 2.6.1, 2.7.0 and master; see docs/decisions/0001"
         ),
+    ),
+    # openCryptoki's soft token (libpkcs11_sw.so). Its firmware version comes from
+    # opencryptoki.conf (default 1.0 for this STDLL), so the range is open; measured on
+    # Debian 12's 3.8.1 (docs/decisions/0018).
+    TokenQuirk(
+        manufacturer="IBM Corp.",
+        model="IBM SoftTok",
+        firmware_from=(0, 0),
+        firmware_to=(255, 255),
+        rsa_oaep=(RSA_OAEP_SHA256, RSA_OAEP_SHA1),
+        why=(
+            "OAEP-SHA-256 and OAEP-SHA-1 wrap and unwrap inside the token; C_UnwrapKey "
+            "refuses CKA_EXTRACTABLE=TRUE and CKA_SENSITIVE=FALSE (CKR_ATTRIBUTE_READ_ONLY) and "
+            "makes every unwrapped key non-sensitive and extractable whatever the template "
+            "says; see docs/decisions/0018"
+        ),
+        unwrap_sets_attributes_after=True,
     ),
 )
 
@@ -99,4 +118,7 @@ def detect(
         supports_aes_gcm=int(Mechanism.AES_GCM) in available,
         supports_hmac_sha256=int(Mechanism.SHA256_HMAC) in available,
         rsa_unwrap_mechanisms=frozenset(oaep),
+        unwrap_sets_attributes_after=quirk is not None and quirk.unwrap_sets_attributes_after,
+        supports_ecdsa={int(Mechanism.EC_KEY_PAIR_GEN), int(Mechanism.ECDSA)} <= available,
+        supports_aes_key_wrap_pad=int(Mechanism.AES_KEY_WRAP_PAD) in available,
     )

@@ -42,6 +42,16 @@ T = TypeVar("T")
 _USER_STATES: Final = (cryptoki.CKS_RW_USER_FUNCTIONS, cryptoki.CKS_RO_USER_FUNCTIONS)
 
 
+# The attributes some tokens ignore (or refuse) in an unwrap template (TokenCapabilities.
+# unwrap_sets_attributes_after).
+_UNWRAP_SECURITY: Final = (Attribute.SENSITIVE, Attribute.EXTRACTABLE)
+# Template attributes a module older than Cryptoki v2.40 does not know (`_known`).
+_V2_40_ATTRIBUTES: Final = frozenset({Attribute.COPYABLE, Attribute.DESTROYABLE})
+# The probe's throw-away key is never read: no sensitivity asked, so any token takes it.
+_PROBE_UNWRAP_TEMPLATE: Final = {a: v for a, v in mechanisms.TRANSIT_KEY_TEMPLATE.items()
+                                 if a not in _UNWRAP_SECURITY}
+
+
 class Pkcs11Core:
     """The state every part of the backend shares, the session runner (one borrowed
     session per operation, failure translation, one re-login and retry), token object
@@ -235,6 +245,14 @@ class Pkcs11Core:
     def _opener(token: Any) -> Callable[[], Any]:
         return lambda: token.open(rw=True)
 
+    def _known(self, template: dict[Attribute, Any]) -> dict[Attribute, Any]:
+        """`template` without the attributes the module's Cryptoki version predates:
+        CKA_COPYABLE is v2.40, and a v2.20 module (openCryptoki 3.8) answers
+        CKR_ATTRIBUTE_TYPE_INVALID. Such a module has no C_CopyObject policy to set."""
+        if tuple(self._module.lib.cryptoki_version) >= (2, 40):
+            return template
+        return {a: v for a, v in template.items() if a not in _V2_40_ATTRIBUTES}
+
     def _require(self, supported: bool, mechanism: str) -> None:
         if not supported:
             raise HsmUnavailable(
@@ -322,8 +340,8 @@ class Pkcs11Core:
             )
         )
 
-    @staticmethod
     def _unwrap(
+        self,
         session: Any,
         kek: Kek,
         wrapped: WrappedKey,
@@ -331,21 +349,45 @@ class Pkcs11Core:
         template: dict[Attribute, Any],
         key_type: KeyType = KeyType.AES,
     ) -> Any:
+        after = self._capabilities.unwrap_sets_attributes_after
+        asked: dict[Attribute, Any] = (
+            {a: template[a] for a in _UNWRAP_SECURITY if a in template} if after else {})
         try:
-            return RsaPrivateView(session, kek.private_handle).unwrap_key(
+            key = RsaPrivateView(session, kek.private_handle).unwrap_key(
                 ObjectClass.SECRET_KEY,
                 key_type,
                 bytes(wrapped.ciphertext),
                 mechanism=Mechanism.RSA_PKCS_OAEP,
                 mechanism_param=scheme.pkcs11_param,
                 capabilities=0,
-                template=dict(template),
+                template={a: v for a, v in template.items() if a not in asked},
             )
         except p11.PKCS11Error as exc:
             if faults.classify(exc) is Fault.CRYPTO:
                 # Opaque on purpose: which check failed is nobody's business.
                 raise HsmIntegrityError(INTEGRITY_MESSAGE) from None
             raise
+        if asked:
+            self._set_after_unwrap(key, asked)
+        return key
+
+    def _set_after_unwrap(self, key: Any, asked: dict[Attribute, Any]) -> None:
+        """For a token that ignores CKA_SENSITIVE/CKA_EXTRACTABLE on unwrap: set them now
+        (both changes the standard allows one way only: on, resp. off) and read them back;
+        a key that does not end up as asked is destroyed, never used."""
+        try:
+            for attribute, value in asked.items():
+                if key[attribute] != value:
+                    key[attribute] = value
+            if all(key[attribute] == value for attribute, value in asked.items()):
+                return
+        except p11.PKCS11Error:
+            pass
+        destroy_quietly(key)
+        raise HsmUnavailable(
+            f"token {self._label!r} ({self._capabilities.model}) did not give an unwrapped key "
+            "the sensitivity it was asked for"
+        )
 
     @contextlib.contextmanager
     def _working_key(self, lease: Lease, wrapped: WrappedKey, scheme: OaepScheme, *,
@@ -423,7 +465,7 @@ class Pkcs11Core:
                     private.unwrap_key(
                         ObjectClass.SECRET_KEY, KeyType.AES, blob,
                         mechanism=Mechanism.RSA_PKCS_OAEP, mechanism_param=scheme.pkcs11_param,
-                        capabilities=0, template=dict(mechanisms.TRANSIT_KEY_TEMPLATE),
+                        capabilities=0, template=dict(_PROBE_UNWRAP_TEMPLATE),
                     )
                 )
                 return True

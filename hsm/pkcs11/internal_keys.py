@@ -37,7 +37,7 @@ class InternalKeys(Pkcs11Core):
                 store=True,
                 capabilities=0,
                 mechanism=Mechanism.GENERIC_SECRET_KEY_GEN,
-                template=mechanisms.hmac_key_template(key_id),
+                template=self._known(mechanisms.hmac_key_template(key_id)),
             )
             log.info("created HMAC key %r in token %r", key_id, self._label)
 
@@ -58,6 +58,7 @@ class InternalKeys(Pkcs11Core):
 
     def ensure_signing_key(self, key_id: str) -> bytes:
         check_id(key_id, what="signing key id")
+        self._require(self._capabilities.supports_ecdsa, "CKM_EC_KEY_PAIR_GEN/CKM_ECDSA")
 
         def ensure(lease: Lease) -> bytes:
             session = lease.session
@@ -81,6 +82,7 @@ class InternalKeys(Pkcs11Core):
 
     def sign_p256(self, data: bytes, *, key_id: str) -> bytes:
         check_id(key_id, what="signing key id")
+        self._require(self._capabilities.supports_ecdsa, "CKM_EC_KEY_PAIR_GEN/CKM_ECDSA")
         # The token has CKM_ECDSA only: the digest (no secret) is computed here.
         digest = hashlib.sha256(bytes(data)).digest()
 

@@ -38,10 +38,10 @@ class KekOps(Pkcs11Core):
                     **mechanisms.kek_public_template(kek_id),
                     Attribute.START_DATE: today,
                 },
-                private_template={
+                private_template=self._known({
                     **mechanisms.kek_private_template(kek_id),
                     Attribute.START_DATE: today,
-                },
+                }),
             )
             log.info("created KEK %r in token %r", kek_id, self._label)
             return self._kek(session, kek_id).info

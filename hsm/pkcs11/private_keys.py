@@ -52,6 +52,7 @@ class PrivateKeyOps(Pkcs11Core):
         if bits not in mechanisms.CLIENT_RSA_BITS:
             raise HsmInvalidInput(f"RSA key pairs are {', '.join(map(str, sorted(mechanisms.CLIENT_RSA_BITS)))} "
                                   f"bits long, not {bits}")
+        self._require(self._capabilities.supports_aes_key_wrap_pad, "CKM_AES_KEY_WRAP_PAD")
         scheme = self._wrap_scheme
 
         def generate(lease: Lease) -> WrappedKeyPair:
@@ -87,6 +88,8 @@ class PrivateKeyOps(Pkcs11Core):
         if curve not in mechanisms.CLIENT_EC_CURVES:
             raise HsmInvalidInput(f"EC key pairs are on {', '.join(mechanisms.CLIENT_EC_CURVES)}, not {curve!r}")
         p11_name, curve_obj, _ = mechanisms.CLIENT_EC_CURVES[curve]
+        self._require(self._capabilities.supports_ecdsa, "CKM_EC_KEY_PAIR_GEN/CKM_ECDSA")
+        self._require(self._capabilities.supports_aes_key_wrap_pad, "CKM_AES_KEY_WRAP_PAD")
         scheme = self._wrap_scheme
 
         def generate(lease: Lease) -> WrappedKeyPair:
@@ -122,6 +125,7 @@ class PrivateKeyOps(Pkcs11Core):
     def _opened_private_key(self, lease: Lease, key: SealedPrivateKey) -> Iterator[int]:
         """The sealed private key unwrapped inside the token (session object, sensitive,
         never extractable), cached like data keys by the hash of its sealed form."""
+        self._require(self._capabilities.supports_aes_key_wrap_pad, "CKM_AES_KEY_WRAP_PAD")
         key_type = _PRIVATE_KEY_TYPES.get(key.algorithm)
         if key_type is None:
             raise HsmInvalidInput(f"private keys are RSA or EC, not {key.algorithm!r}")

@@ -120,6 +120,7 @@ class WrappingOps(Pkcs11Core):
         return self._run("rewrap_for_public_key", rewrap, on_crypto=invalid_input)
 
     def wrap_with_key(self, wrapped: WrappedKey, *, wrapping: WrappedKey) -> bytes:
+        self._require(self._capabilities.supports_aes_key_wrap_pad, "CKM_AES_KEY_WRAP_PAD")
         target_scheme = self._unwrap_scheme(wrapped)
         wrapping_scheme = self._unwrap_scheme(wrapping)
 
