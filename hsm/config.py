@@ -13,7 +13,8 @@ DEFAULT_MODULE_PATH: Final = "/usr/lib/softhsm/libsofthsm2.so"
 # PINs that ship in vendor manuals, tutorials and softhsm2-util examples. Refused unless
 # the operator says, in so many words, that this is a throwaway local setup.
 KNOWN_DEFAULT_PINS: Final = frozenset(
-    {"", "0000", "1234", "123456", "12345678", "changeme", "password"}
+    {"", "0000", "1234", "123456", "12345678", "changeme", "password",
+     "87654321"}  # openCryptoki's factory SO PIN
 )
 
 # CK_TOKEN_INFO.label is a fixed 32-byte field.
