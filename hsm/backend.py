@@ -76,6 +76,17 @@ class WrappedKeyPair:
 
 
 @dataclass(frozen=True, slots=True)
+class ImportedKey:
+    """Added: a caller-wrapped key after import_wrapped_key: wrapped under a KEK now, and
+    how long it turned out to be, to the 8-byte block (measured inside the token by the
+    length of an RFC 5649 wrap, since tokens leave an unwrapped key's CKA_VALUE_LEN unset;
+    nobody saw the bytes)."""
+
+    wrapped: WrappedKey
+    length_bits: int
+
+
+@dataclass(frozen=True, slots=True)
 class KekInfo:
     kek_id: str
     public_key_pem: bytes
@@ -181,6 +192,16 @@ class HsmBackend(Protocol):
         Wrap with Padding (RFC 5649, mechanism `AES_KWP`). Both are unwrapped under their
         KEKs and the wrap happens inside the token: the plaintext never leaves it.
         Raises HsmIntegrityError if either blob does not unwrap."""
+
+    def import_wrapped_key(self, blob: bytes, *, unwrapping: WrappedKey | SealedPrivateKey, mechanism: str,
+                           kek_id: str, secret: bool = False) -> ImportedKey:
+        """Added: a key the caller wrapped — under a managed AES key version (`unwrapping` a
+        WrappedKey, `mechanism` AES_KWP, RFC 5649) or under the public half of a sealed RSA
+        private key (`mechanism` RSA_OAEP_SHA1 / RSA_OAEP_SHA256, as the token allows) —
+        unwrapped inside the token and wrapped at once under the KEK `kek_id`: its plaintext
+        never leaves the token. `secret`: an HMAC key (generic secret, 16-128 bytes), else
+        an AES key (16, 24 or 32 bytes); another length (measured in the token, to the
+        8-byte block) is HsmInvalidInput. Raises HsmIntegrityError when the blob does not unwrap."""
 
     def generate_wrapped_rsa_pair(self, *, kek_id: str, bits: int) -> WrappedKeyPair:
         """Added: an RSA key pair (2048, 3072 or 4096 bits) generated in the token; the
