@@ -122,3 +122,18 @@ def detect(
         supports_ecdsa={int(Mechanism.EC_KEY_PAIR_GEN), int(Mechanism.ECDSA)} <= available,
         supports_aes_key_wrap_pad=int(Mechanism.AES_KEY_WRAP_PAD) in available,
     )
+
+
+def missing_services(capabilities: TokenCapabilities) -> tuple[str, ...]:
+    """What the token cannot do, each as "mechanism (what it turns off)", for the startup
+    line: an operator pointing the server at a smaller token learns it before a client does."""
+    lacking = []
+    if not capabilities.supports_aes_gcm:
+        lacking.append("CKM_AES_GCM (data-key and AES-GCM encryption)")
+    if not capabilities.supports_hmac_sha256:
+        lacking.append("CKM_SHA256_HMAC (the audit chain)")
+    if not capabilities.supports_ecdsa:
+        lacking.append("CKM_ECDSA (EC key pairs, audit checkpoint signatures)")
+    if not capabilities.supports_aes_key_wrap_pad:
+        lacking.append("CKM_AES_KEY_WRAP_PAD (sealed private keys, AES-wrapped Get)")
+    return tuple(lacking)

@@ -95,6 +95,9 @@ class Pkcs11Core:
             self._label, self._capabilities.manufacturer, self._capabilities.model,
             self._capabilities.firmware, self._capabilities.rsa_wrap_mechanism,
         )
+        lacking = caps.missing_services(self._capabilities)
+        if lacking:
+            log.warning("HSM token %r lacks %s", self._label, "; ".join(lacking))
 
     # --- HsmBackend: lifecycle ----------------------------------------------------
     @property

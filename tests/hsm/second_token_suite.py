@@ -328,3 +328,13 @@ def test_a_missing_token_says_to_run_init() -> None:
 def test_the_vendor_default_so_pin_is_refused_in_config() -> None:
     with pytest.raises(HsmConfigError, match="so_pin"):
         ock_config(so_pin="87654321")
+
+
+def test_the_startup_line_names_what_the_token_lacks(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="hsm.pkcs11.core"):
+        opened = open_backend(ock_config(), create_token=False)
+    opened.close()
+    text = caplog.text
+    assert "wrapping with RSA-OAEP-SHA256" in text
+    assert "lacks CKM_AES_GCM (data-key and AES-GCM encryption); CKM_ECDSA" in text
+    assert "CKM_AES_KEY_WRAP_PAD" in text
