@@ -28,6 +28,7 @@ from keyserver.core.gcm import GcmBudget
 from keyserver.core.guardpoints import GuardPointService
 from keyserver.core.hosts import HostService
 from keyserver.core.identity import IdentityService
+from keyserver.core.integrations import DatabaseService
 from keyserver.core.kek import KekService
 from keyserver.core.keys import KeyService
 from keyserver.core.kmip_clients import KmipClientService
@@ -111,6 +112,7 @@ class Services:
     sinks: AuditSinks
     approvals: ApprovalService
     crypto: CryptoService
+    databases: DatabaseService
     oidc: OidcClient | None = None
     engines: tuple[Engine, ...] = ()
     # Stopped first on close(), e.g. the KMIP listener, so no request outlives the services.
@@ -229,6 +231,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         engines=(autocommit,),
         sinks=sinks,
         approvals=approvals,
+        databases=DatabaseService(session_factory, backend, audit, policy, approvals=approvals),
         oidc=build_oidc(settings),
     )
     # What an approved request runs, as its requester (core/approvals.py).
@@ -240,6 +243,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
 
     approvals.register("kek.rotate", rotate_kek)
     approvals.register("kek.retire", lambda ctx, p: services.keks.retire(ctx, p["kek_id"]))
+    approvals.register("database.grant", lambda ctx, p: services.databases.grant(
+        ctx, p["database"], key=p["key"], key_id=p["key_id"]))
     approvals.register("user.role", lambda ctx, p: services.identity.update_user(ctx, uuid.UUID(p["user_id"]),
                                                                                  role=p["role"]))
     return services

@@ -39,12 +39,14 @@ from keyserver.api.routes import (
     audit,
     auth,
     crypto,
+    databases,
     datakeys,
     guardpoints,
     hosts,
     install,
     keys,
     kmip_clients,
+    kv,
     system,
     tokens,
     users,
@@ -374,6 +376,8 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
     app.include_router(volumes.router, prefix="/api/v1")
     app.include_router(agent.router, prefix="/api/v1")
     app.include_router(approvals.router, prefix="/api/v1")
+    app.include_router(databases.router, prefix="/api/v1")
+    app.include_router(kv.router)  # /v1/...: the Vault KV-v2 compatible front, database tokens only
     app.include_router(install.router)
 
     # The API reference: Swagger UI's files from the swagger-ui-bundle package, on this

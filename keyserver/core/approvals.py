@@ -55,6 +55,8 @@ ACTIONS: dict[str, Permission] = {
     # taken by their next Get within GRANT_TTL; a KMIP Get cannot wait, so it is refused
     # with the request's id and asked again once approved.
     "key.export": Permission.KEYS_EXPORT,
+    # A key granted to a database (core/integrations.py) leaves in plaintext at each read.
+    "database.grant": Permission.KEYS_EXPORT,
 }
 # Who may approve changes of who may approve: held as soon as the two-person rule is
 # on at all, with one approval unless STRONGROOM_APPROVALS names them.

@@ -174,6 +174,19 @@ def volume(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     return {"volume": str(vol.id)}
 
 
+def database(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    r = admin.post("/api/v1/databases", json={"name": unique("authz-db")})
+    assert r.status_code == 201, r.text
+    return {"db": r.json()["database"]["name"], **fresh_key(s, admin, a)}
+
+
+def database_grant(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    made = database(s, admin, a)
+    r = admin.post(f"/api/v1/databases/{made['db']}/grants", json={"key": made["key"], "key_id": 1})
+    assert r.status_code == 201, r.text
+    return made
+
+
 CASES: dict[str, Case] = {
     "getMe": Case("GET", "/api/v1/auth/me", ()),
     "checkPermission": Case("GET", "/api/v1/auth/can?permission=keys:read", ()),
@@ -276,6 +289,16 @@ CASES: dict[str, Case] = {
                             ok=(202,)),
     "unprotectGuardPoint": Case("POST", "/api/v1/guard-points/{gp}/unprotect", (P.GUARDPOINTS_MANAGE,),
                                 setup=guard_point_off, ok=(202,)),
+    "listDatabases": Case("GET", "/api/v1/databases", (P.DATABASES_READ,)),
+    "createDatabase": Case("POST", "/api/v1/databases", (P.DATABASES_MANAGE,), body={"name": "{new}"}, ok=(201,)),
+    "getDatabase": Case("GET", "/api/v1/databases/{db}", (P.DATABASES_READ,), setup=database),
+    "reissueDatabaseToken": Case("POST", "/api/v1/databases/{db}/token", (P.DATABASES_MANAGE,), setup=database),
+    "revokeDatabase": Case("POST", "/api/v1/databases/{db}/revoke", (P.DATABASES_MANAGE,), setup=database),
+    "grantDatabaseKey": Case("POST", "/api/v1/databases/{db}/grants", (P.DATABASES_MANAGE, P.KEYS_EXPORT),
+                             body={"key": "{key}", "key_id": 1}, setup=database, ok=(201,)),
+    "revokeDatabaseGrant": Case("DELETE", "/api/v1/databases/{db}/grants/1", (P.DATABASES_MANAGE,),
+                                setup=database_grant, ok=(204,)),
+    "listKeyConsumers": Case("GET", "/api/v1/keys/{key}/consumers", (P.KEYS_READ,), setup=fresh_key),
     "deleteGuardPoint": Case("DELETE", "/api/v1/guard-points/{gp}", (P.GUARDPOINTS_MANAGE,), setup=guard_point,
                              ok=(204,)),
 }
@@ -288,12 +311,15 @@ PUBLIC = {"login", "logout", "changePassword", "enrollTotp", "confirmTotp", "hea
 HOST_CERTIFICATE = {"agentHeartbeat", "listAgentKeys", "getAgentKey", "reportAgentEvents", "listAgentGuardPoints",
                     "listAgentVolumes", "createAgentVolume", "unsealAgentVolume", "resealAgentVolume",
                     "reportAgentVolume", "recordAgentVolumeRecovery"}
+# Databases only, by their KV token in X-Vault-Token (tests/integrations/test_databases_api.py).
+DATABASE_TOKEN = {"vaultMountTune", "vaultReadSecret"}
 
 
 def test_matrix_names_every_operation(admin: httpx.Client) -> None:
     spec = admin.get("/api/v1/openapi.json").json()
     ops = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
-    assert ops - set(CASES) - PUBLIC - HOST_CERTIFICATE == set(), "routes without an authorisation case"
+    unnamed = ops - set(CASES) - PUBLIC - HOST_CERTIFICATE - DATABASE_TOKEN
+    assert unnamed == set(), "routes without an authorisation case"
     assert set(CASES) - ops == set(), "cases for routes that no longer exist"
 
 
@@ -327,6 +353,15 @@ def test_host_routes_refuse_users(role: str, actors: dict[str, Actor]) -> None:
                          ("POST", f"/api/v1/agent/volumes/{uuid.uuid4()}/unseal")):
         r = actors[role].client.request(method, path, json={} if method == "POST" else None)
         assert r.status_code == 401 and r.json()["code"] == "client_certificate_required", (path, r.text)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_database_routes_refuse_users(role: str, actors: dict[str, Actor]) -> None:
+    """No role reaches the KV front: it takes a database's token, which users lack."""
+    for path in ("/v1/sys/mounts/strongroom/tune", "/v1/strongroom/data/1"):
+        for c in (actors[role].client, actors[role].session):
+            r = c.get(path)
+            assert r.status_code == 403 and r.json() == {"errors": ["permission denied"]}, (path, r.text)
 
 
 def test_refusals_are_audited(actors: dict[str, Actor], services: Services) -> None:
