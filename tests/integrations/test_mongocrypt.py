@@ -15,6 +15,7 @@ import socket
 import ssl
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import bson
@@ -339,10 +340,42 @@ def test_delegated_master_key_encrypts_and_decrypts_inside_the_key_server(
     assert decrypt_documents(fresh, stored) == DOCUMENTS + DOCUMENTS
     assert sorted(fresh.ops()) == ["DECRYPT", "DECRYPT"]  # one per data key: cached after
 
-    actions = app_actions(services, since, app_files)
-    for op in ("key.encrypt", "key.decrypt"):
-        assert any(a[0] == op and a[2] == "allowed" for a in actions), (op, actions)
-    assert not any(a[0] == "key.export" for a in actions)  # no master key material ever left
+    records = audit_since(services, since, f"kmip:{app_files.name}")
+    created_key = records[0].object_id
+    assert [(e.action, e.object_type, e.outcome) for e in records[:3]] == [
+        ("key.create", "key", "allowed"), ("key.activate", "key", "allowed"), ("key.encrypt", "key", "allowed")]
+    assert {e.object_id for e in records[:3]} == {created_key}  # the managed key, under its REST id
+    assert records[2].details["kmip_uid"] == created_uid and records[2].details["mechanism"] == "AES-CBC-PAD"
+    decrypts = {e.details["kmip_uid"] for e in records if e.action == "key.decrypt" and e.outcome == "allowed"}
+    assert decrypts == {uid, created_uid}
+    assert not any(e.action == "key.export" for e in records)  # no master key material ever left
+
+
+def test_an_identity_without_key_export_serves_delegated_mode_only(
+        services: Services, mongo_factory: Callable[..., Mongo], tmp_path: Path) -> None:
+    """The hardening for delegated mode: an application identity with key_export "none"
+    cannot Get any key material (libmongocrypt's default mode is refused, Permission
+    Denied, audited), and needs none: the HSM encrypts and decrypts its data keys."""
+    issued = services.kmip_clients.create(system_context("tests"), name=f"mongo-{uuid.uuid4().hex[:8]}",
+                                          role="kmip-client", key_export="none")
+    assert issued.private_key_pem is not None
+    (tmp_path / "cert.pem").write_text(issued.certificate_pem)
+    (tmp_path / "key.pem").write_text(issued.private_key_pem)
+    (tmp_path / "ca.pem").write_text(issued.ca_certificate_pem)
+    files = ClientFiles(issued.client.name, str(issued.client.id), tmp_path / "cert.pem", tmp_path / "key.pem",
+                        tmp_path / "ca.pem")
+    keys: list[dict[str, Any]] = []
+    mongo = mongo_factory(keys, files)
+    since = last_seq(services)
+    message = failure(lambda: mongo.encrypter.create_data_key("kmip"))
+    assert "Result Reason (12): Permission Denied" in message and "keys:export" in message, message
+    refused = [(e.action, e.outcome, e.details.get("missing_permission"))
+               for e in audit_since(services, since, f"kmip:{files.name}") if e.outcome == "denied"]
+    assert ("key.export", "denied", "keys:export") in refused, refused
+
+    _, uid = new_master_key(services)
+    key_id = mongo.encrypter.create_data_key("kmip", master_key={"keyId": uid, "delegated": True})
+    assert decrypt_documents(mongo_factory(keys, files), encrypt_documents(mongo, key_id)) == DOCUMENTS
 
 
 def test_rotating_a_registered_master_key_rewraps_every_data_key(
