@@ -99,3 +99,20 @@ native_need() {
   make -s -C "$dir/volume" all >&2
   echo "$want" >"$stamp"
 }
+
+# pkcs11_need — the PKCS#11 module (pkcs11module: libstrongroom-pkcs11.so, a client
+# library for application hosts that forwards to the KMIP port), built with gcc against
+# OpenSSL 3 and the PKCS#11 header of p11-kit (libp11-kit-dev: only the header is used),
+# when its sources changed since the last build (or the library is missing).
+pkcs11_need() {
+  apt_need libssl-dev:/usr/include/openssl/evp.h make:make gcc:gcc pkg-config:pkg-config \
+           libp11-kit-dev:/usr/include/p11-kit-1/p11-kit/pkcs11.h
+  local dir="$ROOT/pkcs11module" stamp="$ROOT/pkcs11module/build/.strongroom-built"
+  local want; want="$(cd "$dir" && cat Makefile include/*.h src/*.[ch] src/exports.map | sha256sum | cut -c1-16)"
+  if [[ -f "$dir/build/libstrongroom-pkcs11.so" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    return 0
+  fi
+  log "building the PKCS#11 module (pkcs11module: libstrongroom-pkcs11.so)"
+  make -s -C "$dir" all >&2
+  echo "$want" >"$stamp"
+}
