@@ -42,6 +42,7 @@ const KMIP_CLIENT = env("KMIP_CLIENT");
 const KMIP_REVOKED = env("KMIP_REVOKED");
 const APPROVAL_TARGET = env("APPROVAL_TARGET"); // a key whose destruction another person asked for
 const TOKEN = `rotation-bot-${Date.now().toString(36)}`;
+const DATABASE = `orders-db-${Date.now().toString(36)}`; // connected in the console by the databases test
 const TIMEOUT = 15_000;
 
 const work = mkdtempSync(join(tmpdir(), "strongroom-e2e-"));
@@ -137,7 +138,10 @@ async function dialogFixture(context, tag) {
   const token = `dlg-token-${tag}`;
   await post("/api/v1/tokens", { name: token, expires_in_days: 1 });
   const enrollment = await post("/api/v1/enrollment-tokens", { host_group: `dlg-${tag}`, max_uses: 1 });
-  return { tag, key, token, enrollPrefix: enrollment.secret.split("_").slice(0, 2).join("_") };
+  const database = `dlg-${tag}`;
+  await post("/api/v1/databases", { name: database });
+  await post(`/api/v1/databases/${database}/grants`, { key, key_id: 1 });
+  return { tag, key, token, database, enrollPrefix: enrollment.secret.split("_").slice(0, 2).join("_") };
 }
 
 const volumePage = (name) => async (p) => {
@@ -217,6 +221,22 @@ const dialogs = (f) => [
       await form.getByRole("textbox", { name: /Name/ }).fill(`dlg-${f.tag}-${Date.now().toString(36)}.${DOMAIN_OF(HOST.db1)}`);
       await form.getByTestId("create-kmip-client-submit").click();
     } },
+  { src: "Databases.tsx", name: "Connect a database", path: "/databases", open: (p) => p.getByTestId("connect-database").click() },
+  { src: "Databases.tsx", name: /^dlg-.* connected$/, path: "/databases", close: (p) => p.getByTestId("database-token-done").click(),
+    open: async (p) => {
+      await p.getByTestId("connect-database").click();
+      const form = p.getByRole("form", { name: "Connect a database" });
+      await form.getByRole("textbox", { name: /Name/ }).fill(`dlg-${f.tag}-${Date.now().toString(36)}`);
+      await form.getByTestId("connect-database-submit").click();
+    } },
+  { src: "DatabaseDetail.tsx", name: `Grant a key to ${f.database}`, path: `/databases/${f.database}`,
+    open: (p) => p.getByTestId("grant-key").click() },
+  { src: "DatabaseDetail.tsx", name: `Remove key id 1 from ${f.database}`, path: `/databases/${f.database}`,
+    open: (p) => p.getByRole("button", { name: `Remove key id 1 (${f.key}) from ${f.database}` }).click() },
+  { src: "DatabaseDetail.tsx", name: `Issue a new token for ${f.database}`, path: `/databases/${f.database}`,
+    open: (p) => p.getByTestId("reissue-token").click() },
+  { src: "DatabaseDetail.tsx", name: `Revoke ${f.database}`, path: `/databases/${f.database}`,
+    open: (p) => p.getByTestId("revoke-database").click() },
   { src: "Approvals.tsx", name: "Approve: Destroy a key", path: "/approvals",
     open: (p) => p.getByRole("button", { name: `Approve: Destroy a key, ${APPROVAL_TARGET}` }).click() },
   { src: "GlobalSearch.tsx", name: "Search", path: "/", open: (p) => p.keyboard.press("Control+K") },
@@ -753,6 +773,57 @@ test("KMIP clients: issue two in the console, download their files, revoke one b
   await done();
 });
 
+test("databases: connect one, its token shown once; grant it a key; its read shows, and the key's page names it", async () => {
+  const { page, context, done } = await open(STATE);
+  const csrf = (await context.cookies()).find((c) => c.name === "strongroom_csrf")?.value ?? "";
+  const keyName = `${DATABASE}-key`;
+  const made = await context.request.post("/api/v1/keys", { data: { name: keyName }, headers: { "X-CSRF-Token": csrf } });
+  assert.equal(made.status(), 201, await made.text());
+  await page.goto("/#/");
+  await page.getByRole("link", { name: "Databases" }).click();
+  await page.getByRole("heading", { name: "Databases", level: 1 }).waitFor();
+  await page.getByTestId("connect-database").click();
+  const form = page.getByRole("form", { name: "Connect a database" });
+  await form.getByRole("textbox", { name: /Name/ }).fill(DATABASE);
+  await form.getByRole("textbox", { name: /Description/ }).fill("Orders (the console's end-to-end test)");
+  await form.getByTestId("connect-database-submit").click();
+  const shown = page.getByRole("dialog", { name: `${DATABASE} connected` });
+  const token = (await shown.getByTestId("database-token-value").textContent()).trim();
+  const vaultUrl = (await shown.getByTestId("database-vault-url").textContent()).trim();
+  assert.match(token, /^srdb_/);
+  assert.ok((await shown.getByTestId("database-config").textContent()).includes(`hashicorp-key-management-token = ${token}`));
+  await shot(page, "database-connected");
+  await shown.getByTestId("database-token-done").click();
+  await shown.waitFor({ state: "detached" });
+  const row = page.getByTestId("databases-table").locator(`tr[data-database="${DATABASE}"]`);
+  await row.getByText("none: it can read no key").waitFor();
+  await row.getByRole("link", { name: DATABASE }).click();
+  await page.getByTestId("database-name").waitFor();
+  // Grant the key as MariaDB's default key id, proposed as 1.
+  await page.getByTestId("grant-key").click();
+  const grant = page.getByRole("form", { name: `Grant a key to ${DATABASE}` });
+  assert.equal(await grant.getByRole("textbox", { name: /MariaDB key id/ }).inputValue(), "1");
+  await grant.getByRole("textbox", { name: /^Key/ }).fill(keyName);
+  await page.getByRole("option", { name: keyName, exact: true }).click();
+  await grant.getByTestId("grant-key-submit").click();
+  await grant.waitFor({ state: "detached" });
+  await page.getByTestId("grants-table").locator('tr[data-key-id="1"]').getByRole("link", { name: keyName }).waitFor();
+  // The database reads key id 1 over the KV front with its token: the page shows the read and its version.
+  const read = await context.request.get(`${new URL(vaultUrl).pathname}/data/1`, { headers: { "X-Vault-Token": token } });
+  assert.equal(read.status(), 200, await read.text());
+  assert.equal((await read.json()).data.metadata.version, 1);
+  await page.reload();
+  const granted = page.getByTestId("grants-table").locator('tr[data-key-id="1"]');
+  await granted.getByText("v1", { exact: true }).waitFor();
+  await shot(page, "database-detail");
+  // The key's page names the database that uses it, under its key id.
+  await granted.getByRole("link", { name: keyName }).click();
+  const usedBy = page.getByTestId("key-consumers");
+  await usedBy.getByRole("link", { name: DATABASE }).waitFor();
+  assert.match(await usedBy.locator(`tr[data-consumer="${DATABASE}"]`).textContent(), /key id 1/);
+  await done();
+});
+
 test("volumes: a host's volumes and how each is open; revoke one by typing its name", async () => {
   const { page, done } = await open(STATE);
   await page.goto("/#/");
@@ -876,7 +947,8 @@ for (const colorScheme of ["light", "dark"]) {
     }
     await post(`/api/v1/keys/${batch}-destroyed/destroy`, { version: 1 });
     for (const path of ["/", "/keys", `/keys?q=${batch}`, `/keys/${batch}-destroyed`, `/keys/${KEY}`, "/hosts", `/hosts?group=${HOST_GROUP}`, "/guard-points", "/volumes", "/audit",
-                        "/users", "/tokens", "/system", "/kmip-clients", "/approvals", "/account"]) {
+                        "/users", "/tokens", "/system", "/kmip-clients", "/databases", `/databases/${DATABASE}`, "/approvals",
+                        "/account"]) {
       await page.goto(`/#${path}`);
       await page.locator("#main-content h1").first().waitFor();
       problems.push(...(await axeViolations(page)).map((v) => `${path}: ${v}`));
@@ -916,7 +988,8 @@ for (const [width, height] of [[375, 812], [768, 1024], [1440, 900]]) {
       if (cut.length) wide.push(`${what} at ${width} px cuts badges: ${cut.slice(0, 5).join(", ")}`);
     };
     for (const path of ["/", "/keys", `/keys/${key}`, `/keys/${KEY}`, "/hosts", `/hosts?group=${HOST_GROUP}`, "/guard-points",
-                        "/volumes", "/audit", "/users", "/tokens", "/system", "/kmip-clients", "/approvals", "/account"]) {
+                        "/volumes", "/audit", "/users", "/tokens", "/system", "/kmip-clients", "/databases",
+                        `/databases/${DATABASE}`, "/approvals", "/account"]) {
       await page.goto(`/#${path}`);
       await page.locator("#main-content h1").first().waitFor();
       await page.waitForLoadState("networkidle");

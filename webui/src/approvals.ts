@@ -8,6 +8,7 @@ export const HELD: Record<string, { label: string; perm: Permission }> = {
   "kek.retire": { label: "Retire a KEK", perm: "system:kek" },
   "user.role": { label: "Change a user's role", perm: "users:manage" },
   "key.export": { label: "Export a key in plaintext", perm: "keys:export" },
+  "database.grant": { label: "Grant a key to a database", perm: "keys:export" },
   "token.create": { label: "An API token for another account", perm: "tokens:all" },
   "user.create": { label: "Create an account that may approve", perm: "users:manage" },
   "user.password": { label: "Reset an approver's password", perm: "users:manage" },

@@ -7,7 +7,8 @@ export type Permission =
   | "keys:read" | "keys:create" | "keys:update" | "keys:rotate" | "keys:activate" | "keys:revoke"
   | "keys:destroy" | "keys:encrypt" | "keys:decrypt" | "keys:verify" | "datakeys:generate" | "datakeys:decrypt" | "audit:read" | "audit:verify"
   | "users:read" | "users:manage" | "tokens:own" | "tokens:all" | "system:read" | "system:kek"
-  | "keys:export" | "keys:export-wrapped" | "kmip:clients" | "hosts:read" | "hosts:enroll" | "hosts:revoke" | "guardpoints:manage" | "volumes:manage";
+  | "keys:export" | "keys:export-wrapped" | "kmip:clients" | "hosts:read" | "hosts:enroll" | "hosts:revoke" | "guardpoints:manage" | "volumes:manage"
+  | "databases:read" | "databases:manage";
 
 export interface AuthState {
   me: Me | null;

@@ -28,6 +28,8 @@ const UsersPage = lazyPage(() => import("./pages/Users"), "UsersPage");
 const TokensPage = lazyPage(() => import("./pages/Tokens"), "TokensPage");
 const SystemPage = lazyPage(() => import("./pages/System"), "SystemPage");
 const KmipClientsPage = lazyPage(() => import("./pages/Kmip"), "KmipClientsPage");
+const DatabasesPage = lazyPage(() => import("./pages/Databases"), "DatabasesPage");
+const DatabaseDetailPage = lazyPage(() => import("./pages/DatabaseDetail"), "DatabaseDetailPage");
 const ApprovalsPage = lazyPage(() => import("./pages/Approvals"), "ApprovalsPage");
 const AccountPage = lazyPage(() => import("./pages/Account"), "AccountPage");
 
@@ -60,6 +62,8 @@ export const router = createHashRouter([
       { path: "tokens", element: <Need perm="tokens:own"><TokensPage /></Need> },
       { path: "system", element: <Need perm="system:read"><SystemPage /></Need> },
       { path: "kmip-clients", element: <Need perm="kmip:clients"><KmipClientsPage /></Need> },
+      { path: "databases", element: <Need perm="databases:read"><DatabasesPage /></Need> },
+      { path: "databases/:name", element: <Need perm="databases:read"><DatabaseDetailPage /></Need> },
       { path: "approvals", element: <ApprovalsPage /> },
       { path: "account", element: <AccountPage /> },
       { path: "*", element: <Navigate to="/" replace /> },

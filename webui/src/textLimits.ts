@@ -6,6 +6,7 @@ import { fieldError } from "./api/client";
 export const LIMITS = {
   keyName: 128, keyDescription: 2000, keyOwner: 128, revokeMessage: 1000,
   username: 64, fullName: 200, tokenName: 100, kmipClientName: 64,
+  databaseName: 64, databaseDescription: 1000,
 } as const;
 
 const count = new Intl.NumberFormat("en-US");

@@ -26,6 +26,18 @@ export function hintFor(err: ApiError): string | null {
     case "user_exists":
     case "kmip_client_exists":
       return "Choose another name: names are unique.";
+    case "database_exists":
+      return "Choose another name: names are unique, and a revoked database keeps its name.";
+    case "database_revoked":
+      return "A revoked database stays revoked: connect it again under a new name.";
+    case "key_id_in_use":
+      return "Remove the grant with that key id first, or choose another key id.";
+    case "key_not_active":
+      return "Activate the key on its page, or grant another key.";
+    case "key_not_exportable":
+      return "Grant a key whose policy lets its material leave: a database reads the key itself.";
+    case "wrong_key_algorithm":
+      return "Grant an AES key: databases encrypt with AES.";
     case "invalid_search":
       return "Search for words of letters or digits (at most eight); end one with * for a prefix.";
     case "last_admin":

@@ -17,6 +17,7 @@ import { PageHeader } from "../components/PageHeader";
 import { LIMITS, lengthError, tooLong } from "../textLimits";
 import { HOST_GROUP_TAG } from "../hosts";
 import { qk, useKey } from "../queries";
+import { KeyConsumersPanel } from "./KeyConsumers";
 import { KeyCryptoPanel } from "./KeyCrypto";
 import { KeyUsagePanel } from "./Usage";
 import { TagList, parseTags } from "./Keys";
@@ -124,6 +125,7 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
           </Paper>
         </Grid.Col>
       </Grid>
+      <KeyConsumersPanel k={k} />
       <KeyCryptoPanel k={k} />
       {can("audit:read") && <KeyUsagePanel keyId={k.id} />}
       {can("audit:read") && <KeyUsage k={k} />}
