@@ -117,7 +117,7 @@ class Mongo:
     """An application's client-side encryption: kms_providers + kms_tls_options, as an
     operator writes them for pymongo (docs/integrations.md, MongoDB)."""
 
-    def __init__(self, files: ClientFiles, port: int, keys: list[dict[str, Any]]) -> None:
+    def __init__(self, files: ClientFiles, port: int, keys: list[dict[str, Any]], **options: Any) -> None:
         pem = files.cert.parent / "cert-and-key.pem"  # pymongo's tlsCertificateKeyFile: both in one file
         if not pem.exists():
             pem.write_text(files.cert.read_text() + files.key.read_text())
@@ -125,7 +125,7 @@ class Mongo:
         self.kms_tls_options = {"kmip": {"tlsCAFile": str(files.ca), "tlsCertificateKeyFile": str(pem)}}
         tls = _parse_kms_tls_options(self.kms_tls_options, True)["kmip"]
         self.vault = KeyVault(tls, keys)
-        self.encrypter = ExplicitEncrypter(self.vault, MongoCryptOptions(self.kms_providers))
+        self.encrypter = ExplicitEncrypter(self.vault, MongoCryptOptions(self.kms_providers, **options))
 
     def encrypt(self, value: Any, algorithm: str, key_id: uuid.UUID) -> Binary:
         out = bson.decode(self.encrypter.encrypt(bson.encode({"v": value}), algorithm, key_id=key_id.bytes))
@@ -520,3 +520,39 @@ def test_revocation_stops_protection_destruction_and_a_revoked_identity_stop_rea
         rejected = [(e.action, e.object_id, e.outcome, e.details.get("name"))
                     for e in s.execute(select(AuditEvent).where(AuditEvent.seq > since)).scalars()]
     assert ("kmip.reject", files.client_id, "denied", files.name) in rejected  # no identity: no actor
+
+
+def test_a_key_server_outage_stops_new_encrypters_not_the_data_keys_one_holds(
+        services: Services, app_files: ClientFiles) -> None:
+    """While the KMIP port is down, an encrypter that holds a data key (libmongocrypt's
+    cache: key_expiration_ms, 60 s by default; here 0, never expiring, so that the test
+    does not race a clock) goes on encrypting and decrypting with it, in both modes; a
+    new one — or one whose cache expired — cannot fetch a data key and fails with the
+    connection error. Nothing is written under a key it could not check."""
+    listener = build_listener(services, port=0)
+    listener.start()
+    made: list[Mongo] = []
+    try:
+        _, uid = new_master_key(services)
+        keys: list[dict[str, Any]] = []
+        holder = Mongo(app_files, listener.port, keys, key_expiration_ms=0)
+        made.append(holder)
+        plain_key = holder.encrypter.create_data_key("kmip")
+        delegated_key = holder.encrypter.create_data_key("kmip", master_key={"keyId": uid, "delegated": True})
+        stored = encrypt_documents(holder, plain_key) + encrypt_documents(holder, delegated_key)
+        listener.stop()
+
+        assert decrypt_documents(holder, stored) == DOCUMENTS + DOCUMENTS
+        again = encrypt_documents(holder, delegated_key)
+        assert again[0]["ssn"] == stored[len(DOCUMENTS)]["ssn"]  # deterministic: same data key, same ciphertext
+        sent = len(holder.vault.sent)
+        assert decrypt_documents(holder, again) == DOCUMENTS and len(holder.vault.sent) == sent  # no KMIP at all
+
+        cold = Mongo(app_files, listener.port, keys)
+        made.append(cold)
+        with pytest.raises(ConnectionRefusedError):
+            decrypt_documents(cold, stored)
+    finally:
+        listener.stop()
+        for m in made:
+            m.close()
