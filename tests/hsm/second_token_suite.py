@@ -338,3 +338,28 @@ def test_the_startup_line_names_what_the_token_lacks(caplog: pytest.LogCaptureFi
     assert "wrapping with RSA-OAEP-SHA256" in text
     assert "lacks CKM_AES_GCM (data-key and AES-GCM encryption); CKM_ECDSA" in text
     assert "CKM_AES_KEY_WRAP_PAD" in text
+
+
+def test_the_key_server_refuses_to_initialise_on_this_token_naming_the_mechanism(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The key server built on this token (Settings → build_services, embedded store):
+    first-run set-up makes the audit chain's HMAC key, then stops at the checkpoint
+    signing key (ECDSA P-256 in the token) with the mechanism named — never a server that
+    starts and fails later. Decision 0018 says what running it would need."""
+    from keyserver.core.errors import ServiceUnavailable
+    from keyserver.services import build_services
+    from keyserver.settings import Settings
+
+    settings = Settings(data_dir=tmp_path_factory.mktemp("ock-server"), database_url=None,
+                        hsm_module=os.environ[OCK], hsm_token_label=os.environ["STRONGROOM_TEST_OCK_LABEL"],
+                        hsm_user_pin=os.environ["STRONGROOM_TEST_OCK_USER_PIN"],
+                        hsm_so_pin=os.environ["STRONGROOM_TEST_OCK_SO_PIN"],
+                        scheduler_interval_seconds=3600, agent_port=0)
+    services = build_services(settings)
+    try:
+        with pytest.raises(ServiceUnavailable, match=r"audit checkpoint key: .* lacks CKM_EC_KEY_PAIR_GEN/CKM_ECDSA"):
+            services.initialize()
+        assert services.hsm.capabilities.rsa_wrap_mechanism == RSA_OAEP_SHA256
+        assert services.hsm.hmac_sha256(b"x", key_id=settings.audit_hmac_key_id)
+    finally:
+        services.close()
