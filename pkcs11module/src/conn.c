@@ -134,7 +134,10 @@ CK_RV slot_setup(sr_slot *s)
     } else {
         char cn[256] = "";
         X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, cn, sizeof(cn));
-        snprintf(s->label, sizeof(s->label), "%s", cn[0] ? cn : "strongroom");
+        const char *src = cn[0] ? cn : "strongroom";
+        size_t l = strnlen(src, sizeof(s->label) - 1);   /* a token label is 32 bytes */
+        memcpy(s->label, src, l);
+        s->label[l] = '\0';
     }
     X509_free(x);
     int enc = key_is_encrypted(s->conf.key);

@@ -550,10 +550,10 @@ CK_RV C_Encrypt(CK_SESSION_HANDLE h, CK_BYTE_PTR pData, CK_ULONG ulDataLen,
 CK_RV C_EncryptUpdate(CK_SESSION_HANDLE h, CK_BYTE_PTR pPart, CK_ULONG ulPartLen,
                       CK_BYTE_PTR pEncryptedPart, CK_ULONG_PTR pulEncryptedPartLen)
 {
-    (void)pEncryptedPart;
     if (pulEncryptedPartLen == NULL)
         return g.initialized ? CKR_ARGUMENTS_BAD : CKR_CRYPTOKI_NOT_INITIALIZED;
-    CK_RV rv = update(h, OPK_ENCRYPT, pPart, ulPartLen);
+    /* a NULL output is a length query (PKCS#11 §5.2): the part is not taken yet */
+    CK_RV rv = update(h, OPK_ENCRYPT, pEncryptedPart ? pPart : NULL, pEncryptedPart ? ulPartLen : 0);
     if (rv == CKR_OK)
         *pulEncryptedPartLen = 0;   /* everything comes out at Final */
     return rv;
@@ -581,10 +581,9 @@ CK_RV C_Decrypt(CK_SESSION_HANDLE h, CK_BYTE_PTR pEncryptedData, CK_ULONG ulEncr
 CK_RV C_DecryptUpdate(CK_SESSION_HANDLE h, CK_BYTE_PTR pEncryptedPart, CK_ULONG ulEncryptedPartLen,
                       CK_BYTE_PTR pPart, CK_ULONG_PTR pulPartLen)
 {
-    (void)pPart;
     if (pulPartLen == NULL)
         return g.initialized ? CKR_ARGUMENTS_BAD : CKR_CRYPTOKI_NOT_INITIALIZED;
-    CK_RV rv = update(h, OPK_DECRYPT, pEncryptedPart, ulEncryptedPartLen);
+    CK_RV rv = update(h, OPK_DECRYPT, pPart ? pEncryptedPart : NULL, pPart ? ulEncryptedPartLen : 0);
     if (rv == CKR_OK)
         *pulPartLen = 0;
     return rv;

@@ -116,6 +116,9 @@ static CK_RV adopt(CK_SLOT_ID slot, int n, char uids[][KMIP_UID_MAX + 1], CK_OBJ
 {
     tbuf pl[2];
     uint32_t ops[2] = { OP_GET_ATTRIBUTES, OP_GET_ATTRIBUTES };
+    if (n < 1 || n > 2)
+        return CKR_GENERAL_ERROR;
+    memset(pl, 0, sizeof(pl));
     for (int i = 0; i < n; i++) {
         tb_init(&pl[i]);
         tb_begin(&pl[i], T_REQUEST_PAYLOAD);
