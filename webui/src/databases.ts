@@ -22,7 +22,6 @@ type Send = <T>(path: string, init?: object) => Promise<{ data?: T; error?: unkn
 const raw = api as unknown as { GET: Send; POST: Send; DELETE: Send };
 // ----
 
-export const DB_PAGE = 50;
 /** MariaDB's key ids are 32-bit unsigned; 0 is not a key. */
 export const MAX_KEY_ID = 4_294_967_295;
 /** innodb_default_encryption_key_id: what MariaDB asks for unless a table names another. */
@@ -30,7 +29,7 @@ export const DEFAULT_KEY_ID = 1;
 
 export const dbq = {
   all: ["databases"] as const,
-  list: (offset: number) => ["databases", "list", offset] as const,
+  list: ["databases", "list"] as const,
   one: (name: string) => ["databases", "one", name] as const,
   consumersAll: ["keys", "consumers"] as const,
   consumers: (key: string) => ["keys", "consumers", key] as const,
@@ -42,7 +41,7 @@ export const dbPath = (name: string) => `/databases/${encodeURIComponent(name)}`
 const at = (name: string) => `/api/v1/databases/${encodeURIComponent(name)}`;
 
 export const databasesApi = {
-  list: (offset: number) => call<DatabasePage>(raw.GET("/api/v1/databases", { params: { query: { limit: DB_PAGE, offset } } })),
+  list: () => call<DatabasePage>(raw.GET("/api/v1/databases")),
   get: (name: string) => call<Database>(raw.GET(at(name))),
   create: (body: { name: string; description: string }) => call<DatabaseIssued>(raw.POST("/api/v1/databases", { body })),
   reissue: (name: string) => call<DatabaseIssued>(raw.POST(`${at(name)}/token`)),
@@ -52,8 +51,9 @@ export const databasesApi = {
   consumers: (key: string) => call<{ items: Consumer[] }>(raw.GET(`/api/v1/keys/${encodeURIComponent(key)}/consumers`)),
 };
 
-export function useDatabases(offset: number) {
-  return useQuery({ queryKey: dbq.list(offset), queryFn: () => databasesApi.list(offset), placeholderData: (prev) => prev });
+/** Every database identity, by name (the server sends them all: one per database). */
+export function useDatabases() {
+  return useQuery({ queryKey: dbq.list, queryFn: databasesApi.list });
 }
 
 export function useDatabase(name: string) {

@@ -2,19 +2,19 @@
 // Vault KV version 2 API with a token of its own, and only the keys granted to it
 // (docs/integrations.md). Here people connect one, see what it reads, and cut it off.
 import {
-  Alert, Anchor, Badge, Button, Center, Code, Group, List, Modal, Pagination, Paper, Stack, Table, Text, TextInput, Textarea,
+  Alert, Anchor, Badge, Button, Center, Code, Group, List, Modal, Paper, Stack, Table, Text, TextInput, Textarea,
 } from "@mantine/core";
 import { IconAlertTriangle, IconPlus } from "@tabler/icons-react";
 import { useMutation, useQueryClient } from "@tanstack/react-query";
 import { useState } from "react";
-import { Link, useSearchParams } from "react-router";
+import { Link } from "react-router";
 import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
 import { GuardedButton } from "../components/Guarded";
 import { PageHeader } from "../components/PageHeader";
 import { CopyValue, EmptyState, Loading, fmtRelative, fmtTime } from "../components/bits";
 import {
-  DB_PAGE, databaseState, dbPath, databasesApi, dbq, useDatabases, type Database, type DatabaseIssued, type DatabaseState,
+  databaseState, dbPath, databasesApi, dbq, useDatabases, type Database, type DatabaseIssued, type DatabaseState,
 } from "../databases";
 import { LIMITS, lengthError, tooLong } from "../textLimits";
 
@@ -31,13 +31,10 @@ export function DatabaseStateBadge({ d }: { d: Pick<Database, "revoked_at"> }) {
 }
 
 export function DatabasesPage() {
-  const [params, setParams] = useSearchParams();
-  const page = Number(params.get("page") ?? "1") || 1;
-  const dbs = useDatabases((page - 1) * DB_PAGE);
+  const dbs = useDatabases();
   const [connecting, setConnecting] = useState(false);
   const [issued, setIssued] = useState<DatabaseIssued | null>(null);
   const data = dbs.data;
-  const pages = data ? Math.max(1, Math.ceil(data.total / DB_PAGE)) : 1;
   return (
     <Stack gap="md">
       <PageHeader title="Databases"
@@ -51,18 +48,10 @@ export function DatabasesPage() {
           : <DatabasesTable dbs={data?.items ?? []} />}
       </Paper>
       {data && data.total > 0 && (
-        <Group justify="space-between">
-          <Text size="sm" c="dimmed" data-testid="databases-total">
-            {data.total <= DB_PAGE ? `${data.total} database${data.total === 1 ? "" : "s"}`
-              : `${data.offset + 1}–${data.offset + data.items.length} of ${data.total} databases`}
-          </Text>
-          {pages > 1 && (
-            <Pagination total={pages} value={page} onChange={(p) => setParams({ page: String(p) }, { replace: true })} size="sm"
-                        aria-label="Pages of databases" getItemProps={(p) => ({ "aria-label": `Page ${p}` })}
-                        getControlProps={(c) => ({ "aria-label": { first: "First page", previous: "Previous page",
-                                                                    next: "Next page", last: "Last page" }[c] })} />
-          )}
-        </Group>
+        <Text size="sm" c="dimmed" data-testid="databases-total">
+          {data.total} database{data.total === 1 ? "" : "s"}
+          {" · "}revoked ones stay listed, with their name, for the audit trail
+        </Text>
       )}
       <ConnectDialog opened={connecting} onClose={() => setConnecting(false)}
                      onConnected={(i) => { setConnecting(false); setIssued(i); }} />
