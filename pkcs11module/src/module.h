@@ -35,6 +35,7 @@ typedef struct sr_object {
     kattrs a;
     int present;             /* seen by the last refresh, not destroyed */
     int current;             /* newest version of its key (or not a versioned object) */
+    CK_SESSION_HANDLE owner; /* a session object (CKA_TOKEN false): its session; else 0 */
     /* public-key details, fetched on demand (Get of the public key) */
     int pub_loaded;
     unsigned char *modulus, *exponent, *ec_params, *ec_point;
@@ -115,6 +116,9 @@ CK_RV objects_refresh(CK_SLOT_ID slot);
 sr_object *object_get(CK_SLOT_ID slot, CK_OBJECT_HANDLE h);   /* under g.lock */
 CK_RV object_load_public(sr_slot *s, sr_object *o);          /* fills modulus etc. */
 sr_object *object_add(CK_SLOT_ID slot, const kattrs *a);      /* under g.lock */
+CK_RV object_destroy_remote(CK_SLOT_ID slot, sr_object *o);   /* Revoke + Destroy */
+/* Destroys the session objects of `owner` (0: of every session) at the server. */
+void objects_drop_session(CK_SLOT_ID slot, CK_SESSION_HANDLE owner);
 
 /* ---- session helpers (p11_general.c) */
 sr_session *session_get(CK_SESSION_HANDLE h);   /* returns it locked, or NULL */

@@ -350,7 +350,7 @@ static CK_RV attr_value(const sr_object *o, CK_ATTRIBUTE_TYPE t, aval *out)
     int cur = o->current && o->a.state == STATE_ACTIVE;
     switch (t) {
     case CKA_CLASS: ULONG(o->cls);
-    case CKA_TOKEN: BOOL(1);
+    case CKA_TOKEN: BOOL(o->owner == 0);
     case CKA_PRIVATE: BOOL(!pub);
     case CKA_MODIFIABLE: BOOL(0);
     case CKA_COPYABLE: BOOL(0);
@@ -669,30 +669,13 @@ static CK_RV uid_op(sr_slot *s, uint32_t op, const char *uid, kresponse *r, int 
 
 /* Revoke (when Active or Pre-Active), then Destroy. Revoking a symmetric key revokes
  * the whole managed key (every version), as Strongroom's Revoke does. */
-CK_RV C_DestroyObject(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject)
+CK_RV object_destroy_remote(CK_SLOT_ID slot, sr_object *o)
 {
-    CHECK_INIT();
-    sr_session *s = session_get(hSession);
-    if (s == NULL)
-        return CKR_SESSION_HANDLE_INVALID;
-    CK_SLOT_ID slot = s->slot;
     pthread_mutex_lock(&g.lock);
-    sr_object *o = object_get(slot, hObject);
-    char uid[KMIP_UID_MAX + 1] = "";
-    uint32_t state = 0;
-    if (o) {
-        snprintf(uid, sizeof(uid), "%s", o->a.uid);
-        state = o->a.state;
-    }
+    char uid[KMIP_UID_MAX + 1];
+    memcpy(uid, o->a.uid, sizeof(uid));
+    uint32_t state = o->a.state;
     pthread_mutex_unlock(&g.lock);
-    if (o == NULL) {
-        session_put(s);
-        return CKR_OBJECT_HANDLE_INVALID;
-    }
-    if (!(s->flags & CKF_RW_SESSION)) {
-        session_put(s);
-        return CKR_SESSION_READ_ONLY;
-    }
     sr_slot *sl = &g.slots[slot];
     kresponse r;
     CK_RV rv = CKR_OK;
@@ -711,6 +694,48 @@ CK_RV C_DestroyObject(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject)
         o->present = 0;
         pthread_mutex_unlock(&g.lock);
     }
+    return rv;
+}
+
+void objects_drop_session(CK_SLOT_ID slot, CK_SESSION_HANDLE owner)
+{
+    for (;;) {
+        sr_object *todo = NULL;
+        pthread_mutex_lock(&g.lock);
+        for (sr_object *o = g.objects; o; o = o->next)
+            if (o->slot == slot && o->present && (owner == 0 ? o->owner != 0 : o->owner == owner)) {
+                todo = o;
+                break;
+            }
+        if (todo != NULL)
+            todo->owner = 0;   /* tried once, whatever the outcome */
+        pthread_mutex_unlock(&g.lock);
+        if (todo == NULL)
+            return;
+        if (object_destroy_remote(slot, todo) != CKR_OK)
+            sr_log("slot '%s': a session object (%s) could not be destroyed at the server",
+                   g.slots[slot].label, todo->a.uid);
+    }
+}
+
+CK_RV C_DestroyObject(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject)
+{
+    CHECK_INIT();
+    sr_session *s = session_get(hSession);
+    if (s == NULL)
+        return CKR_SESSION_HANDLE_INVALID;
+    CK_SLOT_ID slot = s->slot;
+    pthread_mutex_lock(&g.lock);
+    sr_object *o = object_get(slot, hObject);
+    int token = o ? o->owner == 0 : 0;
+    pthread_mutex_unlock(&g.lock);
+    CK_RV rv;
+    if (o == NULL)
+        rv = CKR_OBJECT_HANDLE_INVALID;
+    else if (token && !(s->flags & CKF_RW_SESSION))
+        rv = CKR_SESSION_READ_ONLY;
+    else
+        rv = object_destroy_remote(slot, o);
     session_put(s);
     return rv;
 }

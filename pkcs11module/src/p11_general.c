@@ -125,6 +125,10 @@ CK_RV C_Finalize(CK_VOID_PTR pReserved)
 {
     if (pReserved != NULL)
         return CKR_ARGUMENTS_BAD;
+    if (!g.initialized)
+        return CKR_CRYPTOKI_NOT_INITIALIZED;
+    for (int i = 0; i < g.nslots; i++)
+        objects_drop_session((CK_SLOT_ID)i, 0);
     pthread_mutex_lock(&g.lock);
     if (!g.initialized) {
         pthread_mutex_unlock(&g.lock);
@@ -391,6 +395,8 @@ CK_RV C_CloseSession(CK_SESSION_HANDLE hSession)
     pthread_mutex_unlock(&s->lock);
     pthread_mutex_unlock(&g.lock);
     free_session(s);
+    /* session objects (keys generated with CKA_TOKEN false) end with their session */
+    objects_drop_session(slot, hSession);
     if (last)   /* closing the last session logs the user out (PKCS#11 §5.6) */
         slot_logout(&g.slots[slot]);
     return CKR_OK;

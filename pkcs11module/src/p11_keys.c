@@ -57,14 +57,15 @@ static CK_RV attr_label(const CK_ATTRIBUTE *t, CK_ULONG n, char *out, size_t cap
     return CKR_OK;
 }
 
-/* Attributes every key the module creates must accept as they are: token objects
- * (Strongroom keeps every key), sensitive, not modifiable. CKA_ID is the server's
- * identifier: a requested one is ignored (see README). */
+/* Attributes every key the module creates must accept as they are: sensitive, not
+ * modifiable. CKA_TOKEN false (a session object, as Java's key generators ask) is a
+ * key created at the server like any other and destroyed there when its session ends.
+ * CKA_ID is the server's identifier: a requested one is ignored (see README). */
 static CK_RV common_checks(const CK_ATTRIBUTE *t, CK_ULONG n, int secret_or_private)
 {
     int b;
-    if ((b = attr_bool(t, n, CKA_TOKEN)) == -2 || b == 0)
-        return b == -2 ? CKR_ATTRIBUTE_VALUE_INVALID : CKR_TEMPLATE_INCONSISTENT;
+    if (attr_bool(t, n, CKA_TOKEN) == -2)
+        return CKR_ATTRIBUTE_VALUE_INVALID;
     if (secret_or_private && ((b = attr_bool(t, n, CKA_SENSITIVE)) == -2 || b == 0))
         return b == -2 ? CKR_ATTRIBUTE_VALUE_INVALID : CKR_TEMPLATE_INCONSISTENT;
     if ((b = attr_bool(t, n, CKA_MODIFIABLE)) == -2 || b == 1)
@@ -150,14 +151,24 @@ static CK_RV adopt(CK_SLOT_ID slot, int n, char uids[][KMIP_UID_MAX + 1], CK_OBJ
     return rv;
 }
 
-static sr_session *rw_session(CK_SESSION_HANDLE h, CK_RV *rv)
+static void set_owner(CK_SLOT_ID slot, CK_OBJECT_HANDLE h, CK_SESSION_HANDLE owner)
+{
+    pthread_mutex_lock(&g.lock);
+    sr_object *o = object_get(slot, h);
+    if (o != NULL)
+        o->owner = owner;
+    pthread_mutex_unlock(&g.lock);
+}
+
+/* The session to create objects in: a token object needs a read/write session. */
+static sr_session *rw_session(CK_SESSION_HANDLE h, CK_RV *rv, int token)
 {
     sr_session *s = session_get(h);
     if (s == NULL) {
         *rv = CKR_SESSION_HANDLE_INVALID;
         return NULL;
     }
-    if (!(s->flags & CKF_RW_SESSION)) {
+    if (token && !(s->flags & CKF_RW_SESSION)) {
         session_put(s);
         *rv = CKR_SESSION_READ_ONLY;
         return NULL;
@@ -236,7 +247,7 @@ CK_RV C_GenerateKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism,
     char label[KMIP_NAME_MAX + 1];
     if ((rv = attr_label(pTemplate, ulCount, label, sizeof(label))) != CKR_OK)
         return rv;
-    sr_session *s = rw_session(hSession, &rv);
+    sr_session *s = rw_session(hSession, &rv, attr_bool(pTemplate, ulCount, CKA_TOKEN) != 0);
     if (s == NULL)
         return rv;
     tbuf p;
@@ -268,6 +279,8 @@ CK_RV C_GenerateKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism,
         kresponse_free(&r);
         if (rv == CKR_OK)
             rv = adopt(s->slot, 1, uid, phKey);
+        if (rv == CKR_OK && attr_bool(pTemplate, ulCount, CKA_TOKEN) == 0)
+            set_owner(s->slot, *phKey, s->handle);
     }
     session_put(s);
     return rv;
@@ -331,7 +344,8 @@ CK_RV C_GenerateKeyPair(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism,
         memcpy(lpub, lprv, sizeof(lpub));
     if (lprv[0] == '\0')
         memcpy(lprv, lpub, sizeof(lprv));
-    sr_session *s = rw_session(hSession, &rv);
+    sr_session *s = rw_session(hSession, &rv, attr_bool(pub, npub, CKA_TOKEN) != 0
+                                              || attr_bool(prv, nprv, CKA_TOKEN) != 0);
     if (s == NULL)
         return rv;
     tbuf p;
@@ -373,6 +387,10 @@ CK_RV C_GenerateKeyPair(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism,
         if (rv == CKR_OK) {
             *phPublicKey = hs[0];
             *phPrivateKey = hs[1];
+            if (attr_bool(pub, npub, CKA_TOKEN) == 0)
+                set_owner(s->slot, hs[0], s->handle);
+            if (attr_bool(prv, nprv, CKA_TOKEN) == 0)
+                set_owner(s->slot, hs[1], s->handle);
         }
     }
     session_put(s);
