@@ -72,6 +72,7 @@ class KeyVault(MongoCryptCallback):  # type: ignore[misc]
     def __init__(self, tls: ssl.SSLContext, keys: list[dict[str, Any]]) -> None:
         self.tls, self.keys = tls, keys
         self.sent: list[tuple[str, list[str]]] = []
+        self.payloads: list[Any] = []  # each request's decoded payloads, in order
 
     def kms_request(self, kms_context: Any) -> None:
         """As pymongo's driver does it: wait the back-off libmongocrypt asks for, one
@@ -84,6 +85,7 @@ class KeyVault(MongoCryptCallback):  # type: ignore[misc]
         version = request.request_header.protocol_version
         self.sent.append((f"{version.major}.{version.minor}",
                           [item.operation.value.name for item in request.batch_items]))
+        self.payloads += [item.request_payload for item in request.batch_items]
         if kms_context.usleep:
             time.sleep(kms_context.usleep / 1e6)
         try:
@@ -170,6 +172,10 @@ def encrypt_documents(mongo: Mongo, key_id: uuid.UUID) -> list[dict[str, Any]]:
 
 def decrypt_documents(mongo: Mongo, stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"name": d["name"], **{f: mongo.decrypt(d[f]) for f in ("ssn", "salary", "notes")}} for d in stored]
+
+
+def template(payload: Any) -> dict[str, Any]:
+    return {a.attribute_name.value: a.attribute_value.value for a in payload.template_attribute.attributes}
 
 
 def audit_since(services: Services, since: int, actor: str) -> list[AuditEvent]:
@@ -268,6 +274,10 @@ def test_create_data_key_at_the_defaults_registers_activates_and_gets_secret_dat
     mongo = mongo_factory(keys)
     key_id = mongo.encrypter.create_data_key("kmip", key_alt_names=["payroll"])
     assert mongo.vault.sent == [("1.0", ["REGISTER"]), ("1.0", ["ACTIVATE"]), ("1.0", ["GET"])]
+    register = mongo.vault.payloads[0]
+    assert template(register) == {"Cryptographic Usage Mask": 0}  # no name, an empty mask
+    assert register.managed_object.secret_data_type.value == enums.SecretDataType.SEED
+    assert len(register.managed_object.key_block.key_value.key_material.value) == 96
     [data_key] = keys
     master = data_key["masterKey"]
     assert master == {"provider": "kmip", "keyId": master["keyId"]}  # not delegated: the default
@@ -341,6 +351,12 @@ def test_delegated_master_key_encrypts_and_decrypts_inside_the_key_server(
     mongo = mongo_factory(keys)
     created = mongo.encrypter.create_data_key("kmip", master_key={"delegated": True})
     assert mongo.vault.sent == [("1.2", ["CREATE"]), ("1.0", ["ACTIVATE"]), ("1.2", ["ENCRYPT"])]
+    create, _, encrypt = mongo.vault.payloads
+    assert template(create) == {"Cryptographic Algorithm": enums.CryptographicAlgorithm.AES,
+                                "Cryptographic Length": 256, "Cryptographic Usage Mask": 12}  # Encrypt|Decrypt
+    params = encrypt.cryptographic_parameters
+    assert (params.block_cipher_mode, params.padding_method, params.random_iv, encrypt.iv_counter_nonce) == (
+        enums.BlockCipherMode.CBC, enums.PaddingMethod.PKCS5, True, None)  # the HSM draws the IV
     created_uid = keys[0]["masterKey"]["keyId"]
     assert keys[0]["masterKey"] == {"provider": "kmip", "delegated": True, "keyId": created_uid}
 
@@ -351,6 +367,7 @@ def test_delegated_master_key_encrypts_and_decrypts_inside_the_key_server(
     fresh = mongo_factory(keys)
     assert decrypt_documents(fresh, stored) == DOCUMENTS + DOCUMENTS
     assert sorted(fresh.ops()) == ["DECRYPT", "DECRYPT"]  # one per data key: cached after
+    assert all(len(p.iv_counter_nonce) == 16 for p in fresh.vault.payloads)  # the IV back in its own field
 
     records = audit_since(services, since, f"kmip:{app_files.name}")
     created_key = records[0].object_id
