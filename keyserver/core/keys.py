@@ -59,6 +59,9 @@ class KeySpec:
     length_bits: int = 256
     # Caller-supplied material (KMIP Register): wrapped under the KEK at once, never stored plain.
     material: bytes | None = field(default=None, repr=False)
+    # Or a caller's wrapped key re-wrapped under the KEK in the HSM (KmipRegistry.unwrap_for_import).
+    wrapped: WrappedKey | None = field(default=None, repr=False)
+    import_details: dict[str, Any] | None = None
     # REST admits one live key per name (so /keys/{name} is one key); a KMIP Name is a
     # label that several objects may carry (keyserver/core/names.py).
     unique_name: bool = True
@@ -247,7 +250,8 @@ class KeyService:
         hmac = spec.algorithm in HMAC_ALGORITHMS
         if not hmac and spec.length_bits not in AES_LENGTHS:
             raise InvalidInput("AES keys are 128, 192 or 256 bits long")
-        if hmac and spec.material is None and spec.length_bits != HMAC_ALGORITHMS[spec.algorithm]:
+        if hmac and spec.material is None and spec.wrapped is None and \
+                spec.length_bits != HMAC_ALGORITHMS[spec.algorithm]:
             raise InvalidInput(f"{spec.algorithm} keys are generated {HMAC_ALGORITHMS[spec.algorithm]} bits long")
         if spec.material is not None:
             if len(spec.material) * 8 != spec.length_bits:
@@ -260,6 +264,8 @@ class KeyService:
                     spec.material, kek_id=self._keks.current())
             except HsmError as exc:
                 raise hsm_failure("import the key", exc) from exc
+        elif spec.wrapped is not None:
+            wrapped = spec.wrapped
         else:
             wrapped = self._generate(spec.length_bits, spec.algorithm)
         with self._db.begin() as s:
@@ -282,7 +288,8 @@ class KeyService:
             s.add(key)
             self._audit.add(s, ctx, action="key.create", object_type="key", object_id=str(key.id),
                             details={"name": key.name, "version": 1, "state": state.value,
-                                     **({"imported": True} if spec.material is not None else {})})
+                                     **({"imported": True} if spec.material is not None or spec.wrapped is not None
+                                        else {}), **(spec.import_details or {})})
         return key
 
     def _generate(self, length_bits: int = 256, algorithm: str = "AES") -> WrappedKey:

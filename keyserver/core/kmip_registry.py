@@ -11,7 +11,16 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from hsm import HsmError, HsmIntegrityError, WrappedKey
+from hsm import (
+    AES_KWP,
+    RSA_OAEP_SHA1,
+    HsmError,
+    HsmIntegrityError,
+    HsmInvalidInput,
+    ImportedKey,
+    SealedPrivateKey,
+    WrappedKey,
+)
 from keyserver.core.audit import PendingRecord
 from keyserver.core.errors import (
     Conflict,
@@ -24,6 +33,7 @@ from keyserver.core.errors import (
 from keyserver.core.keys import (
     COMPROMISE_REASONS,
     REVOCATION_REASONS,
+    version_wrapped,
 )
 from keyserver.core.kmip_base import KmipObjectBase
 from keyserver.core.kmip_model import (
@@ -35,16 +45,20 @@ from keyserver.core.kmip_model import (
     SEALED_TYPES,
     CreatedPair,
     StandaloneObject,
+    VersionObject,
     audit_details,
     load_public_der,
     object_type_of,
     public_bits,
+    usage_of,
+    use_refusal,
 )
 from keyserver.core.kmip_sealed import UnsealError, seal, unseal
 from keyserver.core.names import UUID_RE, check_name
 from keyserver.core.permissions import Permission
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import DESTROYED_STATES, RETRIEVABLE, KeyState, check_transition
+from keyserver.core.usage import Usage
 from keyserver.store.models import KmipPublicKey, KmipSealedObject
 from keyserver.store.notify import Topic
 
@@ -85,6 +99,56 @@ class KmipRegistry(KmipObjectBase):
                                      else "RSA", "bits": public_bits(public), "state": state.value})
         return row
 
+
+    # --- keys registered wrapped (KMIP Register with Key Wrapping Data) ---------------
+    @property
+    def rsa_unwrap_mechanisms(self) -> frozenset[str]:
+        """The RSA-OAEP mechanisms the token unwraps with (SoftHSM2 2.6: SHA-1 only)."""
+        caps = self._hsm.capabilities
+        return caps.rsa_unwrap_mechanisms or frozenset({caps.rsa_wrap_mechanism})
+
+    def unwrap_for_import(self, ctx: RequestContext, uid: str, blob: bytes, *, secret: bool,
+                          oaep_mechanism: str = RSA_OAEP_SHA1) -> tuple[ImportedKey, dict[str, Any]]:
+        """A key a client wrapped under the object `uid` — an AES key version (AES Key Wrap
+        with Padding, RFC 5649) or an RSA private key (`oaep_mechanism`) — unwrapped inside
+        the HSM and wrapped under the current KEK at once, for KeyService.create (`secret`:
+        an HMAC key). The unwrapping key is used as Decrypt uses a key: Active or
+        Deactivated (it processes, KMIP 1.4 §3.22), its usage mask allowing Unwrap Key, its
+        dates allowing processing. Returns the key and what its audit record says of it."""
+        target = self.resolve_for_export(ctx, uid, action="key.unwrap", permission=Permission.KEYS_DECRYPT)
+        what = object_type_of(target)
+        unwrapping: WrappedKey | SealedPrivateKey
+        if isinstance(target, VersionObject) and target.key.algorithm == "AES":
+            unwrapping, mechanism = version_wrapped(target.version), AES_KWP
+        elif isinstance(target, KmipSealedObject) and target.object_type == PRIVATE_KEY and \
+                target.algorithm in (None, "RSA") and target.material and target.dek_ciphertext:
+            assert target.dek_wrapping_key_id and target.dek_mechanism
+            unwrapping = SealedPrivateKey(dek=WrappedKey(target.dek_wrapping_key_id, target.dek_mechanism,
+                                                         target.dek_ciphertext), material=target.material)
+            mechanism = oaep_mechanism
+        else:
+            raise Conflict(f"a {what if not isinstance(target, VersionObject) else target.key.algorithm + ' key'} "
+                           "cannot unwrap keys; use an AES key or an RSA private key", code="wrong_object_type")
+        state = KeyState(target.version.state if isinstance(target, VersionObject) else target.state)
+        if state not in (KeyState.ACTIVE, KeyState.DEACTIVATED):
+            raise Conflict(f"the unwrapping {what} is {state.value}: unwrapping needs an Active or Deactivated key",
+                           code="illegal_state")
+        if not usage_of(target) & Usage.UNWRAP_KEY:
+            raise Conflict(f"the unwrapping {what}'s Cryptographic Usage Mask does not allow Unwrap Key",
+                           code="usage_not_allowed")
+        if (refusal := use_refusal(target, "unwrap", self._now())) is not None:
+            raise Conflict(refusal, code="illegal_state")
+        try:
+            imported = self._hsm.import_wrapped_key(blob, unwrapping=unwrapping, mechanism=mechanism,
+                                                    kek_id=self._kek(), secret=secret)
+        except HsmIntegrityError:
+            raise IntegrityFailure() from None
+        except HsmInvalidInput as exc:
+            raise InvalidInput(str(exc)) from exc
+        except HsmError as exc:
+            raise hsm_failure("unwrap the key", exc) from exc
+        return imported, {"wrapped": True, "unwrapped_by": uid, "unwrapping_key_name": audit_details(target)["name"],
+                          "unwrapping_mechanism": mechanism}
 
     # --- key pairs, secret data, certificates ---------------------------------------
     def _kek(self) -> str:

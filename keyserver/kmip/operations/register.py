@@ -1,6 +1,7 @@
 """Register: AES and HMAC keys (they become managed keys, wrapped under the KEK at once),
 public keys (RSA >= 2048 bits, so that Get can deliver keys wrapped under them, or EC on
-P-256/P-384 for SignatureVerify; X.509 SubjectPublicKeyInfo, or PKCS#1 for RSA), private
+P-256/P-384 for SignatureVerify; X.509 SubjectPublicKeyInfo, or PKCS#1 for RSA), AES and
+HMAC keys wrapped under a key this server holds (unwrapped inside the HSM: wrapped_key.py), private
 keys (RSA >= 2048 bits in PKCS#8 or PKCS#1, EC on P-256/P-384 in PKCS#8; they sign inside
 the HSM), secret data (Password or Seed) and opaque objects (sealed at once under their
 own AES key wrapped under the KEK), and X.509 certificates (stored as they are: they are
@@ -21,6 +22,7 @@ from keyserver.core.kmip_model import CERTIFICATE, MAX_SECRET_BYTES, OPAQUE, PRI
 from keyserver.kmip import attributes, cryptoparams
 from keyserver.kmip.context import Call
 from keyserver.kmip.errors import KmipFailure
+from keyserver.kmip.operations import wrapped_key
 from keyserver.kmip.operations.create import symmetric_spec
 
 OPERATION = enums.Operation.REGISTER
@@ -54,10 +56,16 @@ def handle(call: Call, payload: Any) -> Any:
     if payload.object_type == enums.ObjectType.OPAQUE_DATA:
         return _opaque(call, obj, name, t, client)
     block = obj.key_block
-    if block.key_wrapping_data is not None:
-        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "wrapped keys cannot be registered")
-    material = bytes(block.key_value.key_material.value)
     fmt = _enum(block.key_format_type)
+    if block.key_wrapping_data is not None:
+        if payload.object_type != enums.ObjectType.SYMMETRIC_KEY:
+            raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "only symmetric keys are registered wrapped; other objects "
+                                                       "come as they are")
+        if fmt != enums.KeyFormatType.RAW:
+            raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "symmetric keys are registered in Raw format")
+        return wrapped_key.register(call, payload.template_attribute, block, t, name, _symmetric_algorithm(block),
+                                    matches=_matches)
+    material = bytes(block.key_value.key_material.value)
     if payload.object_type == enums.ObjectType.PUBLIC_KEY:
         if fmt not in (enums.KeyFormatType.X_509, enums.KeyFormatType.PKCS_1):
             raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED,
@@ -76,11 +84,7 @@ def handle(call: Call, payload: Any) -> Any:
         return _secret_data(call, obj, material, name, t, client)
     if fmt != enums.KeyFormatType.RAW:
         raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "symmetric keys are registered in Raw format")
-    kmip_algorithm = _enum(block.cryptographic_algorithm) if block.cryptographic_algorithm is not None else None
-    algorithm = attributes.ALGORITHM_OF_KMIP.get(kmip_algorithm or enums.CryptographicAlgorithm.AES)
-    if algorithm is None:
-        raise KmipFailure(R.INVALID_FIELD, "AES and HMAC-SHA256/384/512 keys can be registered; legacy ciphers "
-                                           "(3DES, RC4, ...) are refused")
+    algorithm = _symmetric_algorithm(block)
     if algorithm == "AES" and len(material) not in (16, 24, 32):
         raise KmipFailure(R.INVALID_FIELD, "AES keys are 16, 24 or 32 bytes long")
     _matches(t, algorithm, len(material) * 8)
@@ -88,6 +92,15 @@ def handle(call: Call, payload: Any) -> Any:
         call, payload.template_attribute, t, name=name, algorithm=algorithm, length=len(material) * 8,
         description="registered over KMIP", material=material))
     return payloads.RegisterResponsePayload(unique_identifier=str(key.versions[-1].id))
+
+
+def _symmetric_algorithm(block: Any) -> str:
+    kmip_algorithm = _enum(block.cryptographic_algorithm) if block.cryptographic_algorithm is not None else None
+    algorithm = attributes.ALGORITHM_OF_KMIP.get(kmip_algorithm or enums.CryptographicAlgorithm.AES)
+    if algorithm is None:
+        raise KmipFailure(R.INVALID_FIELD, "AES and HMAC-SHA256/384/512 keys can be registered; legacy ciphers "
+                                           "(3DES, RC4, ...) are refused")
+    return algorithm
 
 
 def _stored(template: Any, t: attributes.Template, kind: str, algorithm: str) -> dict[str, Any]:
