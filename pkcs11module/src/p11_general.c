@@ -228,9 +228,10 @@ CK_RV C_GetTokenInfo(CK_SLOT_ID slotID, CK_TOKEN_INFO_PTR pInfo)
     sr_pad(pInfo->manufacturerID, sizeof(pInfo->manufacturerID), "Strongroom");
     sr_pad(pInfo->model, sizeof(pInfo->model), "KMIP");
     sr_pad(pInfo->serialNumber, sizeof(pInfo->serialNumber), s->serial);
-    pInfo->flags = CKF_RNG | CKF_TOKEN_INITIALIZED;
+    /* the user PIN is the key file's passphrase; without one, any PIN logs in */
+    pInfo->flags = CKF_RNG | CKF_TOKEN_INITIALIZED | CKF_USER_PIN_INITIALIZED;
     if (s->login_required)
-        pInfo->flags |= CKF_LOGIN_REQUIRED | CKF_USER_PIN_INITIALIZED;
+        pInfo->flags |= CKF_LOGIN_REQUIRED;
     pInfo->ulMaxSessionCount = CK_EFFECTIVELY_INFINITE;
     pInfo->ulMaxRwSessionCount = CK_EFFECTIVELY_INFINITE;
     pthread_mutex_lock(&g.lock);

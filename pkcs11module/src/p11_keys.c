@@ -63,13 +63,15 @@ static CK_RV attr_label(const CK_ATTRIBUTE *t, CK_ULONG n, char *out, size_t cap
  * CKA_ID is the server's identifier: a requested one is ignored (see README). */
 static CK_RV common_checks(const CK_ATTRIBUTE *t, CK_ULONG n, int secret_or_private)
 {
-    int b;
-    if (attr_bool(t, n, CKA_TOKEN) == -2)
-        return CKR_ATTRIBUTE_VALUE_INVALID;
-    if (secret_or_private && ((b = attr_bool(t, n, CKA_SENSITIVE)) == -2 || b == 0))
-        return b == -2 ? CKR_ATTRIBUTE_VALUE_INVALID : CKR_TEMPLATE_INCONSISTENT;
-    if ((b = attr_bool(t, n, CKA_MODIFIABLE)) == -2 || b == 1)
-        return b == -2 ? CKR_ATTRIBUTE_VALUE_INVALID : CKR_TEMPLATE_INCONSISTENT;
+    (void)secret_or_private;
+    static const CK_ATTRIBUTE_TYPE bools[] = { CKA_TOKEN, CKA_SENSITIVE, CKA_MODIFIABLE,
+        CKA_PRIVATE, CKA_EXTRACTABLE, CKA_ENCRYPT, CKA_DECRYPT, CKA_SIGN, CKA_VERIFY,
+        CKA_WRAP, CKA_UNWRAP, CKA_DERIVE };
+    for (size_t i = 0; i < sizeof(bools) / sizeof(bools[0]); i++)
+        if (attr_bool(t, n, bools[i]) == -2)
+            return CKR_ATTRIBUTE_VALUE_INVALID;
+    /* CKA_SENSITIVE false (pkcs11-tool's default) is accepted and the key reported
+     * sensitive: no key value ever leaves the server through this module. */
     if (find_attr(t, n, CKA_VALUE) != NULL)
         return CKR_ATTRIBUTE_READ_ONLY;
     return CKR_OK;
