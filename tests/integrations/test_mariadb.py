@@ -6,8 +6,9 @@ HTTPS (docs/integrations.md, MariaDB).
 Three managed keys, granted under MariaDB's key ids: 1 (the server's own data: redo
 log, system tablespace, the default for tables), 2 (temporary data: MariaDB asks for
 it and falls back to 1 without it) and 5 (the table's ENCRYPTION_KEY_ID). The
-test writes, restarts (keys read again, audited), rotates key 5 and watches the
-encryption threads re-encrypt the table to version 2, looks for the plaintext in every
+test writes, restarts (keys read again, audited), cuts the key server off (the running
+server goes on from its cache; a restart cannot), rotates key 5 twice and watches the
+encryption threads re-encrypt the table, looks for the plaintext in every
 file on disk (and finds it, as a control, in an unencrypted table's file), then
 revokes key 5 and shows the restarted server refusing the table, and revokes the
 database identity and shows the server refusing to start at all.
@@ -15,9 +16,12 @@ database identity and shows the server refusing to start at all.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -98,6 +102,54 @@ class SqlError(Exception):
     pass
 
 
+class Outage:
+    """A TCP relay between MariaDB and the key server that can be cut: while it is down,
+    connections to its port are refused, as from a key server that is not running."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self._open: list[socket.socket] = []
+
+    def up(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self.port, self._listener = listener.getsockname()[1], listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        for c in self._open:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+        self._open.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            self._open += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
 def wait_for(what: str, check: Any, *, seconds: float = 60) -> Any:
     """Poll `check` until it gives something true; a bound on waiting, not a timing test."""
     deadline = time.monotonic() + seconds
@@ -150,7 +202,9 @@ def test_mariadb_encrypts_with_strongroom_keys(mariadb: MariaDB, services: Servi
     name, token = created.json()["database"]["name"], created.json()["token"]
     # The URL the console gives is the server's public one; this test's server listens elsewhere.
     assert created.json()["vault_url"] == f"{services.settings.url}/v1/strongroom"
-    url = f"{base_url}/v1/strongroom"
+    relay = Outage(int(base_url.rsplit(":", 1)[1]))
+    relay.up()
+    url = f"https://127.0.0.1:{relay.port}/v1/strongroom"
     for key, kv_id in ((system_key, 1), (temp_key, 2), (table_key, TABLE_KEY_ID)):
         r = admin.post(f"/api/v1/databases/{name}/grants", json={"key": key["name"], "key_id": kv_id})
         assert r.status_code == 201, r.text
@@ -190,6 +244,21 @@ def test_mariadb_encrypts_with_strongroom_keys(mariadb: MariaDB, services: Servi
     assert mariadb.sql("SELECT COUNT(*) FROM shop.orders WHERE note LIKE 'STRONGROOM-SECRET-ROW-%'") == "200"
     again = reads_since(services, admin, seq, actor)
     assert {e["details"]["key_id"] for e in again if e["outcome"] == "allowed"} >= {1, TABLE_KEY_ID}
+
+    # An outage of the key server: the running server goes on with the keys in its cache.
+    relay.down()
+    time.sleep(1)  # past the version cache (500 ms): the plugin asks again, and cannot reach the server
+    mariadb.sql("INSERT INTO shop.orders VALUES (1000, 'STRONGROOM-SECRET-ROW-outage')")
+    assert mariadb.sql("SELECT COUNT(*) FROM shop.orders") == "201"
+    mariadb.sql("FLUSH TABLES shop.orders FOR EXPORT; UNLOCK TABLES")  # its pages written, encrypted
+    # ... but a restart needs the key server: the plugin's cache is the process's memory.
+    mariadb.stop()
+    mariadb.start(options, expect_up=False)
+    down = mariadb.log.read_text()
+    assert "hashicorp: curl returned this error code: 7" in down, down[-3000:]  # could not connect
+    assert "Plugin 'hashicorp_key_management' init function returned error." in down and "Aborting" in down
+    relay.up()
+    mariadb.start(options)
 
     def table_versions() -> tuple[int, int]:
         """The table's key version for new writes and the oldest of its pages' versions,
@@ -246,7 +315,8 @@ def test_mariadb_encrypts_with_strongroom_keys(mariadb: MariaDB, services: Servi
     assert admin.post(f"/api/v1/databases/{name}/revoke").status_code == 200
     mariadb.start(options, expect_up=False)
     log = mariadb.log.read_text()
-    assert "hashicorp" in log.lower() and "403" in log, log
+    assert 'Hashicorp server error: 403, response: {"errors":["permission denied"]}' in log, log[-3000:]
+    assert "Plugin 'hashicorp_key_management' init function returned error." in log
     services.audit.flush()
     refused_auth = admin.get("/api/v1/audit/events", params={"action": "database.authenticate", "actor": actor}).json()
     assert any(e["details"] == {"code": "database_revoked"} for e in refused_auth["items"])
