@@ -3,6 +3,7 @@ refusals, the KV-v2 front's answers, the key's consumers, and the audit of each.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -256,3 +257,31 @@ def test_user_credentials_do_not_read_keys(actors: dict[str, Actor]) -> None:
     assert r.status_code == 403 and r.json() == {"errors": ["permission denied"]}
     assert admin.session.get("/v1/strongroom/data/1").status_code == 403
     assert admin.session.get("/v1/sys/mounts/strongroom/tune").status_code == 403
+
+
+def test_a_grant_waits_for_approval_under_the_two_person_rule(services: Services, hsm_backend: Any,
+                                                              tmp_path: Path) -> None:
+    """`database.grant` held like `key.export`: the grant is made, as its requester, once
+    another key officer approves."""
+    from keyserver.core.approvals import ApprovalPending
+    from keyserver.core.keys import KeySpec
+    from keyserver.core.principal import RequestContext, system_context
+    from tests.conftest import own_services
+
+    password = "a long enough passphrase 1"
+    with own_services(tmp_path / "data", hsm_backend, approvals={"database.grant": 1}) as held:
+        def person() -> RequestContext:
+            name = unique("officer")
+            held.identity.create_user(system_context("tests"), username=name, role="key-officer", password=password)
+            return RequestContext(held.identity.login(name, password, source_ip=None, request_id=None).principal)
+
+        alice, bob = person(), person()
+        key = held.keys.create(alice, KeySpec(name=unique("held")))
+        name = held.databases.create(alice, name=unique("held-db")).database.name
+        with pytest.raises(ApprovalPending) as pending:
+            held.databases.grant(alice, name, key=key.name, key_id=1)
+        assert held.databases.get(alice, name).grants == ()
+        decision = held.approvals.approve(bob, pending.value.request.id)
+        assert decision.executed
+        grants = held.databases.get(alice, name).grants
+        assert [(g.key_id, g.key_name, g.granted_by) for g in grants] == [(1, key.name, alice.principal.name)]
