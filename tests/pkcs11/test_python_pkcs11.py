@@ -1,0 +1,133 @@
+"""python-pkcs11 on `libstrongroom-pkcs11.so` (in this process, against the session's
+KMIP listener): the main sequence, and what the module's results are worth outside it —
+ciphertexts and MACs checked with the key material taken over KMIP by an identity that
+may export it, sensitivity and extractability as Strongroom's export policy says."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pkcs11
+import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.keywrap import aes_key_unwrap_with_padding
+from pkcs11 import Attribute, KeyType, Mechanism
+from pkcs11 import exceptions as ckr
+
+from keyserver.core.principal import system_context
+from keyserver.services import Services
+from tests.kmip.conftest import make_client
+from tests.pkcs11.conftest import P11
+from tests.pkcs11.sequence import DATA, by_id, gcm_roundtrip, main_sequence, object_id, secret_key
+
+
+def test_slots_are_the_configured_identities(lib: Any, p11: P11) -> None:
+    labels = [slot.get_token().label for slot in lib.get_slots(token_present=True)]
+    assert labels == [p11.user.label, p11.locked.label, p11.noexport.label, p11.outage.label]
+    assert pkcs11.TokenFlag.LOGIN_REQUIRED in lib.get_token(token_label=p11.locked.label).flags
+    assert pkcs11.TokenFlag.LOGIN_REQUIRED not in lib.get_token(token_label=p11.user.label).flags
+
+
+def test_the_main_sequence(lib: Any, p11: P11, make_key: Callable[..., str]) -> None:
+    main_sequence(lib, p11.user.label, make_key("p11-aes"), make_key("p11-mac", algorithm="HMAC-SHA256"))
+
+
+def test_results_are_the_server_keys(session: Any, p11: P11, make_key: Callable[..., str]) -> None:
+    """What the module encrypts, MACs and wraps is done with Strongroom's key: the same key,
+    taken over KMIP by an identity that may export it, opens and checks it outside."""
+    aes_name, mac_name = make_key("p11-check"), make_key("p11-check-mac", algorithm="HMAC-SHA256")
+    target_name = make_key("p11-target")
+    aes, mac, target = (secret_key(session, n) for n in (aes_name, mac_name, target_name))
+    kmip = make_client(p11.user.files, p11.port)
+    kmip.open()
+    try:
+        aes_bytes, mac_bytes, target_bytes = (kmip.get(object_id(o)).value for o in (aes, mac, target))
+    finally:
+        kmip.close()
+    nonce = os.urandom(12)
+    sealed = bytes(aes.encrypt(DATA, mechanism=Mechanism.AES_GCM, mechanism_param=pkcs11.GCMParams(nonce, b"aad")))
+    assert AESGCM(aes_bytes).decrypt(nonce, sealed, b"aad") == DATA
+    outside = AESGCM(aes_bytes).encrypt(nonce, b"from outside", None)
+    assert bytes(aes.decrypt(outside, mechanism=Mechanism.AES_GCM,
+                             mechanism_param=pkcs11.GCMParams(nonce))) == b"from outside"
+    assert bytes(mac.sign(DATA, mechanism=Mechanism.SHA256_HMAC)) == hmac.new(mac_bytes, DATA, hashlib.sha256).digest()
+    wrapped = bytes(aes.wrap_key(target, mechanism=Mechanism.AES_KEY_WRAP_PAD))
+    assert aes_key_unwrap_with_padding(aes_bytes, wrapped) == target_bytes
+
+
+def test_key_values_stay_in_the_server(lib: Any, p11: P11, make_key: Callable[..., str]) -> None:
+    """A key whose export policy forbids plaintext, and any key seen by an identity whose
+    key_export is "none": CKA_SENSITIVE, CKA_VALUE refused (CKR_ATTRIBUTE_SENSITIVE); using
+    the key is still allowed."""
+    exportable, sealed = make_key("p11-exportable"), make_key("p11-sealed", exportable=False)
+    with lib.get_token(token_label=p11.user.label).open() as s:
+        closed = secret_key(s, sealed)
+        assert closed[Attribute.SENSITIVE]
+        with pytest.raises(ckr.AttributeSensitive):
+            closed[Attribute.VALUE]
+        gcm_roundtrip(closed)
+    with lib.get_token(token_label=p11.noexport.label).open() as s:
+        key = secret_key(s, exportable)
+        assert key[Attribute.SENSITIVE]
+        with pytest.raises(ckr.AttributeSensitive):
+            key[Attribute.VALUE]
+        gcm_roundtrip(key)  # using it is allowed; taking it out is not
+
+
+@pytest.mark.xfail(strict=True, raises=ckr.AttributeSensitive, reason=(
+    "issue 27 C1: the module reports every secret key CKA_SENSITIVE and refuses CKA_VALUE, "
+    "even an exportable key for an identity that may export it (the brief's contract: "
+    "readable exactly when a KMIP Get in plaintext would be allowed)"))
+def test_an_exportable_key_is_readable_by_an_identity_that_may_export(
+        lib: Any, p11: P11, make_key: Callable[..., str]) -> None:
+    name = make_key("p11-readable")
+    with lib.get_token(token_label=p11.user.label).open() as s:
+        key = secret_key(s, name)
+        value = bytes(key[Attribute.VALUE])
+        assert not key[Attribute.SENSITIVE] and key[Attribute.EXTRACTABLE]
+    kmip = make_client(p11.user.files, p11.port)
+    kmip.open()
+    try:
+        assert value == kmip.get(object_id(key)).value
+    finally:
+        kmip.close()
+
+
+def test_generated_keys_are_strongroom_keys(session: Any, services: Services) -> None:
+    name = f"p11-made-{uuid.uuid4().hex[:8]}"
+    made = session.generate_key(KeyType.AES, 256, label=name, store=True)
+    gcm_roundtrip(made)
+    key = services.keys.get(system_context("tests"), name)
+    assert (key.algorithm, key.length_bits) == ("AES", 256)
+    assert str(key.versions[-1].id) == object_id(made)
+    assert by_id(session, object_id(made))[Attribute.LABEL] == name
+
+
+def test_rsa_oaep_wraps_an_aes_key_and_the_private_half_unwraps_it(session: Any, make_key: Callable[..., str]) -> None:
+    public, private = session.generate_keypair(KeyType.RSA, 2048, label=f"p11-kek-{uuid.uuid4().hex[:8]}", store=True)
+    table = secret_key(session, make_key("p11-table"))
+    oaep = (Mechanism.SHA_1, pkcs11.MGF.SHA1, None)
+    wrapped = bytes(public.wrap_key(table, mechanism=Mechanism.RSA_PKCS_OAEP, mechanism_param=oaep))
+    assert len(wrapped) == 256
+    back = private.unwrap_key(pkcs11.ObjectClass.SECRET_KEY, KeyType.AES, wrapped,
+                              label=f"p11-back-{uuid.uuid4().hex[:8]}",
+                              mechanism=Mechanism.RSA_PKCS_OAEP, mechanism_param=oaep, store=True)
+    nonce = os.urandom(12)
+    sealed = bytes(table.encrypt(DATA, mechanism=Mechanism.AES_GCM, mechanism_param=pkcs11.GCMParams(nonce)))
+    assert bytes(back.decrypt(sealed, mechanism=Mechanism.AES_GCM, mechanism_param=pkcs11.GCMParams(nonce))) == DATA
+
+
+def test_bad_input_gets_a_precise_code(session: Any, make_key: Callable[..., str]) -> None:
+    key = secret_key(session, make_key("p11-bad"))
+    nonce = os.urandom(12)
+    sealed = bytearray(key.encrypt(DATA, mechanism=Mechanism.AES_GCM, mechanism_param=pkcs11.GCMParams(nonce)))
+    sealed[0] ^= 1
+    with pytest.raises(ckr.EncryptedDataInvalid):
+        key.decrypt(bytes(sealed), mechanism=Mechanism.AES_GCM, mechanism_param=pkcs11.GCMParams(nonce))
+    with pytest.raises(ckr.MechanismInvalid):
+        key.encrypt(DATA, mechanism=Mechanism.AES_ECB)
