@@ -5,8 +5,9 @@ error queue is per thread. A token operation that fails inside OpenSSL (an RFC 5
 unwrap whose integrity check fails, an OAEP decoding error) leaves an entry there that
 SoftHSM2 never clears; the next TLS read on that thread that has to wait for data then
 reports the stale entry as its own failure (`SSL_get_error` looks at the queue first),
-and the KMIP connection drops ("[EVP: UPDATE_ERROR] update error"). Whoever runs a
-token call that may fail that way calls `clear()` after it."""
+and the KMIP connection drops ("[EVP: UPDATE_ERROR] update error"; a KMIP Decrypt of a
+bad RSA-OAEP ciphertext did it too). The session runner (`Pkcs11Core._run`) calls
+`clear()` after every failed token operation."""
 
 from __future__ import annotations
 

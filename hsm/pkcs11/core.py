@@ -15,7 +15,7 @@ from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11 import exceptions as p11
 
 from hsm import capabilities as caps
-from hsm import cryptoki, faults, mechanisms
+from hsm import cryptoki, faults, mechanisms, openssl_errors
 from hsm.backend import KekInfo, TokenCapabilities, WrappedKey
 from hsm.config import HsmConfig
 from hsm.errors import HsmError, HsmIntegrityError, HsmInvalidInput, HsmKeyNotFound, HsmUnavailable
@@ -172,8 +172,10 @@ class Pkcs11Core:
                 with self._serialised(), self._pool.borrow() as (session, generation):
                     return operation(Lease(session, generation))
             except HsmError:
+                openssl_errors.clear()  # what a failure inside the token's OpenSSL left (hsm/openssl_errors.py)
                 raise
             except (p11.PKCS11Error, cryptoki.CryptokiError) as exc:
+                openssl_errors.clear()
                 fault = faults.classify(exc)
                 name = faults.describe(exc)
                 if fault is Fault.SESSION_LOST and attempt == 1:

@@ -9,7 +9,7 @@ from typing import Any, Final
 from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11 import exceptions as p11
 
-from hsm import faults, mechanisms, openssl_errors
+from hsm import faults, mechanisms
 from hsm.backend import AES_KWP, RSA_OAEP_SHA1, RSA_OAEP_SHA256, ImportedKey, SealedPrivateKey, WrappedKey
 from hsm.errors import HsmIntegrityError, HsmInvalidInput
 from hsm.faults import Fault
@@ -85,7 +85,6 @@ class ImportOps(Pkcs11Core):
                                           else Mechanism.RSA_PKCS_OAEP,
                                           mechanism_param=param, capabilities=0, template=dict(template))
                 except p11.PKCS11Error as exc:
-                    openssl_errors.clear()  # what the token's OpenSSL left behind (hsm/openssl_errors.py)
                     if faults.classify(exc) is Fault.CRYPTO:
                         raise HsmIntegrityError(INTEGRITY_MESSAGE) from None
                     raise
