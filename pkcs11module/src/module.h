@@ -55,7 +55,7 @@ typedef struct {
     CK_ULONG iv_len;
     CK_ULONG tag_bytes;
     CK_MECHANISM_TYPE oaep_hash;
-    CK_ULONG pss_salt;
+    uint32_t hash;           /* KMIP Hashing Algorithm of a pre-hashed signature */
     /* buffered input (multi-part), in locked memory */
     unsigned char *in;
     size_t in_len, in_cap;

@@ -132,11 +132,36 @@ static CK_RV op_init(CK_SESSION_HANDLE h, CK_MECHANISM_PTR m, CK_OBJECT_HANDLE k
         }
         break;
     case CKM_ECDSA_SHA256:
+    case CKM_ECDSA:
         if (kind != OPK_SIGN && kind != OPK_VERIFY)
             goto badmech;
         want_cls = kind == OPK_SIGN ? CKO_PRIVATE_KEY : CKO_PUBLIC_KEY;
         want_kt = CKK_EC;
         break;
+    case CKM_RSA_PKCS:   /* signatures only: the server refuses PKCS#1 v1.5 encryption */
+        if (kind != OPK_SIGN && kind != OPK_VERIFY)
+            goto badmech;
+        want_cls = kind == OPK_SIGN ? CKO_PRIVATE_KEY : CKO_PUBLIC_KEY;
+        want_kt = CKK_RSA;
+        break;
+    case CKM_RSA_PKCS_PSS: {
+        if (kind != OPK_SIGN && kind != OPK_VERIFY)
+            goto badmech;
+        want_cls = kind == OPK_SIGN ? CKO_PRIVATE_KEY : CKO_PUBLIC_KEY;
+        want_kt = CKK_RSA;
+        CK_RSA_PKCS_PSS_PARAMS *p = m->pParameter;
+        /* the server signs with salt = hash length and MGF1 over the same hash */
+        if (p == NULL || m->ulParameterLen != sizeof(*p)
+            || !((p->hashAlg == CKM_SHA256 && p->mgf == CKG_MGF1_SHA256 && p->sLen == 32)
+                 || (p->hashAlg == CKM_SHA384 && p->mgf == CKG_MGF1_SHA384 && p->sLen == 48)
+                 || (p->hashAlg == CKM_SHA512 && p->mgf == CKG_MGF1_SHA512 && p->sLen == 64))) {
+            rv = CKR_MECHANISM_PARAM_INVALID;
+            goto out;
+        }
+        op->hash = p->hashAlg == CKM_SHA256 ? HASH_SHA256 : p->hashAlg == CKM_SHA384 ? HASH_SHA384
+                   : HASH_SHA512;
+        break;
+    }
     case CKM_SHA256_HMAC:
         if (kind != OPK_SIGN && kind != OPK_VERIFY)
             goto badmech;
@@ -216,9 +241,12 @@ static CK_RV estimate(sr_session *s, size_t in, size_t *out)
         return CKR_OK;
     case CKM_SHA256_RSA_PKCS:
     case CKM_SHA256_RSA_PKCS_PSS:
+    case CKM_RSA_PKCS:
+    case CKM_RSA_PKCS_PSS:
         *out = kb;
         return CKR_OK;
     case CKM_ECDSA_SHA256:
+    case CKM_ECDSA:
         *out = 2 * kb;
         return CKR_OK;
     case CKM_SHA256_HMAC:
@@ -255,6 +283,17 @@ static void crypto_params(tbuf *p, const sr_op *op)
         break;
     case CKM_ECDSA_SHA256:
         tb_enum(p, T_DIGITAL_SIG_ALG, DSA_ECDSA_SHA256);
+        break;
+    case CKM_ECDSA:   /* ECDSA with SHA-256/384/512 = 0x0E/0x0F/0x10, by the digest's length */
+        tb_enum(p, T_DIGITAL_SIG_ALG, DSA_ECDSA_SHA256 + (op->hash - HASH_SHA256));
+        break;
+    case CKM_RSA_PKCS:
+        tb_enum(p, T_PADDING_METHOD, PAD_PKCS1V15);
+        tb_enum(p, T_HASHING_ALGORITHM, op->hash);
+        break;
+    case CKM_RSA_PKCS_PSS:
+        tb_enum(p, T_PADDING_METHOD, PAD_PSS);
+        tb_enum(p, T_HASHING_ALGORITHM, op->hash);
         break;
     case CKM_SHA256_HMAC:
         tb_enum(p, T_CRYPTO_ALGORITHM, ALG_HMAC_SHA256);
@@ -297,6 +336,50 @@ static unsigned char *raw_to_der(const uint8_t *raw, size_t n, int *derlen)
     return der;
 }
 
+static uint32_t hash_by_length(size_t n)
+{
+    return n == 32 ? HASH_SHA256 : n == 48 ? HASH_SHA384 : n == 64 ? HASH_SHA512 : 0;
+}
+
+/* The DER DigestInfo prefixes of SHA-256/384/512 (RFC 8017 §9.2, note 1): CKM_RSA_PKCS
+ * signs a DigestInfo; the server takes the bare digest and builds it again. */
+static const uint8_t DI_PREFIX[3][19] = {
+    { 0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01, 0x05, 0x00, 0x04, 0x20 },
+    { 0x30, 0x41, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x02, 0x05, 0x00, 0x04, 0x30 },
+    { 0x30, 0x51, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x03, 0x05, 0x00, 0x04, 0x40 },
+};
+
+/* For the pre-hashed mechanisms: which bytes go as Digested Data, with which hash. */
+static CK_RV digested(sr_op *op, const uint8_t **in, size_t *inlen)
+{
+    switch (op->mech) {
+    case CKM_ECDSA:
+        op->hash = hash_by_length(*inlen);
+        return op->hash ? CKR_OK : CKR_DATA_LEN_RANGE;
+    case CKM_RSA_PKCS_PSS:
+        return hash_by_length(*inlen) == op->hash ? CKR_OK : CKR_DATA_LEN_RANGE;
+    case CKM_RSA_PKCS:
+        for (int i = 0; i < 3; i++) {
+            size_t dl = 32 + 16 * (size_t)i;
+            if (*inlen == 19 + dl && memcmp(*in, DI_PREFIX[i], 19) == 0) {
+                op->hash = HASH_SHA256 + (uint32_t)i;
+                *in += 19;
+                *inlen = dl;
+                return CKR_OK;
+            }
+        }
+        /* raw RSA over anything else (a bare digest, TLS 1.1's MD5+SHA-1) is not served */
+        return CKR_DATA_INVALID;
+    default:
+        return CKR_OK;
+    }
+}
+
+static int is_prehashed(CK_MECHANISM_TYPE m)
+{
+    return m == CKM_ECDSA || m == CKM_RSA_PKCS || m == CKM_RSA_PKCS_PSS;
+}
+
 static int set_out(sr_op *op, size_t n)
 {
     op->out = sr_secure_alloc(n);
@@ -336,12 +419,18 @@ static CK_RV run(sr_session *s, const uint8_t *in, size_t inlen, const uint8_t *
     case OPK_VERIFY: kop = op->mech == CKM_SHA256_HMAC ? OP_MAC_VERIFY : OP_SIGNATURE_VERIFY; break;
     default: return CKR_OPERATION_NOT_INITIALIZED;
     }
+    int pre = is_prehashed(op->mech);
+    if (pre) {
+        CK_RV dr = digested(op, &in, &datalen);
+        if (dr != CKR_OK)
+            return dr;
+    }
     tbuf p;
     tb_init(&p);
     tb_begin(&p, T_REQUEST_PAYLOAD);
     tb_text(&p, T_UNIQUE_IDENTIFIER, uid, strlen(uid));
     crypto_params(&p, op);
-    tb_bytes(&p, T_DATA, in, datalen);
+    tb_bytes(&p, pre ? T_DIGESTED_DATA : T_DATA, in, datalen);
     if (op->iv_len)
         tb_bytes(&p, T_IV, op->iv, op->iv_len);
     if (gcm && op->aad_len)
@@ -350,7 +439,7 @@ static CK_RV run(sr_session *s, const uint8_t *in, size_t inlen, const uint8_t *
         tb_bytes(&p, T_AE_TAG, in + datalen, op->tag_bytes);
     unsigned char *der = NULL;
     if (op->kind == OPK_VERIFY) {
-        if (op->mech == CKM_ECDSA_SHA256) {
+        if (op->mech == CKM_ECDSA_SHA256 || op->mech == CKM_ECDSA) {
             int dl = 0;
             if (siglen != 2 * kb || (der = raw_to_der(sig, siglen, &dl)) == NULL) {
                 tb_free(&p);
@@ -397,7 +486,7 @@ static CK_RV run(sr_session *s, const uint8_t *in, size_t inlen, const uint8_t *
         uint32_t tag = op->mech == CKM_SHA256_HMAC ? T_MAC_DATA : T_SIGNATURE_DATA;
         if (kmip_payload_bytes(&r, pl, tag, &d, &dn)) {
             rv = CKR_DEVICE_ERROR;
-        } else if (op->mech == CKM_ECDSA_SHA256) {
+        } else if (op->mech == CKM_ECDSA_SHA256 || op->mech == CKM_ECDSA) {
             if (set_out(op, 2 * kb))
                 rv = CKR_HOST_MEMORY;
             else if ((rv = der_to_raw(d, dn, kb, op->out)) == CKR_OK)
