@@ -267,7 +267,7 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
                              "hosts", "host-detail", "enroll", "guard-points", "guard-point-editor",
                              "keys-375", "keys-768", "keys-1440", "kek-hsm", "host-detail-dark", "kmip-issued",
                              "kmip-clients", "host-activity", "key-usage", "key-try", "guard-point-timeline",
-                             "account-totp", "volumes", "volume-detail"))
+                             "account-totp", "volumes", "volume-detail", "database-connected", "database-detail"))
     # The files the console handed out work with a stock KMIP client (PyKMIP) against a
     # real listener of this server; the client revoked in the console is refused.
     _kmip_files_work(services, out, kmip_client, kmip_revoked)

@@ -123,7 +123,7 @@ function DatabaseView({ d }: { d: Database }) {
           <ErrorAlert error={reissue.error} title="No new token issued" />
           <Group justify="flex-end">
             <Button variant="default" onClick={() => setDialog(null)}>Cancel</Button>
-            <Button color="orange" loading={reissue.isPending} onClick={() => reissue.mutate()}
+            <Button color="ink" loading={reissue.isPending} onClick={() => reissue.mutate()}
                     data-testid="reissue-token-confirm">Issue a new token</Button>
           </Group>
         </Stack>
@@ -231,7 +231,7 @@ function GrantDialog({ d, opened, onClose }: { d: Database; opened: boolean; onC
       ) : (
         <form aria-label={`Grant a key to ${d.name}`} onSubmit={(e) => { e.preventDefault(); if (!invalid) grant.mutate(); }}>
           <Stack gap="sm">
-            <Select label="Key" required searchable data-autofocus placeholder="Type to search keys by name"
+            <Select label="Key" required searchable placeholder="Type to search keys by name"
                     leftSection={<IconKey size={14} />} data={aes.map((k) => ({ value: k.id, label: k.name }))}
                     value={keyRef} onChange={setKeyRef} searchValue={search} onSearchChange={setSearch}
                     nothingFoundMessage={keys.isFetching ? "Searching…" : "No active, exportable AES key by that name"}

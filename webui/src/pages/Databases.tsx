@@ -153,6 +153,11 @@ function ConnectDialog({ opened, onClose, onConnected }: {
   );
 }
 
+/** Where the configuration tells MariaDB to find the key server's CA, if it says. */
+export function caFileOf(config: string): string | null {
+  return /^\s*hashicorp-key-management-vault-ca\s*=\s*(\S+)\s*$/m.exec(config)?.[1] ?? null;
+}
+
 /** The token shown once (after connecting or re-issuing), with the Vault URL and the my.cnf
  *  snippet, and what to do on the database's host. Dismissed only by its own button. */
 export function TokenDialog({ issued, onClose, reissued = false }: {
@@ -160,6 +165,7 @@ export function TokenDialog({ issued, onClose, reissued = false }: {
 }) {
   const name = issued?.database.name ?? "";
   const noGrants = (issued?.database.grants.length ?? 0) === 0;
+  const caPath = issued ? caFileOf(issued.config) : null;
   return (
     <Modal opened={!!issued} onClose={onClose} title={reissued ? `New token for ${name}` : `${name} connected`} centered size="xl"
            closeOnClickOutside={false} closeOnEscape={false} withCloseButton={false}>
@@ -200,8 +206,9 @@ export function TokenDialog({ issued, onClose, reissued = false }: {
               <List.Item>Install the plugin: <Code>apt-get install mariadb-plugin-hashicorp-key-management</Code></List.Item>
               <List.Item>Save the configuration as <Code>/etc/mysql/mariadb.conf.d/90-strongroom.cnf</Code>, readable only
                 by root and the mysql group (<Code>chmod 640</Code>): it holds the token.</List.Item>
-              <List.Item>Trust this server's CA for the Vault URL (the configuration names the file; <Anchor href="/ca.pem"
-                download="strongroom-ca.pem" size="sm">download the CA certificate</Anchor>).</List.Item>
+              <List.Item>Save this server's CA certificate (<Anchor href="/ca.pem" download="strongroom-ca.pem" size="sm">download
+                it</Anchor>) {caPath ? <>as <Code>{caPath}</Code>, where the configuration looks for it</>
+                  : "where the configuration's hashicorp-key-management-vault-ca looks for it"}.</List.Item>
               {noGrants && <List.Item>Grant the database a key as key id 1, MariaDB's default, on its page here.</List.Item>}
               <List.Item>Restart MariaDB (<Code>systemctl restart mariadb</Code>), then
                 check <Code>SELECT * FROM information_schema.INNODB_TABLESPACES_ENCRYPTION</Code>.</List.Item>

@@ -6,7 +6,7 @@ import { keyIdError, nextKeyId, type Database, type Grant } from "../databases";
 import { fakeApi, json, problem } from "../test/fakeApi";
 import { meAs, renderWith } from "../test/render";
 import { DatabaseDetailPage } from "./DatabaseDetail";
-import { DatabasesPage } from "./Databases";
+import { DatabasesPage, caFileOf } from "./Databases";
 
 /** Replace a field's text as a paste does (a render per key is slow on a loaded machine). */
 async function fill(field: HTMLElement, text: string) {
@@ -26,7 +26,8 @@ const db = (over: Partial<Database> = {}): Database => ({
   grants: [grant()], ...over,
 });
 const page = (items: Database[]) => ({ items, total: items.length, limit: items.length, offset: 0 });
-const CONFIG = "[mariadb]\nplugin-load-add = hashicorp_key_management\nhashicorp-key-management-token = srdb_abc_SECRET\n";
+const CONFIG = "[mariadb]\nplugin-load-add = hashicorp_key_management\nhashicorp-key-management-token = srdb_abc_SECRET\n"
+  + "hashicorp-key-management-vault-ca = /etc/mysql/strongroom-ca.pem\n";
 const issued = (d: Database) => ({ database: d, token: "srdb_abc_SECRET", vault_url: "https://kms.example.net:8800/v1/strongroom",
                                    config: CONFIG });
 const key = (over: Partial<Key>): Key => ({
@@ -91,6 +92,7 @@ describe("Databases page", () => {
     expect(within(shown).getByTestId("database-config")).toHaveTextContent("plugin-load-add = hashicorp_key_management");
     expect(within(shown).getByText("mariadb-plugin-hashicorp-key-management", { exact: false })).toBeInTheDocument();
     expect(within(shown).getByText(/Grant the database a key as key id 1/)).toBeInTheDocument();
+    expect(within(shown).getByText("/etc/mysql/strongroom-ca.pem", { selector: "li code" })).toBeInTheDocument();
     expect(within(shown).getByText("systemctl restart mariadb")).toBeInTheDocument();
     // Dismissed by its own button only; once closed the token is gone from the page.
     expect(within(shown).queryByRole("button", { name: "Close dialog" })).toBeNull();
@@ -283,6 +285,13 @@ describe("A database's page", () => {
     const alert = await screen.findByRole("alert");
     expect(alert).toHaveTextContent("no database identity named 'payments-db-01'");
     expect(alert).toHaveTextContent("go back to the list");
+  });
+});
+
+describe("the configuration's CA file", () => {
+  it("is read from the my.cnf section, or not at all", () => {
+    expect(caFileOf(CONFIG)).toBe("/etc/mysql/strongroom-ca.pem");
+    expect(caFileOf("[mariadb]\n# hashicorp-key-management-vault-ca is not needed\n")).toBeNull();
   });
 });
 
