@@ -13,7 +13,6 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from hsm import (
     AES_KWP,
-    RSA_OAEP_SHA1,
     HsmError,
     HsmIntegrityError,
     HsmInvalidInput,
@@ -108,9 +107,10 @@ class KmipRegistry(KmipObjectBase):
         return caps.rsa_unwrap_mechanisms or frozenset({caps.rsa_wrap_mechanism})
 
     def unwrap_for_import(self, ctx: RequestContext, uid: str, blob: bytes, *, secret: bool,
-                          oaep_mechanism: str = RSA_OAEP_SHA1) -> tuple[ImportedKey, dict[str, Any]]:
+                          oaep_mechanism: str | None = None) -> tuple[ImportedKey, dict[str, Any]]:
         """A key a client wrapped under the object `uid` — an AES key version (AES Key Wrap
-        with Padding, RFC 5649) or an RSA private key (`oaep_mechanism`) — unwrapped inside
+        with Padding, RFC 5649) or an RSA private key (`oaep_mechanism`, by default the
+        token's own wrapping mechanism) — unwrapped inside
         the HSM and wrapped under the current KEK at once, for KeyService.create (`secret`:
         an HMAC key). The unwrapping key is used as Decrypt uses a key: Active or
         Deactivated (it processes, KMIP 1.4 §3.22), its usage mask allowing Unwrap Key, its
@@ -125,7 +125,7 @@ class KmipRegistry(KmipObjectBase):
             assert target.dek_wrapping_key_id and target.dek_mechanism
             unwrapping = SealedPrivateKey(dek=WrappedKey(target.dek_wrapping_key_id, target.dek_mechanism,
                                                          target.dek_ciphertext), material=target.material)
-            mechanism = oaep_mechanism
+            mechanism = oaep_mechanism or self.rsa_wrap_mechanism
         else:
             raise Conflict(f"a {what if not isinstance(target, VersionObject) else target.key.algorithm + ' key'} "
                            "cannot unwrap keys; use an AES key or an RSA private key", code="wrong_object_type")

@@ -46,13 +46,14 @@ def unwrapping_key(data: Any) -> str:
     return str(info.unique_identifier)
 
 
-def oaep_mechanism(call: Call, params: Any, *, symmetric: bool) -> str:
-    """The unwrapping mechanism the parameters ask for, or the refusal Get gives them."""
+def oaep_mechanism(call: Call, params: Any, *, symmetric: bool) -> str | None:
+    """The RSA-OAEP mechanism the parameters ask for (None under an AES key: RFC 5649),
+    or the refusal Get gives them."""
     if symmetric:
         if params is not None and params.block_cipher_mode not in (None, enums.BlockCipherMode.AES_KEY_WRAP_PADDING):
             raise KmipFailure(R.FEATURE_NOT_SUPPORTED,
                               "keys are unwrapped under AES keys with AES Key Wrap with Padding (RFC 5649) only")
-        return RSA_OAEP_SHA1  # (unused: an AES key unwraps with RFC 5649)
+        return None
     supported = call.engine.objects.rsa_unwrap_mechanisms
     if params is not None and params.padding_method not in (None, enums.PaddingMethod.OAEP):
         raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "keys are unwrapped under RSA keys with OAEP only")
@@ -61,7 +62,6 @@ def oaep_mechanism(call: Call, params: Any, *, symmetric: bool) -> str:
     if mechanism not in supported:
         names = " or ".join(sorted(m.removeprefix("RSA-OAEP-") for m in supported))
         raise KmipFailure(R.FEATURE_NOT_SUPPORTED, f"this server's HSM unwraps with OAEP {names} only")
-    assert mechanism is not None
     return mechanism
 
 
