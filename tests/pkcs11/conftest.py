@@ -5,6 +5,11 @@ The module is built with `make -C pkcs11module` (idempotent: a no-op when up to 
 One configuration file serves the whole session: python-pkcs11 initialises a module once
 per process, so every identity a test in this process needs is a slot of it. Consumers
 run as subprocesses get the same file through `STRONGROOM_PKCS11_CONF`.
+
+The key server here has a store of its own (of the session's kind: `services` is
+overridden for this directory): a token shows every object its identity may use, and
+the rest of the suite leaves thousands in the session's store, which every listing
+(`pkcs11-tool -O`, `p11tool --list-all`) would walk.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ import pkcs11
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from hsm import HsmBackend
 from keyserver.core.keys import KeySpec
 from keyserver.core.principal import system_context
 from keyserver.kmip.listener import KmipListener
 from keyserver.kmip.server import build_listener
 from keyserver.services import Services
+from tests.conftest import own_services
 from tests.kmip.conftest import ClientFiles, issue_client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +97,14 @@ def module_path() -> Path:
     path = BUILD / "libstrongroom-pkcs11.so"
     assert path.is_file(), f"make -C pkcs11module did not leave {path}"
     return path
+
+
+@pytest.fixture(scope="session")
+def services(hsm_backend: HsmBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    """Initialised services on a store of their own, of the session's kind, with the
+    session's token."""
+    with own_services(tmp_path_factory.mktemp("pkcs11-data"), hsm_backend) as svc:
+        yield svc
 
 
 @pytest.fixture(scope="session")

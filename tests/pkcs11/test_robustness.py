@@ -20,7 +20,7 @@ from pkcs11 import exceptions as ckr
 from tests.pkcs11.conftest import BUILD, MODULE_DIR, P11, ROOT, make, run
 from tests.pkcs11.sequence import gcm_roundtrip, secret_key
 
-FUZZ_RUNS = 20000
+FUZZ_RUNS = 100_000
 SANITIZER_REPORT = re.compile(r"ERROR: AddressSanitizer|runtime error:|ERROR: LeakSanitizer|SUMMARY: \w+Sanitizer")
 
 
