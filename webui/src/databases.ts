@@ -2,25 +2,12 @@
 // version 2 API, docs/integrations.md): the calls, query keys and rules the pages share,
 // kept apart from rendering so they are tested on their own.
 import { useQuery } from "@tanstack/react-query";
-import { api, call } from "./api/client";
+import { api, call, type Schemas } from "./api/client";
 
-// ---- The contract (keyserver/api/routes/databases.py). Declared here until the generated
-// schema.ts has these paths; then these become Schemas["…"] aliases.
-export interface Grant {
-  key_id: number; key_name: string; key_uuid: string; granted_at: string; granted_by: string;
-  last_read_at: string | null; last_read_version: number | null;
-}
-export interface Database {
-  id: string; name: string; description: string; kind: "mariadb"; created_at: string; created_by: string;
-  last_seen_at: string | null; revoked_at: string | null; grants: Grant[];
-}
-export interface DatabasePage { items: Database[]; total: number; limit: number; offset: number }
-export interface DatabaseIssued { database: Database; token: string; vault_url: string; config: string }
-export interface Consumer { kind: "database" | "kmip-client"; name: string; detail: string; last_used_at: string | null }
-export interface Held { status: "pending"; code: string; detail: string }
-type Send = <T>(path: string, init?: object) => Promise<{ data?: T; error?: unknown; response: Response }>;
-const raw = api as unknown as { GET: Send; POST: Send; DELETE: Send };
-// ----
+export type Grant = Schemas["GrantPublic"];
+export type Database = Schemas["DatabasePublic"];
+export type DatabaseIssued = Schemas["DatabaseIssued"];
+export type Consumer = Schemas["ConsumerPublic"];
 
 /** MariaDB's key ids are 32-bit unsigned; 0 is not a key. */
 export const MAX_KEY_ID = 4_294_967_295;
@@ -38,17 +25,20 @@ export const dbq = {
 /** The console's page of a database. */
 export const dbPath = (name: string) => `/databases/${encodeURIComponent(name)}`;
 
-const at = (name: string) => `/api/v1/databases/${encodeURIComponent(name)}`;
+const byName = (name: string) => ({ params: { path: { name } } });
 
 export const databasesApi = {
-  list: () => call<DatabasePage>(raw.GET("/api/v1/databases")),
-  get: (name: string) => call<Database>(raw.GET(at(name))),
-  create: (body: { name: string; description: string }) => call<DatabaseIssued>(raw.POST("/api/v1/databases", { body })),
-  reissue: (name: string) => call<DatabaseIssued>(raw.POST(`${at(name)}/token`)),
-  revoke: (name: string) => call<Database>(raw.POST(`${at(name)}/revoke`)),
-  grant: (name: string, body: { key: string; key_id: number }) => call<Grant | Held>(raw.POST(`${at(name)}/grants`, { body })),
-  removeGrant: (name: string, keyId: number) => call<void>(raw.DELETE(`${at(name)}/grants/${keyId}`)),
-  consumers: (key: string) => call<{ items: Consumer[] }>(raw.GET(`/api/v1/keys/${encodeURIComponent(key)}/consumers`)),
+  list: () => call(api.GET("/api/v1/databases")),
+  get: (name: string) => call(api.GET("/api/v1/databases/{name}", byName(name))),
+  create: (body: { name: string; description: string }) => call(api.POST("/api/v1/databases", { body })),
+  reissue: (name: string) => call(api.POST("/api/v1/databases/{name}/token", byName(name))),
+  revoke: (name: string) => call(api.POST("/api/v1/databases/{name}/revoke", byName(name))),
+  /** 201 with the grant, or 202 with the approval request when the two-person rule holds it. */
+  grant: (name: string, body: { key: string; key_id: number }) =>
+    call(api.POST("/api/v1/databases/{name}/grants", { ...byName(name), body })),
+  removeGrant: (name: string, keyId: number) =>
+    call(api.DELETE("/api/v1/databases/{name}/grants/{key_id}", { params: { path: { name, key_id: keyId } } })),
+  consumers: (key: string) => call(api.GET("/api/v1/keys/{key_ref}/consumers", { params: { path: { key_ref: key } } })),
 };
 
 /** Every database identity, by name (the server sends them all: one per database). */
