@@ -25,6 +25,7 @@ RSA_OAEP_SHA1 = "RSA-OAEP-SHA1"  # OAEP, SHA-1 + MGF1-SHA-1, empty label
 RSA_OAEP_SHA256 = "RSA-OAEP-SHA256"  # OAEP, SHA-256 + MGF1-SHA-256, empty label
 AES_256_GCM = "AES-256-GCM"  # 96-bit IV || ciphertext || 128-bit tag
 AES_KWP = "AES-KWP"  # Added: AES Key Wrap with Padding, RFC 5649 (CKM_AES_KEY_WRAP_PAD)
+AES_KW = "AES-KW"  # Added: AES Key Wrap, RFC 3394 (CKM_AES_KEY_WRAP): keys a caller wrapped, unwrapped only
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +197,7 @@ class HsmBackend(Protocol):
     def import_wrapped_key(self, blob: bytes, *, unwrapping: WrappedKey | SealedPrivateKey, mechanism: str,
                            kek_id: str, secret: bool = False) -> ImportedKey:
         """Added: a key the caller wrapped — under a managed AES key version (`unwrapping` a
-        WrappedKey, `mechanism` AES_KWP, RFC 5649) or under the public half of a sealed RSA
+        WrappedKey, `mechanism` AES_KWP, RFC 5649, or AES_KW, RFC 3394) or under the public half of a sealed RSA
         private key (`mechanism` RSA_OAEP_SHA1 / RSA_OAEP_SHA256, as the token allows) —
         unwrapped inside the token and wrapped at once under the KEK `kek_id`: its plaintext
         never leaves the token. `secret`: an HMAC key (generic secret, 16-128 bytes), else

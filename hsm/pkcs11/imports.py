@@ -10,7 +10,7 @@ from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11 import exceptions as p11
 
 from hsm import faults, mechanisms
-from hsm.backend import AES_KWP, RSA_OAEP_SHA1, RSA_OAEP_SHA256, ImportedKey, SealedPrivateKey, WrappedKey
+from hsm.backend import AES_KW, AES_KWP, RSA_OAEP_SHA1, RSA_OAEP_SHA256, ImportedKey, SealedPrivateKey, WrappedKey
 from hsm.errors import HsmIntegrityError, HsmInvalidInput
 from hsm.faults import Fault
 from hsm.handles import AesUnwrapView, RsaPrivateView
@@ -27,6 +27,7 @@ from hsm.pkcs11.core import Pkcs11Core
 # A client private key opened for one C_UnwrapKey: it unwraps and does nothing else.
 _UNWRAPPING_PRIVATE_TEMPLATE: Final = {**mechanisms.opened_private_template(KeyType.RSA), Attribute.SIGN: False,
                                        Attribute.DECRYPT: False, Attribute.UNWRAP: True}
+_AES_WRAPS: Final = {AES_KWP: Mechanism.AES_KEY_WRAP_PAD, AES_KW: Mechanism.AES_KEY_WRAP}
 AES_BYTES: Final = frozenset({16, 24, 32})
 HMAC_BYTES: Final = frozenset(range(16, 129, 8))  # as measured: whole 8-byte blocks
 
@@ -46,14 +47,14 @@ def _measure(session: Any, key: Any) -> int:
 
 
 class ImportOps(Pkcs11Core):
-    """`import_wrapped_key`: under a managed AES key (RFC 5649) or a sealed RSA private key (OAEP)."""
+    """`import_wrapped_key`: under a managed AES key (RFC 5649 or 3394) or a sealed RSA private key (OAEP)."""
 
     def import_wrapped_key(self, blob: bytes, *, unwrapping: WrappedKey | SealedPrivateKey, mechanism: str,
                            kek_id: str, secret: bool = False) -> ImportedKey:
         self._require(self._capabilities.supports_aes_key_wrap_pad, "CKM_AES_KEY_WRAP_PAD")  # (and _measure)
-        if mechanism == AES_KWP:
+        if mechanism in _AES_WRAPS:
             if not isinstance(unwrapping, WrappedKey):
-                raise HsmInvalidInput(f"{AES_KWP} unwraps under an AES key (a WrappedKey)")
+                raise HsmInvalidInput(f"{mechanism} unwraps under an AES key (a WrappedKey)")
             param: Any = None
         elif mechanism in (RSA_OAEP_SHA1, RSA_OAEP_SHA256):
             if not isinstance(unwrapping, SealedPrivateKey) or unwrapping.algorithm != "RSA":
@@ -64,8 +65,8 @@ class ImportOps(Pkcs11Core):
                                       f"not {mechanism}")
             param = mechanisms.oaep_scheme(mechanism).pkcs11_param
         else:
-            raise HsmInvalidInput(f"keys are unwrapped with {AES_KWP}, {RSA_OAEP_SHA1} or {RSA_OAEP_SHA256}, "
-                                  f"not {mechanism!r}")
+            raise HsmInvalidInput(f"keys are unwrapped with {AES_KWP}, {AES_KW}, {RSA_OAEP_SHA1} or "
+                                  f"{RSA_OAEP_SHA256}, not {mechanism!r}")
         key_type = KeyType.GENERIC_SECRET if secret else KeyType.AES
         template = mechanisms.HMAC_TRANSIT_TEMPLATE if secret else mechanisms.TRANSIT_KEY_TEMPLATE
         sizes = HMAC_BYTES if secret else AES_BYTES
@@ -77,12 +78,11 @@ class ImportOps(Pkcs11Core):
             kek = self._kek(session, kek_id)
             unwrapper = self._unwrapper(lease, unwrapping)
             try:
-                view: Any = (AesUnwrapView(session, unwrapper.handle) if mechanism == AES_KWP
+                view: Any = (AesUnwrapView(session, unwrapper.handle) if mechanism in _AES_WRAPS
                              else RsaPrivateView(session, unwrapper.handle))
                 try:
                     key = view.unwrap_key(ObjectClass.SECRET_KEY, key_type, body,
-                                          mechanism=Mechanism.AES_KEY_WRAP_PAD if mechanism == AES_KWP
-                                          else Mechanism.RSA_PKCS_OAEP,
+                                          mechanism=_AES_WRAPS.get(mechanism, Mechanism.RSA_PKCS_OAEP),
                                           mechanism_param=param, capabilities=0, template=dict(template))
                 except p11.PKCS11Error as exc:
                     if faults.classify(exc) is Fault.CRYPTO:

@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from hsm import (
+    AES_KW,
     AES_KWP,
     HsmError,
     HsmIntegrityError,
@@ -107,10 +108,10 @@ class KmipRegistry(KmipObjectBase):
         return caps.rsa_unwrap_mechanisms or frozenset({caps.rsa_wrap_mechanism})
 
     def unwrap_for_import(self, ctx: RequestContext, uid: str, blob: bytes, *, secret: bool,
-                          oaep_mechanism: str | None = None) -> tuple[ImportedKey, dict[str, Any]]:
-        """A key a client wrapped under the object `uid` — an AES key version (AES Key Wrap
-        with Padding, RFC 5649) or an RSA private key (`oaep_mechanism`, by default the
-        token's own wrapping mechanism) — unwrapped inside
+                          mechanism: str | None = None) -> tuple[ImportedKey, dict[str, Any]]:
+        """A key a client wrapped under the object `uid` — an AES key version (`mechanism`
+        AES Key Wrap with Padding, RFC 5649, the default, or AES_KW, RFC 3394) or an RSA
+        private key (an RSA-OAEP `mechanism`, by default the token's own) — unwrapped inside
         the HSM and wrapped under the current KEK at once, for KeyService.create (`secret`:
         an HMAC key). The unwrapping key is used as Decrypt uses a key: Active or
         Deactivated (it processes, KMIP 1.4 §3.22), its usage mask allowing Unwrap Key, its
@@ -119,13 +120,15 @@ class KmipRegistry(KmipObjectBase):
         what = object_type_of(target)
         unwrapping: WrappedKey | SealedPrivateKey
         if isinstance(target, VersionObject) and target.key.algorithm == "AES":
-            unwrapping, mechanism = version_wrapped(target.version), AES_KWP
+            if mechanism not in (None, AES_KWP, AES_KW):
+                raise InvalidInput(f"an AES key unwraps with {AES_KWP} or {AES_KW}, not {mechanism}")
+            unwrapping, mechanism = version_wrapped(target.version), mechanism or AES_KWP
         elif isinstance(target, KmipSealedObject) and target.object_type == PRIVATE_KEY and \
                 target.algorithm in (None, "RSA") and target.material and target.dek_ciphertext:
             assert target.dek_wrapping_key_id and target.dek_mechanism
             unwrapping = SealedPrivateKey(dek=WrappedKey(target.dek_wrapping_key_id, target.dek_mechanism,
                                                          target.dek_ciphertext), material=target.material)
-            mechanism = oaep_mechanism or self.rsa_wrap_mechanism
+            mechanism = mechanism or self.rsa_wrap_mechanism
         else:
             raise Conflict(f"a {what if not isinstance(target, VersionObject) else target.key.algorithm + ' key'} "
                            "cannot unwrap keys; use an AES key or an RSA private key", code="wrong_object_type")

@@ -12,9 +12,10 @@ import uuid
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from cryptography.hazmat.primitives.keywrap import aes_key_wrap_with_padding
+from cryptography.hazmat.primitives.keywrap import aes_key_wrap, aes_key_wrap_with_padding
 
 from hsm import (
+    AES_KW,
     AES_KWP,
     RSA_OAEP_SHA1,
     RSA_OAEP_SHA256,
@@ -49,6 +50,19 @@ def test_an_aes_key_wrapped_under_an_aes_key_is_imported_under_the_kek(hsm_backe
     with pytest.raises(HsmIntegrityError):
         hsm_backend.import_wrapped_key(blob[:-1] + bytes([blob[-1] ^ 1]), unwrapping=wrapping, mechanism=AES_KWP,
                                        kek_id=kek)
+
+
+def test_rfc_3394_key_wrap_without_padding_is_unwrapped_too(hsm_backend: Pkcs11Backend, kek: str) -> None:
+    """python-pkcs11's default AES wrapping mechanism (CKM_AES_KEY_WRAP)."""
+    wrapping_material = os.urandom(32)
+    wrapping = hsm_backend.import_key(wrapping_material, kek_id=kek)
+    material = os.urandom(32)
+    blob = aes_key_wrap(wrapping_material, material)
+    imported = hsm_backend.import_wrapped_key(blob, unwrapping=wrapping, mechanism=AES_KW, kek_id=kek)
+    assert imported.length_bits == 256 and hsm_backend.unwrap_key(imported.wrapped) == material
+    with pytest.raises(HsmIntegrityError):  # an RFC 5649 blob is no RFC 3394 one
+        hsm_backend.import_wrapped_key(aes_key_wrap_with_padding(wrapping_material, material), unwrapping=wrapping,
+                                       mechanism=AES_KW, kek_id=kek)
 
 
 def test_an_hmac_key_wrapped_under_an_aes_key_is_imported_as_a_secret(hsm_backend: Pkcs11Backend,

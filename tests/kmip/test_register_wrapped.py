@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from cryptography.hazmat.primitives.keywrap import aes_key_wrap_with_padding
+from cryptography.hazmat.primitives.keywrap import aes_key_wrap, aes_key_wrap_with_padding
 from kmip.core import enums
 from kmip.pie import objects as pie
 from kmip.pie.exceptions import KmipOperationFailure
@@ -93,6 +93,19 @@ def test_get_wrapped_and_register_wrapped_are_inverses(kmip: Any) -> None:
     assert kmip.get(back).value == kmip.get(original).value
 
 
+def test_nist_key_wrap_without_padding_is_unwrapped_too(kmip: Any) -> None:
+    """RFC 3394 (CKM_AES_KEY_WRAP, python-pkcs11's default for AES), named by Block Cipher
+    Mode NIST Key Wrap; absent, a blob under an AES key is RFC 5649."""
+    wrapper, wrapper_material = aes_wrapping_key(kmip)
+    material = os.urandom(24)
+    nist = {"block_cipher_mode": enums.BlockCipherMode.NIST_KEY_WRAP}
+    uid = kmip.register(wrapped_key(aes_key_wrap(wrapper_material, material), wrapper, length=192, params=nist))
+    assert kmip.get(uid).value == material
+    got, _ = reason(lambda: kmip.register(wrapped_key(aes_key_wrap(wrapper_material, material), wrapper,
+                                                      length=192, params=None)))
+    assert got == enums.ResultReason.CRYPTOGRAPHIC_FAILURE
+
+
 @pytest.mark.parametrize(("algorithm", "size", "digest"), [
     (enums.CryptographicAlgorithm.HMAC_SHA256, 32, hashlib.sha256),
     (enums.CryptographicAlgorithm.HMAC_SHA256, 20 + 32, hashlib.sha256),
@@ -152,7 +165,7 @@ def test_a_deactivated_key_still_unwraps_and_bad_requests_are_refused_and_audite
         # each: the key registered, the reason, words of the message
         (wrapped_key(blob[:-1] + bytes([blob[-1] ^ 1]), wrapper), enums.ResultReason.CRYPTOGRAPHIC_FAILURE, ""),
         (wrapped_key(blob, wrapper, length=128), enums.ResultReason.INVALID_FIELD, "not the 128 bits"),
-        (wrapped_key(blob, wrapper, params={"block_cipher_mode": enums.BlockCipherMode.NIST_KEY_WRAP}),
+        (wrapped_key(blob, wrapper, params={"block_cipher_mode": enums.BlockCipherMode.CBC}),
          enums.ResultReason.FEATURE_NOT_SUPPORTED, "RFC 5649"),
         (wrapped_key(blob, wrapper, wrapping_method=enums.WrappingMethod.MAC_SIGN),
          enums.ResultReason.FEATURE_NOT_SUPPORTED, "Encrypt wrapping method"),

@@ -1,6 +1,7 @@
 """Register of a symmetric key that comes wrapped (Key Block with Key Wrapping Data): the
 server half of PKCS#11's C_UnwrapKey. The key is unwrapped inside the HSM under a key
-this server holds — an AES key (AES Key Wrap with Padding, RFC 5649) or an RSA private
+this server holds — an AES key (AES Key Wrap with Padding, RFC 5649, or NIST Key Wrap,
+RFC 3394) or an RSA private
 key (OAEP with the hashes the token unwraps with) — and wrapped under the current KEK at
 once (KmipRegistry.unwrap_for_import): its plaintext never exists outside the token. It
 then becomes a managed key like a registered plaintext one, audited `imported` with
@@ -16,7 +17,7 @@ from typing import Any
 from kmip.core import enums
 from kmip.core.messages import payloads
 
-from hsm import RSA_OAEP_SHA1, RSA_OAEP_SHA256
+from hsm import AES_KW, RSA_OAEP_SHA1, RSA_OAEP_SHA256
 from keyserver.core.keys import HMAC_ALGORITHMS
 from keyserver.core.kmip_model import VersionObject
 from keyserver.core.permissions import Permission
@@ -27,6 +28,7 @@ from keyserver.kmip.operations.create import symmetric_spec
 
 R = enums.ResultReason
 A = enums.AttributeType
+AES_WRAPS = {None: None, enums.BlockCipherMode.AES_KEY_WRAP_PADDING: None, enums.BlockCipherMode.NIST_KEY_WRAP: AES_KW}
 OAEP_HASHES = {enums.HashingAlgorithm.SHA_1: RSA_OAEP_SHA1, enums.HashingAlgorithm.SHA_256: RSA_OAEP_SHA256}
 
 
@@ -46,14 +48,15 @@ def unwrapping_key(data: Any) -> str:
     return str(info.unique_identifier)
 
 
-def oaep_mechanism(call: Call, params: Any, *, symmetric: bool) -> str | None:
-    """The RSA-OAEP mechanism the parameters ask for (None under an AES key: RFC 5649),
-    or the refusal Get gives them."""
+def mechanism_of(call: Call, params: Any, *, symmetric: bool) -> str | None:
+    """The unwrapping mechanism the parameters ask for (None: the key's default — RFC 5649
+    under an AES key, the token's own OAEP under an RSA one), or the refusal Get gives them."""
     if symmetric:
-        if params is not None and params.block_cipher_mode not in (None, enums.BlockCipherMode.AES_KEY_WRAP_PADDING):
-            raise KmipFailure(R.FEATURE_NOT_SUPPORTED,
-                              "keys are unwrapped under AES keys with AES Key Wrap with Padding (RFC 5649) only")
-        return None
+        mode = params.block_cipher_mode if params is not None else None
+        if mode not in AES_WRAPS:
+            raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "keys are unwrapped under AES keys with AES Key Wrap with "
+                                                       "Padding (RFC 5649) or NIST Key Wrap (RFC 3394) only")
+        return AES_WRAPS[mode]
     supported = call.engine.objects.rsa_unwrap_mechanisms
     if params is not None and params.padding_method not in (None, enums.PaddingMethod.OAEP):
         raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "keys are unwrapped under RSA keys with OAEP only")
@@ -72,11 +75,11 @@ def register(call: Call, template: Any, block: Any, t: attributes.Template, name
     uid = unwrapping_key(block.key_wrapping_data)
     matches(t, algorithm, None)
     target = call.engine.objects.resolve_for_export(call.ctx, uid)
-    mechanism = oaep_mechanism(call, block.key_wrapping_data.encryption_key_information.cryptographic_parameters,
-                               symmetric=isinstance(target, VersionObject))
+    mechanism = mechanism_of(call, block.key_wrapping_data.encryption_key_information.cryptographic_parameters,
+                             symmetric=isinstance(target, VersionObject))
     wrapped = bytes(block.key_value.key_material.value)
     imported, details = call.engine.objects.unwrap_for_import(call.ctx, uid, wrapped, secret=algorithm != "AES",
-                                                              oaep_mechanism=mechanism)
+                                                              mechanism=mechanism)
     # The token measures the key to the 8-byte block (hsm.ImportedKey): a stated length
     # must round to it, and is the key's length; none stated, the measured one is.
     stated = block.cryptographic_length if block.cryptographic_length is not None else \
