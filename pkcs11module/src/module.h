@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 
 #include <openssl/ssl.h>
 
@@ -36,6 +37,9 @@ typedef struct sr_object {
     int present;             /* seen by the last refresh, not destroyed */
     int current;             /* newest version of its key (or not a versioned object) */
     CK_SESSION_HANDLE owner; /* a session object (CKA_TOKEN false): its session; else 0 */
+    time_t fetched;          /* when its attributes were read (0: never) */
+    unsigned long gen;       /* g.obj_gen when last added or read */
+    int destroyed;           /* destroyed through this module: never shown again */
     /* public-key details, fetched on demand (Get of the public key) */
     int pub_loaded;
     unsigned char *modulus, *exponent, *ec_params, *ec_point;
@@ -88,6 +92,7 @@ typedef struct {
     sr_session *sessions;
     sr_object *objects;
     CK_ULONG next_session, next_object;
+    unsigned long obj_gen;   /* bumped by every object_add */
 } sr_module;
 
 extern sr_module g;

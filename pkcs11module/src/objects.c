@@ -2,6 +2,7 @@
  * PKCS#11 attributes, search, and destruction. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <openssl/core_names.h>
 #include <openssl/err.h>
@@ -73,7 +74,9 @@ sr_object *object_add(CK_SLOT_ID slot, const kattrs *a)
     o->cls = cls;
     o->key_type = kt;
     o->a = *a;
-    o->present = 1;
+    o->present = !o->destroyed;
+    o->fetched = time(NULL);
+    o->gen = ++g.obj_gen;
     /* a replaced version, or one no longer Active, is kept for decryption and
      * verification only */
     o->current = a->replacement[0] == '\0' && a->state != STATE_DEACTIVATED
@@ -81,138 +84,220 @@ sr_object *object_add(CK_SLOT_ID slot, const kattrs *a)
     return o;
 }
 
-/* Locate the uids of one object type. */
-static CK_RV locate(sr_slot *s, uint32_t type, char (**uids)[KMIP_UID_MAX + 1], int *n)
+/* One Locate payload: objects of `type`, Active ones only when `active`. */
+static void locate_payload(tbuf *p, uint32_t type, int active)
 {
-    tbuf p;
-    tb_init(&p);
-    tb_begin(&p, T_REQUEST_PAYLOAD);
-    tb_int(&p, T_MAXIMUM_ITEMS, LOCATE_MAX);
-    tb_begin(&p, T_ATTRIBUTE);
-    tb_text(&p, T_ATTRIBUTE_NAME, "Object Type", 11);
-    tb_enum(&p, T_ATTRIBUTE_VALUE, type);
-    tb_end(&p);
-    tb_end(&p);
+    tb_init(p);
+    tb_begin(p, T_REQUEST_PAYLOAD);
+    tb_int(p, T_MAXIMUM_ITEMS, LOCATE_MAX);
+    tb_begin(p, T_ATTRIBUTE);
+    tb_text(p, T_ATTRIBUTE_NAME, "Object Type", 11);
+    tb_enum(p, T_ATTRIBUTE_VALUE, type);
+    tb_end(p);
+    if (active) {
+        tb_begin(p, T_ATTRIBUTE);
+        tb_text(p, T_ATTRIBUTE_NAME, "State", 5);
+        tb_enum(p, T_ATTRIBUTE_VALUE, STATE_ACTIVE);
+        tb_end(p);
+    }
+    tb_end(p);
+}
+
+typedef char uid_t_[KMIP_UID_MAX + 1];
+
+typedef struct {
+    uid_t_ *v;
+    int n, cap;
+} uid_list;
+
+static int uids_push(uid_list *l, const tnode *x)
+{
+    if (x->type != TTLV_TEXT || x->len == 0 || x->len > KMIP_UID_MAX)
+        return 0;   /* not an identifier this module can name: skipped */
+    if (l->n == l->cap) {
+        int cap = l->cap ? l->cap * 2 : 64;
+        uid_t_ *v = realloc(l->v, (size_t)cap * sizeof(*v));
+        if (v == NULL)
+            return -1;
+        l->v = v;
+        l->cap = cap;
+    }
+    memcpy(l->v[l->n], x->val, x->len);
+    l->v[l->n][x->len] = '\0';
+    l->n++;
+    return 0;
+}
+
+static int uids_has(const uid_list *l, const char *u)
+{
+    for (int i = 0; i < l->n; i++)
+        if (strcmp(l->v[i], u) == 0)
+            return 1;
+    return 0;
+}
+
+/* Every object of the three key types, in the server's order (symmetric keys by name,
+ * newest version first), and which of them are Active: one message of six Locates. */
+static CK_RV locate_all(sr_slot *s, uid_list *all, uid_list *active)
+{
+    static const uint32_t types[] = { OT_SYMMETRIC, OT_PUBLIC, OT_PRIVATE };
+    tbuf pl[6];
+    uint32_t ops[6];
+    for (int i = 0; i < 6; i++) {
+        locate_payload(&pl[i], types[i / 2], i % 2);
+        ops[i] = OP_LOCATE;
+    }
     kresponse r;
-    CK_RV rv = kmip_one(s, OP_LOCATE, &p, &r, 0);
-    tb_free(&p);
+    CK_RV rv = kmip_call(s, 6, ops, pl, &r);
+    for (int i = 0; i < 6; i++)
+        tb_free(&pl[i]);
     if (rv != CKR_OK)
         return rv;
-    int pl = r.items[0].payload;
-    int count = 0, i = -1;
-    while ((i = ttlv_find(&r.tree, pl, T_UNIQUE_IDENTIFIER, i)) >= 0)
-        count++;
-    char (*out)[KMIP_UID_MAX + 1] = calloc(count ? (size_t)count : 1, sizeof(*out));
-    if (out == NULL) {
-        kresponse_free(&r);
-        return CKR_HOST_MEMORY;
+    for (int i = 0; i < r.nitems && rv == CKR_OK; i++) {
+        kitem *it = &r.items[i];
+        if (it->status != 0) {
+            rv = kmip_reason_to_ckr(it->reason, 0);
+            break;
+        }
+        int x = -1;
+        while (it->payload >= 0 && (x = ttlv_find(&r.tree, it->payload, T_UNIQUE_IDENTIFIER, x)) >= 0)
+            if (uids_push(i % 2 ? active : all, &r.tree.n[x])) {
+                rv = CKR_HOST_MEMORY;
+                break;
+            }
     }
-    int k = 0;
-    i = -1;
-    while ((i = ttlv_find(&r.tree, pl, T_UNIQUE_IDENTIFIER, i)) >= 0) {
-        const tnode *x = &r.tree.n[i];
-        if (x->type != TTLV_TEXT || x->len == 0 || x->len > KMIP_UID_MAX)
-            continue;
-        memcpy(out[k], x->val, x->len);
-        out[k][x->len] = '\0';
-        k++;
-    }
+    if (rv == CKR_OK && r.nitems != 6)
+        rv = CKR_DEVICE_ERROR;
     kresponse_free(&r);
-    *uids = out;
-    *n = k;
-    return CKR_OK;
+    return rv;
 }
 
 #define ATTR_BATCH 32
+#define ATTR_TTL 60     /* seconds an object's attributes are trusted without a change seen */
 
+static sr_object *find_uid(CK_SLOT_ID slot, const char *uid)
+{
+    for (sr_object *o = g.objects; o; o = o->next)
+        if (o->slot == slot && strcmp(o->a.uid, uid) == 0)
+            return o;
+    return NULL;
+}
+
+/* A managed key's versions share x-strongroom-key-id: only the newest one present
+ * protects (encrypts, wraps); the others decrypt. Also applied when a version's own
+ * attributes predate its replacement. */
+static void mark_current(CK_SLOT_ID slot)
+{
+    for (sr_object *o = g.objects; o; o = o->next) {
+        if (o->slot != slot || !o->present)
+            continue;
+        o->current = o->a.replacement[0] == '\0' && o->a.state != STATE_DEACTIVATED
+                     && o->a.state != STATE_COMPROMISED;
+        if (!o->current || o->cls != CKO_SECRET_KEY || o->a.key_id[0] == '\0')
+            continue;
+        for (sr_object *x = g.objects; x; x = x->next)
+            if (x != o && x->slot == slot && x->present && x->cls == CKO_SECRET_KEY
+                && strcmp(x->a.key_id, o->a.key_id) == 0 && x->a.key_version > o->a.key_version) {
+                o->current = 0;
+                break;
+            }
+    }
+}
+
+/* Refreshes the slot's objects: Locate (one round trip), then GetAttributes (batched)
+ * of the objects not seen before, whose Active state changed, or last read more than
+ * ATTR_TTL seconds ago. */
 CK_RV objects_refresh(CK_SLOT_ID slot)
 {
     sr_slot *s = &g.slots[slot];
-    static const uint32_t types[] = { OT_SYMMETRIC, OT_PUBLIC, OT_PRIVATE };
-    kattrs *all = NULL;
-    int nall = 0, cap = 0;
-    CK_RV rv = CKR_OK;
-    for (size_t t = 0; t < 3 && rv == CKR_OK; t++) {
-        char (*uids)[KMIP_UID_MAX + 1] = NULL;
-        int n = 0;
-        rv = locate(s, types[t], &uids, &n);
+    uid_list all = { 0 }, active = { 0 }, need = { 0 };
+    kattrs *got = NULL;
+    int ngot = 0;
+    pthread_mutex_lock(&g.lock);
+    unsigned long start = g.obj_gen;   /* objects added after this stay as they are */
+    pthread_mutex_unlock(&g.lock);
+    CK_RV rv = locate_all(s, &all, &active);
+    time_t now = time(NULL);
+    if (rv == CKR_OK) {
+        pthread_mutex_lock(&g.lock);
+        for (int i = 0; i < all.n && rv == CKR_OK; i++) {
+            sr_object *o = find_uid(slot, all.v[i]);
+            int is_active = uids_has(&active, all.v[i]);
+            if (o != NULL && now - o->fetched < ATTR_TTL && (o->a.state == STATE_ACTIVE) == is_active)
+                continue;
+            tnode fake = { .type = TTLV_TEXT, .len = (uint32_t)strlen(all.v[i]),
+                           .val = (const uint8_t *)all.v[i] };
+            if (uids_push(&need, &fake))
+                rv = CKR_HOST_MEMORY;
+        }
+        pthread_mutex_unlock(&g.lock);
+    }
+    if (rv == CKR_OK && need.n > 0) {
+        got = calloc((size_t)need.n, sizeof(*got));
+        if (got == NULL)
+            rv = CKR_HOST_MEMORY;
+    }
+    for (int base = 0; rv == CKR_OK && base < need.n; base += ATTR_BATCH) {
+        int m = need.n - base < ATTR_BATCH ? need.n - base : ATTR_BATCH;
+        tbuf pl[ATTR_BATCH];
+        uint32_t ops[ATTR_BATCH];
+        for (int j = 0; j < m; j++) {
+            tb_init(&pl[j]);
+            tb_begin(&pl[j], T_REQUEST_PAYLOAD);
+            tb_text(&pl[j], T_UNIQUE_IDENTIFIER, need.v[base + j], strlen(need.v[base + j]));
+            tb_end(&pl[j]);
+            ops[j] = OP_GET_ATTRIBUTES;
+        }
+        kresponse r;
+        rv = kmip_call(s, m, ops, pl, &r);
+        for (int j = 0; j < m; j++)
+            tb_free(&pl[j]);
         if (rv != CKR_OK)
             break;
-        for (int base = 0; base < n && rv == CKR_OK; base += ATTR_BATCH) {
-            int m = n - base < ATTR_BATCH ? n - base : ATTR_BATCH;
-            tbuf pl[ATTR_BATCH];
-            uint32_t ops[ATTR_BATCH];
-            for (int j = 0; j < m; j++) {
-                tb_init(&pl[j]);
-                tb_begin(&pl[j], T_REQUEST_PAYLOAD);
-                tb_text(&pl[j], T_UNIQUE_IDENTIFIER, uids[base + j], strlen(uids[base + j]));
-                tb_end(&pl[j]);
-                ops[j] = OP_GET_ATTRIBUTES;
-            }
-            kresponse r;
-            rv = kmip_call(s, m, ops, pl, &r);
-            for (int j = 0; j < m; j++)
-                tb_free(&pl[j]);
-            if (rv != CKR_OK)
-                break;
-            if (nall + r.nitems > cap) {
-                int nc = (nall + r.nitems) * 2;
-                kattrs *na = realloc(all, (size_t)nc * sizeof(*na));
-                if (na == NULL) {
-                    rv = CKR_HOST_MEMORY;
-                    kresponse_free(&r);
-                    break;
-                }
-                all = na;
-                cap = nc;
-            }
-            for (int j = 0; j < r.nitems; j++) {
-                /* an object destroyed between Locate and GetAttributes is skipped */
-                if (r.items[j].status != 0 || r.items[j].payload < 0)
-                    continue;
-                if (kmip_parse_attributes(&r, r.items[j].payload, &all[nall]) == 0)
-                    nall++;
-            }
-            kresponse_free(&r);
+        for (int j = 0; j < r.nitems && ngot < need.n; j++) {
+            /* an object destroyed between Locate and GetAttributes is skipped */
+            if (r.items[j].status != 0 || r.items[j].payload < 0)
+                continue;
+            if (kmip_parse_attributes(&r, r.items[j].payload, &got[ngot]) == 0)
+                ngot++;
         }
-        free(uids);
+        kresponse_free(&r);
     }
-    if (rv != CKR_OK) {
-        free(all);
-        return rv;
-    }
-    pthread_mutex_lock(&g.lock);
-    for (sr_object *o = g.objects; o; o = o->next)
-        if (o->slot == slot)
-            o->present = 0;
-    /* keep the server's order (newest version first, per name) for searches: the
-     * objects are re-linked in the order seen, so build the list back to front */
-    sr_object **seen = calloc(nall ? (size_t)nall : 1, sizeof(*seen));
-    int nseen = 0;
-    for (int i = 0; i < nall && seen; i++) {
-        sr_object *o = object_add(slot, &all[i]);
-        if (o != NULL)
+    if (rv == CKR_OK) {
+        pthread_mutex_lock(&g.lock);
+        for (sr_object *o = g.objects; o; o = o->next)
+            if (o->slot == slot && o->gen <= start)
+                o->present = 0;
+        for (int i = 0; i < ngot; i++)
+            (void)object_add(slot, &got[i]);
+        /* present = what Locate found (and we could read), in Locate's order: the
+         * objects are re-linked to the head of the list in that order */
+        sr_object **seen = calloc(all.n ? (size_t)all.n : 1, sizeof(*seen));
+        int nseen = 0;
+        for (int i = all.n - 1; seen != NULL && i >= 0; i--) {
+            sr_object *o = find_uid(slot, all.v[i]);
+            if (o == NULL || o->fetched == 0 || o->destroyed)
+                continue;
+            o->present = 1;
             seen[nseen++] = o;
-    }
-    if (seen != NULL) {
-        /* unlink the seen objects and put them at the head, in order */
-        for (int i = 0; i < nseen; i++) {
+        }
+        for (int i = 0; i < nseen; i++) {   /* back to front: the first ends at the head */
             sr_object **pp = &g.objects;
             while (*pp != seen[i])
                 pp = &(*pp)->next;
             *pp = seen[i]->next;
-        }
-        for (int i = nseen - 1; i >= 0; i--) {
             seen[i]->next = g.objects;
             g.objects = seen[i];
         }
         free(seen);
+        mark_current(slot);
+        pthread_mutex_unlock(&g.lock);
     }
-    /* a pair's public half takes its private half's CKA_ID (the linked uid): nothing to
-     * do here, the attribute code reads a.linked */
-    pthread_mutex_unlock(&g.lock);
-    free(all);
-    return CKR_OK;
+    free(got);
+    free(all.v);
+    free(active.v);
+    free(need.v);
+    return rv;
 }
 
 /* ---------------------------------------------------------------- public key details */
@@ -692,6 +777,7 @@ CK_RV object_destroy_remote(CK_SLOT_ID slot, sr_object *o)
     if (rv == CKR_OK) {
         pthread_mutex_lock(&g.lock);
         o->present = 0;
+        o->destroyed = 1;
         pthread_mutex_unlock(&g.lock);
     }
     return rv;

@@ -39,14 +39,14 @@ static int attr_ulong(const CK_ATTRIBUTE *t, CK_ULONG n, CK_ATTRIBUTE_TYPE type,
     return 0;
 }
 
-/* A label: 1-128 printable ASCII characters (Strongroom's name rule). */
+/* A label: 1-128 printable ASCII characters (Strongroom's name rule), or none. */
 static CK_RV attr_label(const CK_ATTRIBUTE *t, CK_ULONG n, char *out, size_t cap)
 {
     const CK_ATTRIBUTE *a = find_attr(t, n, CKA_LABEL);
     out[0] = '\0';
-    if (a == NULL)
-        return CKR_OK;
-    if (a->ulValueLen == 0 || a->ulValueLen >= cap || a->pValue == NULL)
+    if (a == NULL || a->ulValueLen == 0)
+        return CKR_OK;   /* no label: the server names it kmip-<random> */
+    if (a->ulValueLen >= cap || a->pValue == NULL)
         return CKR_ATTRIBUTE_VALUE_INVALID;
     const unsigned char *p = a->pValue;
     for (CK_ULONG i = 0; i < a->ulValueLen; i++)
