@@ -102,7 +102,8 @@ def test_rotation_and_revocation_seen_by_a_consumer(lib: Any, p11: P11, services
     services.keys.rotate(ctx, name)
     with token.open() as s:  # a new session sees the new version
         v2 = secret_key(s, name)
-        assert object_id(v2) != v1_id
+        v2_id = object_id(v2)
+        assert v2_id != v1_id
         after = bytes(v2.encrypt(b"after", mechanism=Mechanism.AES_GCM, mechanism_param=pkcs11.GCMParams(nonce)))
         old = by_id(s, v1_id)
         assert not old[Attribute.ENCRYPT] and old[Attribute.DECRYPT]
@@ -124,3 +125,9 @@ def test_rotation_and_revocation_seen_by_a_consumer(lib: Any, p11: P11, services
     with token.open() as s:  # a revoked key protects nothing: a label finds no key to encrypt with
         assert [o for o in s.get_objects({Attribute.LABEL: name, Attribute.CLASS: ObjectClass.SECRET_KEY})
                 if o[Attribute.ENCRYPT]] == []
+        assert bytes(by_id(s, v1_id).decrypt(before, mechanism=Mechanism.AES_GCM,
+                                             mechanism_param=pkcs11.GCMParams(nonce))) == b"before"  # still opens
+    # a destroyed version is gone from the token
+    services.keys.destroy(ctx, name, version=1)
+    with token.open() as s:
+        assert [object_id(o) for o in s.get_objects({Attribute.LABEL: name})] == [v2_id]
