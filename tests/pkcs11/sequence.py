@@ -12,6 +12,7 @@ the module (test_robustness.py), where the sanitizers must stay silent:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sys
 import uuid
@@ -21,11 +22,12 @@ from typing import Any
 import pkcs11
 import pytest
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 from pkcs11 import MGF, Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11.util.ec import encode_ecdsa_signature, encode_named_curve_parameters
 
 DATA = b"the ledger of 26 November, row 1 to 10,000"
+DIGEST = hashlib.sha256(DATA).digest()
 PSS_SHA256 = (Mechanism.SHA256, MGF.SHA256, 32)
 OAEP_SHA1 = (Mechanism.SHA_1, MGF.SHA1, None)
 CKR_KEY_FUNCTION_NOT_PERMITTED = 0x68  # python-pkcs11 has no exception class of its own for it
@@ -110,6 +112,10 @@ def rsa_sequence(session: Any) -> None:
     outside.verify(signature, DATA, padding.PSS(padding.MGF1(hashes.SHA256()), 32), hashes.SHA256())
     pkcs1 = bytes(private.sign(DATA, mechanism=Mechanism.SHA256_RSA_PKCS))
     outside.verify(pkcs1, DATA, padding.PKCS1v15(), hashes.SHA256())
+    # CKM_RSA_PKCS_PSS on a digest the application computed (KMIP Digested Data)
+    prehashed = bytes(private.sign(DIGEST, mechanism=Mechanism.RSA_PKCS_PSS, mechanism_param=PSS_SHA256))
+    outside.verify(prehashed, DIGEST, padding.PSS(padding.MGF1(hashes.SHA256()), 32),
+                   utils.Prehashed(hashes.SHA256()))
     # OAEP (SHA-1: what the server's token does inside the HSM): encrypted outside, decrypted inside
     sha1 = hashes.SHA1()  # noqa: S303 - OAEP's hash, not a signature's
     sealed = outside.encrypt(b"table key", padding.OAEP(padding.MGF1(sha1), sha1, None))
@@ -126,6 +132,8 @@ def ec_sequence(session: Any) -> None:
     assert len(signature) == 64  # r || s, as PKCS#11 defines it
     assert public.verify(DATA, signature, mechanism=Mechanism.ECDSA_SHA256)
     ec_public(public).verify(encode_ecdsa_signature(signature), DATA, ec.ECDSA(hashes.SHA256()))
+    raw = bytes(private.sign(DIGEST, mechanism=Mechanism.ECDSA))  # CKM_ECDSA: the digest is the input
+    ec_public(public).verify(encode_ecdsa_signature(raw), DIGEST, ec.ECDSA(utils.Prehashed(hashes.SHA256())))
 
 
 def wrap_sequence(session: Any, wrapping: Any) -> None:
