@@ -120,10 +120,23 @@ CK_RV kmip_one(sr_slot *s, uint32_t op, const tbuf *payload, kresponse *out, int
 CK_RV objects_refresh(CK_SLOT_ID slot);
 sr_object *object_get(CK_SLOT_ID slot, CK_OBJECT_HANDLE h);   /* under g.lock */
 CK_RV object_load_public(sr_slot *s, sr_object *o);          /* fills modulus etc. */
+/* ---- attributes.c */
+int attr_needs_public(CK_ATTRIBUTE_TYPE t);      /* an attribute read from the public key */
+int object_matches(const sr_object *o, const CK_ATTRIBUTE *tpl, CK_ULONG n);   /* under g.lock */
 sr_object *object_add(CK_SLOT_ID slot, const kattrs *a);      /* under g.lock */
 CK_RV object_destroy_remote(CK_SLOT_ID slot, sr_object *o);   /* Revoke + Destroy */
 /* Destroys the session objects of `owner` (0: of every session) at the server. */
 void objects_drop_session(CK_SLOT_ID slot, CK_SESSION_HANDLE owner);
+
+/* ---- crypto_ops.c */
+/* room for the rest of a request around its data */
+#define SR_MAX_INPUT (KMIP_MAX_MESSAGE - 8192)
+int mech_supported(CK_MECHANISM_TYPE t);      /* p11_general.c's mechanism table */
+CK_RV crypto_op_init(CK_SESSION_HANDLE h, CK_MECHANISM_PTR m, CK_OBJECT_HANDLE key, op_kind kind);
+/* the output length for `in` input bytes (an upper bound for CBC decryption) */
+CK_RV crypto_estimate(sr_session *s, size_t in, size_t *out);
+/* runs the session's operation at the server; encrypt/decrypt/sign results in op.out */
+CK_RV crypto_run(sr_session *s, const uint8_t *in, size_t inlen, const uint8_t *sig, size_t siglen);
 
 /* ---- session helpers (p11_general.c) */
 sr_session *session_get(CK_SESSION_HANDLE h);   /* returns it locked, or NULL */
