@@ -246,10 +246,9 @@ def officer(officer_files: ClientFiles, kmip_listener: KmipListener) -> Iterator
     client.close()
 
 
-
 def rewrap(mongo: Mongo, **new_master: Any) -> list[dict[str, Any]]:
     """rewrap_many_data_key over every data key, stored back as the driver's bulk
-    update does (keyMaterial, masterKey, updateDate)."""
+    update does (keyMaterial and masterKey)."""
     result = mongo.encrypter.rewrap_many_data_key({}, **new_master)
     assert result is not None, "libmongocrypt found no data key to rewrap"
     rewrapped: list[dict[str, Any]] = bson.decode(result, OPTS)["v"]
