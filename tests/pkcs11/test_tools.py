@@ -31,7 +31,7 @@ def id_of(listing: str) -> str:
     --sign/--encrypt it takes the first key of the class unless --id is given."""
     ids = set(re.findall(r"^\s*ID:\s+([0-9a-f]+)$", listing, re.M))
     assert len(ids) == 1, listing
-    return ids.pop()
+    return str(ids.pop())
 
 
 @pytest.fixture
