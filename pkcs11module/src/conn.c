@@ -112,6 +112,7 @@ static CK_RV make_ctx(sr_slot *s, const unsigned char *pin, size_t pinlen)
 CK_RV slot_setup(sr_slot *s)
 {
     pthread_mutex_init(&s->lock, NULL);
+    s->pool_pid = getpid();
     FILE *f = fopen(s->conf.cert, "r");
     if (f == NULL) {
         sr_log("cert %s cannot be read: %s", s->conf.cert, strerror(errno));
@@ -346,6 +347,20 @@ CK_RV kmip_call(sr_slot *s, int n, const uint32_t *ops, const tbuf *payloads, kr
             pthread_mutex_unlock(&s->lock);
             rv = CKR_USER_NOT_LOGGED_IN;
             break;
+        }
+        if (s->pool_pid != getpid()) {
+            /* a forked child: the pooled TLS sessions are the parent's; using one would
+             * interleave two processes' records on one stream. Drop them without a
+             * close_notify (closing our copy of the socket leaves the parent's open). */
+            for (int i = 0; i < s->npool; i++) {
+                int fd = SSL_get_fd(s->pool[i]);
+                SSL_set_quiet_shutdown(s->pool[i], 1);
+                SSL_free(s->pool[i]);
+                if (fd >= 0)
+                    close(fd);
+            }
+            s->npool = 0;
+            s->pool_pid = getpid();
         }
         if (s->npool > 0) {
             ssl = s->pool[--s->npool];

@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include <openssl/ssl.h>
@@ -24,6 +25,7 @@ typedef struct {
     pthread_mutex_t lock;    /* ctx, pool, logged_in */
     SSL *pool[POOL_MAX];
     int npool;
+    pid_t pool_pid;          /* the process the pooled connections belong to */
 } sr_slot;
 
 /* One object as the module shows it. Handles are stable for the life of the module:
