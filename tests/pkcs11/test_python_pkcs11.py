@@ -18,12 +18,23 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.keywrap import aes_key_unwrap_with_padding
 from pkcs11 import Attribute, KeyType, Mechanism
 from pkcs11 import exceptions as ckr
+from sqlalchemy import select
 
 from keyserver.core.principal import system_context
 from keyserver.services import Services
+from keyserver.store.models import AuditEvent
 from tests.kmip.conftest import make_client
 from tests.pkcs11.conftest import P11
-from tests.pkcs11.sequence import DATA, by_id, gcm_roundtrip, main_sequence, object_id, secret_key
+from tests.pkcs11.sequence import (
+    CKR_KEY_FUNCTION_NOT_PERMITTED,
+    DATA,
+    by_id,
+    gcm_roundtrip,
+    main_sequence,
+    object_id,
+    refused,
+    secret_key,
+)
 
 
 def test_slots_are_the_configured_identities(lib: Any, p11: P11) -> None:
@@ -60,7 +71,7 @@ def test_results_are_the_server_keys(session: Any, p11: P11, make_key: Callable[
     assert aes_key_unwrap_with_padding(aes_bytes, wrapped) == target_bytes
 
 
-def test_key_values_stay_in_the_server(lib: Any, p11: P11, make_key: Callable[..., str]) -> None:
+def test_key_values_stay_in_the_server(lib: Any, p11: P11, services: Services, make_key: Callable[..., str]) -> None:
     """A key whose export policy forbids plaintext, and any key seen by an identity whose
     key_export is "none": CKA_SENSITIVE, CKA_VALUE refused (CKR_ATTRIBUTE_SENSITIVE); using
     the key is still allowed."""
@@ -76,7 +87,15 @@ def test_key_values_stay_in_the_server(lib: Any, p11: P11, make_key: Callable[..
         assert key[Attribute.SENSITIVE]
         with pytest.raises(ckr.AttributeSensitive):
             key[Attribute.VALUE]
-        gcm_roundtrip(key)  # using it is allowed; taking it out is not
+        gcm_roundtrip(key)  # using it is allowed; taking it out is not, not even wrapped
+        with refused(CKR_KEY_FUNCTION_NOT_PERMITTED):
+            secret_key(s, sealed).wrap_key(key, mechanism=Mechanism.AES_KEY_WRAP_PAD)
+    services.audit.flush()
+    with services.db() as db:
+        refusals = db.execute(select(AuditEvent).where(AuditEvent.action == "key.export",
+                                                       AuditEvent.actor == f"kmip:{p11.noexport.files.name}")
+                              ).scalars().all()
+    assert [r.outcome for r in refusals] == ["denied"]
 
 
 @pytest.mark.xfail(strict=True, raises=ckr.AttributeSensitive, reason=(
