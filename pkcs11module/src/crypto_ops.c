@@ -12,6 +12,18 @@
 
 #define CHECK_INIT() do { if (!g.initialized) return CKR_CRYPTOKI_NOT_INITIALIZED; } while (0)
 
+static uint32_t hmac_alg(CK_MECHANISM_TYPE m)
+{
+    return m == CKM_SHA256_HMAC ? ALG_HMAC_SHA256 : m == CKM_SHA384_HMAC ? ALG_HMAC_SHA384
+           : m == CKM_SHA512_HMAC ? ALG_HMAC_SHA512 : 0;
+}
+
+/* the MAC's length, 0 for a mechanism that is not an HMAC */
+static size_t hmac_len(CK_MECHANISM_TYPE m)
+{
+    return m == CKM_SHA256_HMAC ? 32 : m == CKM_SHA384_HMAC ? 48 : m == CKM_SHA512_HMAC ? 64 : 0;
+}
+
 CK_RV crypto_op_init(CK_SESSION_HANDLE h, CK_MECHANISM_PTR m, CK_OBJECT_HANDLE key, op_kind kind)
 {
     CHECK_INIT();
@@ -155,11 +167,14 @@ CK_RV crypto_op_init(CK_SESSION_HANDLE h, CK_MECHANISM_PTR m, CK_OBJECT_HANDLE k
         break;
     }
     case CKM_SHA256_HMAC:
+    case CKM_SHA384_HMAC:
+    case CKM_SHA512_HMAC:
         if (kind != OPK_SIGN && kind != OPK_VERIFY)
             goto badmech;
         want_cls = CKO_SECRET_KEY;
         want_kt = CKK_GENERIC_SECRET;
-        if (alg != ALG_HMAC_SHA256 && cls == CKO_SECRET_KEY && kt == CKK_GENERIC_SECRET) {
+        /* the server MACs with the key's own hash: the mechanism must name it */
+        if (alg != hmac_alg(m->mechanism) && cls == CKO_SECRET_KEY && kt == CKK_GENERIC_SECRET) {
             rv = CKR_KEY_TYPE_INCONSISTENT;
             goto out;
         }
@@ -242,7 +257,9 @@ CK_RV crypto_estimate(sr_session *s, size_t in, size_t *out)
         *out = 2 * kb;
         return CKR_OK;
     case CKM_SHA256_HMAC:
-        *out = 32;
+    case CKM_SHA384_HMAC:
+    case CKM_SHA512_HMAC:
+        *out = hmac_len(op->mech);
         return CKR_OK;
     default:
         return CKR_GENERAL_ERROR;
@@ -288,7 +305,9 @@ static void crypto_params(tbuf *p, const sr_op *op)
         tb_enum(p, T_HASHING_ALGORITHM, op->hash);
         break;
     case CKM_SHA256_HMAC:
-        tb_enum(p, T_CRYPTO_ALGORITHM, ALG_HMAC_SHA256);
+    case CKM_SHA384_HMAC:
+    case CKM_SHA512_HMAC:
+        tb_enum(p, T_CRYPTO_ALGORITHM, hmac_alg(op->mech));
         break;
     default:
         break;
@@ -407,8 +426,8 @@ CK_RV crypto_run(sr_session *s, const uint8_t *in, size_t inlen, const uint8_t *
     switch (op->kind) {
     case OPK_ENCRYPT: kop = OP_ENCRYPT; break;
     case OPK_DECRYPT: kop = OP_DECRYPT; break;
-    case OPK_SIGN: kop = op->mech == CKM_SHA256_HMAC ? OP_MAC : OP_SIGN; break;
-    case OPK_VERIFY: kop = op->mech == CKM_SHA256_HMAC ? OP_MAC_VERIFY : OP_SIGNATURE_VERIFY; break;
+    case OPK_SIGN: kop = hmac_len(op->mech) ? OP_MAC : OP_SIGN; break;
+    case OPK_VERIFY: kop = hmac_len(op->mech) ? OP_MAC_VERIFY : OP_SIGNATURE_VERIFY; break;
     default: return CKR_OPERATION_NOT_INITIALIZED;
     }
     int pre = is_prehashed(op->mech);
@@ -439,8 +458,8 @@ CK_RV crypto_run(sr_session *s, const uint8_t *in, size_t inlen, const uint8_t *
             }
             tb_bytes(&p, T_SIGNATURE_DATA, der, (size_t)dl);
             OPENSSL_free(der);
-        } else if (op->mech == CKM_SHA256_HMAC) {
-            if (siglen != 32) {
+        } else if (hmac_len(op->mech)) {
+            if (siglen != hmac_len(op->mech)) {
                 tb_free(&p);
                 return CKR_SIGNATURE_LEN_RANGE;
             }
@@ -475,7 +494,7 @@ CK_RV crypto_run(sr_session *s, const uint8_t *in, size_t inlen, const uint8_t *
         else
             rv = valid == 1 ? CKR_OK : CKR_SIGNATURE_INVALID;
     } else if (op->kind == OPK_SIGN) {
-        uint32_t tag = op->mech == CKM_SHA256_HMAC ? T_MAC_DATA : T_SIGNATURE_DATA;
+        uint32_t tag = hmac_len(op->mech) ? T_MAC_DATA : T_SIGNATURE_DATA;
         if (kmip_payload_bytes(&r, pl, tag, &d, &dn)) {
             rv = CKR_DEVICE_ERROR;
         } else if (op->mech == CKM_ECDSA_SHA256 || op->mech == CKM_ECDSA) {
