@@ -11,7 +11,8 @@ server goes on from its cache; a restart cannot), rotates key 5 twice and watche
 encryption threads re-encrypt the table, looks for the plaintext in every
 file on disk (and finds it, as a control, in an unencrypted table's file), then
 revokes key 5 and shows the restarted server refusing the table, and revokes the
-database identity and shows the server refusing to start at all.
+database identity and shows the server refusing to start at all. A key revoked under
+the running server aborts it at its next page write, and its recovery cannot finish.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ pytestmark = pytest.mark.skipif(
 ENC_MARKER = "STRONGROOM-SECRET-ROW"
 PLAIN_MARKER = "STRONGROOM-CONTROL-ROW"
 TABLE_KEY_ID = 5
+LATE_KEY_ID = 6  # a table whose key is revoked while the server runs
 
 
 class MariaDB:
@@ -197,6 +199,7 @@ def test_mariadb_encrypts_with_strongroom_keys(mariadb: MariaDB, services: Servi
     system_key = admin.post("/api/v1/keys", json={"name": f"mariadb-system-{tag}"}).json()
     temp_key = admin.post("/api/v1/keys", json={"name": f"mariadb-temp-{tag}"}).json()
     table_key = admin.post("/api/v1/keys", json={"name": f"mariadb-orders-{tag}"}).json()
+    late_key = admin.post("/api/v1/keys", json={"name": f"mariadb-invoices-{tag}"}).json()
     created = admin.post("/api/v1/databases", json={"name": f"orders-{tag}", "description": "MariaDB test"})
     assert created.status_code == 201, created.text
     name, token = created.json()["database"]["name"], created.json()["token"]
@@ -205,7 +208,7 @@ def test_mariadb_encrypts_with_strongroom_keys(mariadb: MariaDB, services: Servi
     relay = Outage(int(base_url.rsplit(":", 1)[1]))
     relay.up()
     url = f"https://127.0.0.1:{relay.port}/v1/strongroom"
-    for key, kv_id in ((system_key, 1), (temp_key, 2), (table_key, TABLE_KEY_ID)):
+    for key, kv_id in ((system_key, 1), (temp_key, 2), (table_key, TABLE_KEY_ID), (late_key, LATE_KEY_ID)):
         r = admin.post(f"/api/v1/databases/{name}/grants", json={"key": key["name"], "key_id": kv_id})
         assert r.status_code == 201, r.text
     actor = f"database:{name}"
@@ -227,15 +230,18 @@ def test_mariadb_encrypts_with_strongroom_keys(mariadb: MariaDB, services: Servi
     mariadb.sql(f"""CREATE DATABASE shop;
         CREATE TABLE shop.orders (id INT PRIMARY KEY, note VARCHAR(200)) ENGINE=InnoDB
             ENCRYPTED=YES ENCRYPTION_KEY_ID={TABLE_KEY_ID};
+        CREATE TABLE shop.invoices (id INT PRIMARY KEY, note VARCHAR(200)) ENGINE=InnoDB
+            ENCRYPTED=YES ENCRYPTION_KEY_ID={LATE_KEY_ID};
         CREATE TABLE shop.public_notes (id INT PRIMARY KEY, note VARCHAR(200)) ENGINE=InnoDB ENCRYPTED=NO;""")
     rows = ",".join(f"({i}, '{ENC_MARKER}-{i:04d}')" for i in range(200))
     mariadb.sql(f"INSERT INTO shop.orders VALUES {rows}")  # noqa: S608 - the test's own constants
+    mariadb.sql(f"INSERT INTO shop.invoices VALUES {rows}")  # noqa: S608 - the test's own constants
     controls = ",".join(f"({i}, '{PLAIN_MARKER}-{i:04d}')" for i in range(200))
     mariadb.sql(f"INSERT INTO shop.public_notes VALUES {controls}")  # noqa: S608 - the test's own constants
     first = reads_since(services, admin, seq, actor)
     assert {(e["details"]["key_id"], e["outcome"]) for e in first} >= {(1, "allowed"), (TABLE_KEY_ID, "allowed")}
     assert all(e["outcome"] == "allowed" for e in first), first
-    assert {e["object_id"] for e in first} <= {system_key["id"], temp_key["id"], table_key["id"]}
+    assert {e["object_id"] for e in first} <= {system_key["id"], temp_key["id"], table_key["id"], late_key["id"]}
 
     # A restart reads the keys again (the plugin's cache is the process's memory).
     mariadb.stop()
@@ -306,9 +312,25 @@ def test_mariadb_encrypts_with_strongroom_keys(mariadb: MariaDB, services: Servi
     with pytest.raises(SqlError, match="is corrupted"):
         mariadb.sql("SELECT COUNT(*) FROM shop.orders")
     assert mariadb.sql("SELECT COUNT(*) FROM shop.public_notes") == "200"
+    assert mariadb.sql("SELECT COUNT(*) FROM shop.invoices") == "200"
     denied = [e for e in reads_since(services, admin, seq, actor) if e["outcome"] == "denied"]
     assert denied and {e["details"]["reason"] for e in denied} == {"key_revoked"}
-    mariadb.stop()
+
+    # A key revoked under a running server: once the version cache has expired, the next
+    # page written under it asks again, is refused, and MariaDB 10.11 aborts; its crash
+    # recovery then needs that key, so the whole server stays down.
+    r = admin.post(f"/api/v1/keys/{late_key['name']}/revoke", json={"reason": "superseded"})
+    assert r.status_code == 200, r.text
+    time.sleep(1)  # past the version cache (500 ms)
+    mariadb.sql("INSERT INTO shop.invoices VALUES (2000, 'written after the revocation')")
+    with pytest.raises(SqlError):
+        mariadb.sql("FLUSH TABLES shop.invoices FOR EXPORT; UNLOCK TABLES")
+    assert mariadb.proc is not None and mariadb.proc.wait(timeout=60) != 0
+    assert "got signal 6" in mariadb.log.read_text()
+    mariadb.proc = None
+    mariadb.start(options, expect_up=False)
+    crashed = mariadb.log.read_text()
+    assert "InnoDB: Recovery cannot access file ./shop/invoices.ibd" in crashed, crashed[-3000:]
 
     # The database identity revoked: its token is refused, the redo log's key with it,
     # and the server does not start.
