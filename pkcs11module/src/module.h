@@ -77,6 +77,7 @@ typedef struct sr_session {
     CK_SLOT_ID slot;
     CK_FLAGS flags;
     pthread_mutex_t lock;
+    int refs, closed;        /* under g.lock: users in flight; unlinked by C_CloseSession */
     sr_op op;
     /* find */
     int finding;

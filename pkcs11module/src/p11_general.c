@@ -143,9 +143,9 @@ CK_RV C_Finalize(CK_VOID_PTR pReserved)
     while (g.sessions) {
         sr_session *s = g.sessions;
         g.sessions = s->next;
-        pthread_mutex_lock(&s->lock);
-        pthread_mutex_unlock(&s->lock);
-        free_session(s);
+        s->closed = 1;
+        if (s->refs == 0)
+            free_session(s);
     }
     while (g.objects) {
         sr_object *o = g.objects;
@@ -332,6 +332,10 @@ CK_RV C_SetPIN(CK_SESSION_HANDLE hSession, CK_UTF8CHAR_PTR pOldPin, CK_ULONG ulO
 
 /* ---------------------------------------------------------------- sessions */
 
+/* Sessions are reference-counted so that no thread ever waits for a session's lock
+ * while holding g.lock (an operation holding its session's lock takes g.lock to read
+ * objects): session_get takes a reference under g.lock, then the session's lock
+ * alone. A session closed meanwhile is freed by its last user. */
 sr_session *session_get(CK_SESSION_HANDLE h)
 {
     pthread_mutex_lock(&g.lock);
@@ -340,14 +344,31 @@ sr_session *session_get(CK_SESSION_HANDLE h)
         for (s = g.sessions; s != NULL && s->handle != h; s = s->next)
             ;
     if (s != NULL)
-        pthread_mutex_lock(&s->lock);
+        s->refs++;
     pthread_mutex_unlock(&g.lock);
+    if (s == NULL)
+        return NULL;
+    pthread_mutex_lock(&s->lock);
+    if (s->closed) {
+        session_put(s);
+        return NULL;
+    }
     return s;
+}
+
+static void session_release(sr_session *s)
+{
+    pthread_mutex_lock(&g.lock);
+    int last = --s->refs == 0 && s->closed;
+    pthread_mutex_unlock(&g.lock);
+    if (last)
+        free_session(s);
 }
 
 void session_put(sr_session *s)
 {
     pthread_mutex_unlock(&s->lock);
+    session_release(s);
 }
 
 CK_RV C_OpenSession(CK_SLOT_ID slotID, CK_FLAGS flags, CK_VOID_PTR pApplication,
@@ -398,10 +419,11 @@ CK_RV C_CloseSession(CK_SESSION_HANDLE hSession)
     *pp = s->next;
     CK_SLOT_ID slot = s->slot;
     int last = !slot_has_sessions(slot);
-    pthread_mutex_lock(&s->lock);   /* waits for an operation in flight */
-    pthread_mutex_unlock(&s->lock);
+    s->closed = 1;
+    int unused = s->refs == 0;   /* else an operation in flight frees it when done */
     pthread_mutex_unlock(&g.lock);
-    free_session(s);
+    if (unused)
+        free_session(s);
     /* session objects (keys generated with CKA_TOKEN false) end with their session */
     objects_drop_session(slot, hSession);
     if (last)   /* closing the last session logs the user out (PKCS#11 §5.6) */
