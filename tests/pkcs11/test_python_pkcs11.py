@@ -150,3 +150,18 @@ def test_bad_input_gets_a_precise_code(session: Any, make_key: Callable[..., str
         key.decrypt(bytes(sealed), mechanism=Mechanism.AES_GCM, mechanism_param=pkcs11.GCMParams(nonce))
     with pytest.raises(ckr.MechanismInvalid):
         key.encrypt(DATA, mechanism=Mechanism.AES_ECB)
+
+
+def test_session_keys_end_with_their_session(lib: Any, p11: P11, services: Services) -> None:
+    """CKA_TOKEN false (what Java's key generators ask for) is a key at the server like any
+    other, destroyed there when the session that made it closes."""
+    name = f"p11-session-{uuid.uuid4().hex[:8]}"
+    with lib.get_token(token_label=p11.user.label).open(rw=True) as s:
+        made = s.generate_key(KeyType.AES, 256, label=name, store=False)
+        gcm_roundtrip(made)
+        key_id = services.keys.get(system_context("tests"), name).id
+        assert object_id(made) == str(services.keys.get(system_context("tests"), str(key_id)).versions[-1].id)
+    states = [v.state for v in services.keys.get(system_context("tests"), str(key_id)).versions]
+    assert states == ["destroyed"]
+    with lib.get_token(token_label=p11.user.label).open() as s:
+        assert list(s.get_objects({Attribute.LABEL: name})) == []
