@@ -41,7 +41,8 @@ def unwrapping_key(data: Any) -> str:
     if data.encoding_option not in (None, enums.EncodingOption.NO_ENCODING):
         raise KmipFailure(R.ENCODING_OPTION_ERROR, "only the No Encoding option is supported")
     if data.iv_counter_nonce is not None:
-        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "AES Key Wrap with Padding and RSA-OAEP take no IV/Counter/Nonce")
+        raise KmipFailure(R.FEATURE_NOT_SUPPORTED, "AES Key Wrap (RFC 5649, RFC 3394) and RSA-OAEP take no "
+                                                   "IV/Counter/Nonce")
     info = data.encryption_key_information
     if info is None or not info.unique_identifier:
         raise KmipFailure(R.MISSING_DATA, "the Key Wrapping Data names no encryption key")
