@@ -94,6 +94,8 @@ def version_values(obj: VersionObject) -> dict[str, Any]:
         A.COMPROMISE_DATE.value: _ts(v.compromise_date),
         A.DESTROY_DATE.value: _ts(v.destroy_date),
         A.LAST_CHANGE_DATE.value: _ts(k.updated_at),
+        # KMIP 1.4 §3.48: True when Get returns the key only wrapped (its export policy)
+        A.SENSITIVE.value: not k.exportable,
         X_KEY_ID: str(k.id),
         X_KEY_VERSION: str(v.version),
         X_REPLACED: obj.replaced_uid,
