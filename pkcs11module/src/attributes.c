@@ -121,6 +121,46 @@ CK_RV object_load_public(sr_slot *s, sr_object *o)
     return CKR_OK;
 }
 
+/* A KMIP Get of a secret key's value in plaintext: the server checks the identity's
+ * export right and audits it (key.export). The value goes to locked memory (*out,
+ * sr_secure_free); the response buffer is wiped when freed. */
+static CK_RV object_read_value(sr_slot *s, const char *uid, unsigned char **out, size_t *outlen)
+{
+    tbuf p;
+    tb_init(&p);
+    tb_begin(&p, T_REQUEST_PAYLOAD);
+    tb_text(&p, T_UNIQUE_IDENTIFIER, uid, strlen(uid));
+    tb_enum(&p, T_KEY_FORMAT_TYPE, KFT_RAW);
+    tb_end(&p);
+    kresponse r;
+    CK_RV rv = kmip_one(s, OP_GET, &p, &r, 0);
+    tb_free(&p);
+    if (rv == CKR_ACTION_PROHIBITED)
+        return CKR_ATTRIBUTE_SENSITIVE;   /* refused (and audited) by the server */
+    if (rv != CKR_OK)
+        return rv;
+    const uint8_t *key;
+    size_t n;
+    uint32_t fmt;
+    int wrapped;
+    if (r.items[0].payload < 0
+        || kmip_parse_key_material(&r, r.items[0].payload, &key, &n, &fmt, &wrapped) || wrapped
+        || fmt != KFT_RAW || n == 0 || n > 128) {
+        kresponse_free(&r);
+        return CKR_DEVICE_ERROR;
+    }
+    unsigned char *buf = sr_secure_alloc(n);
+    if (buf == NULL) {
+        kresponse_free(&r);
+        return CKR_HOST_MEMORY;
+    }
+    memcpy(buf, key, n);
+    kresponse_free(&r);
+    *out = buf;
+    *outlen = n;
+    return CKR_OK;
+}
+
 int attr_needs_public(CK_ATTRIBUTE_TYPE t)
 {
     return t == CKA_MODULUS || t == CKA_PUBLIC_EXPONENT || t == CKA_EC_PARAMS || t == CKA_EC_POINT;
@@ -186,13 +226,19 @@ static CK_RV attr_value(const sr_object *o, CK_ATTRIBUTE_TYPE t, aval *out)
         BOOL(hmac ? (m & MASK_MAC_VERIFY) : (m & MASK_VERIFY));
     case CKA_SIGN_RECOVER: case CKA_VERIFY_RECOVER:
         BOOL(0);
-    case CKA_SENSITIVE: case CKA_ALWAYS_SENSITIVE:
+    case CKA_SENSITIVE:
         if (pub) break;
-        BOOL(1);
+        /* a secret key: its export policy (KMIP Sensitive); private keys never leave */
+        BOOL(!sec || o->a.sensitive);
+    case CKA_ALWAYS_SENSITIVE:
+        if (pub) break;
+        /* a key officer may change a key's policy: its history is not known here */
+        BOOL(priv);
     case CKA_EXTRACTABLE:
         if (pub) break;
-        /* a secret key can be wrapped by the server (C_WrapKey); private keys cannot */
-        BOOL(sec);
+        /* AES keys are wrapped by the server inside its HSM (C_WrapKey), whatever the
+         * plaintext policy; HMAC keys are delivered in plaintext only; private keys never */
+        BOOL(sec && (!hmac || !o->a.sensitive));
     case CKA_NEVER_EXTRACTABLE:
         if (pub) break;
         BOOL(priv);
@@ -207,7 +253,10 @@ static CK_RV attr_value(const sr_object *o, CK_ATTRIBUTE_TYPE t, aval *out)
         BOOL(0);
     case CKA_VALUE:
         if (pub) break;
-        return CKR_ATTRIBUTE_SENSITIVE;
+        if (priv || o->a.sensitive)
+            return CKR_ATTRIBUTE_SENSITIVE;
+        /* the length; the bytes come from a Get (C_GetAttributeValue) */
+        BYTES(NULL, o->a.length / 8);
     case CKA_VALUE_LEN:
         if (!sec) break;
         ULONG(o->a.length / 8);
@@ -243,9 +292,14 @@ CK_RV C_GetAttributeValue(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject,
     session_put(s);
     pthread_mutex_lock(&g.lock);
     sr_object *o = object_get(slot, hObject);
-    int want_pub = 0;
-    for (CK_ULONG i = 0; o && i < ulCount; i++)
+    int want_pub = 0, want_value = 0;
+    for (CK_ULONG i = 0; o && i < ulCount; i++) {
         want_pub |= attr_needs_public(pTemplate[i].type);
+        want_value |= pTemplate[i].type == CKA_VALUE && pTemplate[i].pValue != NULL;
+    }
+    char uid[KMIP_UID_MAX + 1] = "";
+    if (o != NULL && want_value && o->cls == CKO_SECRET_KEY && !o->a.sensitive)
+        snprintf(uid, sizeof(uid), "%s", o->a.uid);
     pthread_mutex_unlock(&g.lock);
     if (o == NULL)
         return CKR_OBJECT_HANDLE_INVALID;
@@ -254,11 +308,23 @@ CK_RV C_GetAttributeValue(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject,
         if (lr != CKR_OK && lr != CKR_ATTRIBUTE_TYPE_INVALID)
             return lr;
     }
+    /* an explicit read of an exportable key's value: one Get, whatever the template */
+    unsigned char *value = NULL;
+    size_t value_len = 0;
+    CK_RV value_rv = CKR_OK;
+    if (uid[0] != '\0')
+        value_rv = object_read_value(&g.slots[slot], uid, &value, &value_len);
     CK_RV rv = CKR_OK;
     pthread_mutex_lock(&g.lock);
     for (CK_ULONG i = 0; i < ulCount; i++) {
         aval v;
         CK_RV r = attr_value(o, pTemplate[i].type, &v);
+        if (r == CKR_OK && pTemplate[i].type == CKA_VALUE && pTemplate[i].pValue != NULL) {
+            if (value == NULL)
+                r = value_rv != CKR_OK ? value_rv : CKR_ATTRIBUTE_SENSITIVE;
+            else
+                v.p = value, v.len = value_len;
+        }
         if (r != CKR_OK) {
             pTemplate[i].ulValueLen = CK_UNAVAILABLE_INFORMATION;
             rv = r;   /* the spec lets either code win; keep the last */
@@ -276,6 +342,7 @@ CK_RV C_GetAttributeValue(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject,
         }
     }
     pthread_mutex_unlock(&g.lock);
+    sr_secure_free(value, value_len);
     return rv;
 }
 

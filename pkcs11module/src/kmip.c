@@ -128,6 +128,7 @@ int kmip_parse_attributes(const kresponse *r, int payload, kattrs *a)
 {
     const ttree *t = &r->tree;
     memset(a, 0, sizeof(*a));
+    a->sensitive = 1;   /* absent (a server without the attribute): never read a value */
     int uid = ttlv_find(t, payload, T_UNIQUE_IDENTIFIER, -1);
     if (uid < 0 || copy_text(&t->n[uid], a->uid, sizeof(a->uid)) || a->uid[0] == '\0')
         return -1;
@@ -149,6 +150,8 @@ int kmip_parse_attributes(const kresponse *r, int payload, kattrs *a)
             if (ttlv_u32(t, v, &a->usage_mask)) return -1;
         } else if (text_eq(name, "State")) {
             if (ttlv_u32(t, v, &a->state)) return -1;
+        } else if (text_eq(name, "Sensitive")) {
+            if (ttlv_bool(t, v, &a->sensitive)) return -1;
         } else if (text_eq(name, "Name")) {
             int nv = ttlv_find(t, v, T_NAME_VALUE, -1);
             if (nv < 0)

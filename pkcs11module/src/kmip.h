@@ -150,6 +150,7 @@ typedef struct {
     char key_id[KMIP_UID_MAX + 1];        /* x-strongroom-key-id */
     uint32_t object_type, algorithm, length, usage_mask, state;
     int64_t key_version;
+    int sensitive;        /* KMIP Sensitive: Get returns the value only wrapped (default 1) */
 } kattrs;
 
 /* Reads a GetAttributes response payload into `a`; 0 on success. */

@@ -38,6 +38,8 @@ CK_RV C_WrapKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJE
         wbytes = (w->a.length + 7) / 8;
     }
     CK_OBJECT_CLASS kcls = k ? k->cls : 0;
+    int khmac = k != NULL && k->key_type == CKK_GENERIC_SECRET;
+    int ksensitive = k != NULL && k->a.sensitive;
     if (k) {
         memcpy(kuid, k->a.uid, sizeof(kuid));
         kbytes = (k->a.length + 7) / 8;
@@ -51,6 +53,9 @@ CK_RV C_WrapKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJE
         rv = CKR_KEY_HANDLE_INVALID;
     } else if (kcls != CKO_SECRET_KEY) {
         rv = CKR_KEY_NOT_WRAPPABLE;   /* the server wraps symmetric keys only */
+    } else if (khmac) {
+        /* HMAC keys leave in plaintext only (CKA_VALUE, when exportable), never wrapped */
+        rv = ksensitive ? CKR_KEY_UNEXTRACTABLE : CKR_KEY_NOT_WRAPPABLE;
     } else if (pMechanism->mechanism == CKM_AES_KEY_WRAP_PAD) {
         if (wcls != CKO_SECRET_KEY || wkt != CKK_AES)
             rv = CKR_WRAPPING_KEY_TYPE_INCONSISTENT;
