@@ -329,7 +329,8 @@ KEY_KINDS = frozenset({"symmetric-key", "public-key", PRIVATE_KEY})
 _FOR_EVERY_KIND = frozenset({A.NAME.value, A.CRYPTOGRAPHIC_USAGE_MASK.value, A.ACTIVATION_DATE.value,
                              A.DEACTIVATION_DATE.value, A.OBJECT_TYPE.value, *CLIENT_ATTRIBUTES})
 _FOR_KEYS = frozenset({A.CRYPTOGRAPHIC_ALGORITHM.value, A.CRYPTOGRAPHIC_LENGTH.value, CRYPTOGRAPHIC_PARAMETERS})
-_FOR_SYMMETRIC_KEYS = frozenset({PROCESS_START_DATE, PROTECT_STOP_DATE})  # KMIP 1.4 §3.25-3.26
+# KMIP 1.4 §3.25-3.26; Sensitive (§3.48): True makes the key not exportable in plaintext
+_FOR_SYMMETRIC_KEYS = frozenset({PROCESS_START_DATE, PROTECT_STOP_DATE, A.SENSITIVE.value})
 # Attributes only the server sets (KMIP 1.4 §3: "Initially set by: Server").
 SERVER_SET = frozenset({
     A.UNIQUE_IDENTIFIER.value, A.STATE.value, A.INITIAL_DATE.value, A.LAST_CHANGE_DATE.value,

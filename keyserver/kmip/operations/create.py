@@ -43,7 +43,8 @@ def symmetric_spec(call: Call, template: Any, t: attributes.Template, *, name: s
     return KeySpec(name=name or f"kmip-{uuid.uuid4().hex[:16]}", description=description,
                    owner=call.ctx.principal.name, activate=activate, activation_date=activation_date,
                    deactivation_date=t.deactivation, length_bits=length, material=material, unique_name=False,
-                   algorithm=algorithm, kmip_attributes=kept, tags={k[2:]: v for k, v in t.custom.items()})
+                   algorithm=algorithm, kmip_attributes=kept, tags={k[2:]: v for k, v in t.custom.items()},
+                   exportable=not t.values.get(A.SENSITIVE.value, False))
 
 
 def handle(call: Call, payload: Any) -> Any:
