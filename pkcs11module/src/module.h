@@ -79,6 +79,9 @@ typedef struct sr_session {
     pthread_mutex_t lock;
     int refs, closed;        /* under g.lock: users in flight; unlinked by C_CloseSession */
     sr_op op;
+    /* a digest (p11_digest.c): computed here, no key involved */
+    EVP_MD_CTX *digest;
+    int digest_multipart;
     /* find */
     int finding;
     CK_OBJECT_HANDLE *found;
@@ -145,5 +148,7 @@ CK_RV crypto_run(sr_session *s, const uint8_t *in, size_t inlen, const uint8_t *
 sr_session *session_get(CK_SESSION_HANDLE h);   /* returns it locked, or NULL */
 void session_put(sr_session *s);
 void op_reset(sr_op *op);
+/* ---- p11_digest.c */
+void digest_reset(sr_session *s);
 
 #endif

@@ -251,16 +251,10 @@ CK_RV C_VerifyFinal(CK_SESSION_HANDLE h, CK_BYTE_PTR pSignature, CK_ULONG ulSign
     return verify_done(h, 1, NULL, 0, pSignature, ulSignatureLen);
 }
 
-/* ---- not served: digests (done better in the application), recovery, dual functions */
+/* ---- not served: recovery, dual functions (digests: p11_digest.c) */
 
 #define NS(...) { __VA_ARGS__; return g.initialized ? CKR_FUNCTION_NOT_SUPPORTED : CKR_CRYPTOKI_NOT_INITIALIZED; }
 
-CK_RV C_DigestInit(CK_SESSION_HANDLE h, CK_MECHANISM_PTR m) NS((void)h; (void)m)
-CK_RV C_Digest(CK_SESSION_HANDLE h, CK_BYTE_PTR a, CK_ULONG b, CK_BYTE_PTR c, CK_ULONG_PTR d)
-    NS((void)h; (void)a; (void)b; (void)c; (void)d)
-CK_RV C_DigestUpdate(CK_SESSION_HANDLE h, CK_BYTE_PTR a, CK_ULONG b) NS((void)h; (void)a; (void)b)
-CK_RV C_DigestKey(CK_SESSION_HANDLE h, CK_OBJECT_HANDLE k) NS((void)h; (void)k)
-CK_RV C_DigestFinal(CK_SESSION_HANDLE h, CK_BYTE_PTR a, CK_ULONG_PTR b) NS((void)h; (void)a; (void)b)
 CK_RV C_SignRecoverInit(CK_SESSION_HANDLE h, CK_MECHANISM_PTR m, CK_OBJECT_HANDLE k)
     NS((void)h; (void)m; (void)k)
 CK_RV C_SignRecover(CK_SESSION_HANDLE h, CK_BYTE_PTR a, CK_ULONG b, CK_BYTE_PTR c, CK_ULONG_PTR d)

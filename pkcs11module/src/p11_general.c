@@ -34,6 +34,12 @@ static const mech_info MECHS[] = {
     { CKM_SHA256_HMAC, 32, 128, CKF_SIGN | CKF_VERIFY },
     { CKM_SHA384_HMAC, 48, 128, CKF_SIGN | CKF_VERIFY },
     { CKM_SHA512_HMAC, 64, 128, CKF_SIGN | CKF_VERIFY },
+    /* digests: computed in the module with OpenSSL, no key and no server involved
+     * (SunPKCS11 accepts RSASSA-PSS parameters only for digests the token lists) */
+    { CKM_SHA_1, 0, 0, CKF_DIGEST },
+    { CKM_SHA256, 0, 0, CKF_DIGEST },
+    { CKM_SHA384, 0, 0, CKF_DIGEST },
+    { CKM_SHA512, 0, 0, CKF_DIGEST },
 };
 #define NMECHS (sizeof(MECHS) / sizeof(MECHS[0]))
 
@@ -122,6 +128,7 @@ void op_reset(sr_op *op)
 static void free_session(sr_session *s)
 {
     op_reset(&s->op);
+    digest_reset(s);
     free(s->found);
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -299,7 +306,8 @@ CK_RV C_GetMechanismInfo(CK_SLOT_ID slotID, CK_MECHANISM_TYPE type, CK_MECHANISM
         if (MECHS[i].type == type) {
             pInfo->ulMinKeySize = MECHS[i].min;
             pInfo->ulMaxKeySize = MECHS[i].max;
-            pInfo->flags = MECHS[i].flags | CKF_HW;
+            /* CKF_HW: done in the server's HSM; not the digests, done here in software */
+            pInfo->flags = MECHS[i].flags | (MECHS[i].flags == CKF_DIGEST ? 0 : CKF_HW);
             return CKR_OK;
         }
     }

@@ -80,6 +80,7 @@ CK_RV C_GenerateKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism,
     kattr_int(&p, "Cryptographic Usage Mask", (int32_t)mask);
     kattr_name(&p, label);
     kattr_activation(&p);
+    kattr_sensitive(&p, pTemplate, ulCount);
     tb_end(&p);
     tb_end(&p);
     kresponse r;

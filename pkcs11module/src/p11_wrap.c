@@ -234,6 +234,7 @@ CK_RV C_UnwrapKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OB
     kattr_int(&p, "Cryptographic Usage Mask", (int32_t)mask);
     kattr_name(&p, label);
     kattr_activation(&p);
+    kattr_sensitive(&p, t, n);
     tb_end(&p);
     tb_begin(&p, T_SYMMETRIC_KEY);
     tb_begin(&p, T_KEY_BLOCK);

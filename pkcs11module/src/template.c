@@ -53,8 +53,7 @@ CK_RV attr_label(const CK_ATTRIBUTE *t, CK_ULONG n, char *out, size_t cap)
     return CKR_OK;
 }
 
-/* Attributes every key the module creates must accept as they are: sensitive, not
- * modifiable. CKA_TOKEN false (a session object, as Java's key generators ask) is a
+/* Attributes every key the module creates must accept as they are: not modifiable. CKA_TOKEN false (a session object, as Java's key generators ask) is a
  * key created at the server like any other and destroyed there when its session ends.
  * CKA_ID is the server's identifier: a requested one is ignored (see README). */
 CK_RV common_checks(const CK_ATTRIBUTE *t, CK_ULONG n, int secret_or_private)
@@ -66,8 +65,9 @@ CK_RV common_checks(const CK_ATTRIBUTE *t, CK_ULONG n, int secret_or_private)
     for (size_t i = 0; i < sizeof(bools) / sizeof(bools[0]); i++)
         if (attr_bool(t, n, bools[i]) == -2)
             return CKR_ATTRIBUTE_VALUE_INVALID;
-    /* CKA_SENSITIVE false (pkcs11-tool's default) is accepted and the key reported
-     * sensitive: no key value ever leaves the server through this module. */
+    /* CKA_SENSITIVE (secret keys): the key's export policy (kattr_sensitive); absent
+     * means sensitive. CKA_EXTRACTABLE is not a policy of the server's: AES keys are
+     * wrapped in its HSM for an identity with the right, HMAC keys never. */
     if (find_attr(t, n, CKA_VALUE) != NULL)
         return CKR_ATTRIBUTE_READ_ONLY;
     return CKR_OK;
@@ -87,6 +87,21 @@ void kattr_int(tbuf *p, const char *name, int32_t v)
     tb_text(p, T_ATTRIBUTE_NAME, name, strlen(name));
     tb_int(p, T_ATTRIBUTE_VALUE, v);
     tb_end(p);
+}
+
+void kattr_bool(tbuf *p, const char *name, int v)
+{
+    tb_begin(p, T_ATTRIBUTE);
+    tb_text(p, T_ATTRIBUTE_NAME, name, strlen(name));
+    tb_bool(p, T_ATTRIBUTE_VALUE, v);
+    tb_end(p);
+}
+
+void kattr_sensitive(tbuf *p, const CK_ATTRIBUTE *t, CK_ULONG n)
+{
+    /* the export policy of the new key: not exportable in plaintext unless the
+     * template says CKA_SENSITIVE false */
+    kattr_bool(p, "Sensitive", attr_bool(t, n, CKA_SENSITIVE) != 0);
 }
 
 void kattr_name(tbuf *p, const char *label)

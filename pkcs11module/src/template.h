@@ -17,6 +17,8 @@ CK_RV common_checks(const CK_ATTRIBUTE *t, CK_ULONG n, int secret_or_private);
 void kattr_enum(tbuf *p, const char *name, uint32_t v);
 void kattr_int(tbuf *p, const char *name, int32_t v);
 void kattr_name(tbuf *p, const char *label);
+void kattr_bool(tbuf *p, const char *name, int v);
+void kattr_sensitive(tbuf *p, const CK_ATTRIBUTE *t, CK_ULONG n);   /* KMIP Sensitive */
 void kattr_activation(tbuf *p);
 
 /* GetAttributes of new server objects, added to the cache; their handles out (n <= 2). */

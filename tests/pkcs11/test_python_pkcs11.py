@@ -182,3 +182,39 @@ def test_session_keys_end_with_their_session(lib: Any, p11: P11, services: Servi
     assert states == ["destroyed"]
     with lib.get_token(token_label=p11.user.label).open() as s:
         assert list(s.get_objects({Attribute.LABEL: name})) == []
+
+
+@pytest.mark.parametrize(("mechanism", "name"), [(Mechanism.SHA_1, "sha1"), (Mechanism.SHA256, "sha256"),
+                                                 (Mechanism.SHA384, "sha384"), (Mechanism.SHA512, "sha512")])
+def test_digests_are_computed_in_the_module(lib: Any, p11: P11, session: Any, make_key: Callable[..., str],
+                                            mechanism: Mechanism, name: str) -> None:
+    """C_Digest and C_DigestUpdate/C_DigestFinal, listed without CKF_HW (software, no key)."""
+    info = lib.get_token(token_label=p11.user.label).slot.get_mechanism_info(mechanism)
+    assert pkcs11.MechanismFlag.DIGEST in info.flags and pkcs11.MechanismFlag.HW not in info.flags
+    assert bytes(session.digest(DATA, mechanism=mechanism)) == hashlib.new(name, DATA).digest()
+    parts = [DATA, b"", os.urandom(70_000)]
+    assert bytes(session.digest(iter(parts), mechanism=mechanism)) == hashlib.new(name, b"".join(parts)).digest()
+    # a key's value stays in the server: C_DigestKey is refused
+    with pytest.raises(ckr.KeyIndigestible):
+        session.digest(secret_key(session, make_key("p11-digest")), mechanism=mechanism)
+
+
+def test_generated_and_unwrapped_keys_take_their_policy_from_the_template(
+        session: Any, services: Services, make_key: Callable[..., str]) -> None:
+    """CKA_SENSITIVE in C_GenerateKey/C_UnwrapKey is the new key's export policy in
+    Strongroom; absent, the key is not exportable in plaintext."""
+    name = f"p11-policy-{uuid.uuid4().hex[:8]}"
+    closed = session.generate_key(KeyType.AES, 256, label=name, store=True)
+    opened = session.generate_key(KeyType.AES, 128, label=f"{name}-open", store=True,
+                                  template={Attribute.SENSITIVE: False})
+    keys = services.keys
+    assert not keys.get(system_context("tests"), name).exportable and closed[Attribute.SENSITIVE]
+    assert keys.get(system_context("tests"), f"{name}-open").exportable and not opened[Attribute.SENSITIVE]
+    assert len(bytes(opened[Attribute.VALUE])) == 16
+    with pytest.raises(ckr.AttributeSensitive):
+        closed[Attribute.VALUE]
+    kek = secret_key(session, make_key("p11-policy-kek"))
+    blob = kek.wrap_key(closed, mechanism=Mechanism.AES_KEY_WRAP_PAD)  # a sensitive AES key still wraps
+    back = kek.unwrap_key(pkcs11.ObjectClass.SECRET_KEY, KeyType.AES, blob, label=f"{name}-back", store=True,
+                          mechanism=Mechanism.AES_KEY_WRAP_PAD, template={Attribute.SENSITIVE: False})
+    assert keys.get(system_context("tests"), f"{name}-back").exportable and not back[Attribute.SENSITIVE]

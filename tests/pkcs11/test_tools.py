@@ -58,11 +58,18 @@ def test_pkcs11_tool_lists_the_token_and_its_objects(tool: Callable[..., str], p
 def test_pkcs11_tool_keygen_and_aes_cbc_pad(tool: Callable[..., str], p11: P11, services: Services,
                                              tmp_path: Path) -> None:
     name = f"tool-aes-{uuid.uuid4().hex[:8]}"
-    out = tool("--keygen", "--key-type", "AES:32", "--label", name)  # pkcs11-tool's template: CKA_SENSITIVE false
-    assert "Secret Key Object; AES length 32" in out and "Access:     sensitive" in out  # no value leaves
+    # --sensitive: CKA_SENSITIVE true, a key not exportable in plaintext (its Strongroom policy)
+    closed = tool("--keygen", "--key-type", "AES:16", "--sensitive", "--label", f"{name}-closed")
+    assert "Access:     sensitive" in closed and "VALUE:" not in closed
+    assert not services.keys.get(system_context("tests"), f"{name}-closed").exportable
+    # pkcs11-tool's default template says CKA_SENSITIVE false: an exportable key, whose value
+    # pkcs11-tool then reads and prints (a plaintext Get, audited key.export)
+    out = tool("--keygen", "--key-type", "AES:32", "--label", name)
+    assert "Secret Key Object; AES length 32" in out and "Access:     extractable" in out
+    assert "sensitive" not in out
     key_id = id_of(out)
     key = services.keys.get(system_context("tests"), name)  # a Strongroom key now
-    assert (key.algorithm, key.length_bits) == ("AES", 256)
+    assert (key.algorithm, key.length_bits, key.exportable) == ("AES", 256, True)
     plain, sealed, opened = tmp_path / "plain", tmp_path / "sealed", tmp_path / "opened"
     plain.write_bytes(DATA)
     iv = os.urandom(16)
@@ -76,6 +83,7 @@ def test_pkcs11_tool_keygen_and_aes_cbc_pad(tool: Callable[..., str], p11: P11, 
         material = kmip.get(str(key.versions[-1].id)).value
     finally:
         kmip.close()
+    assert material.hex() in out.replace(" ", "")  # the value pkcs11-tool read is the server's
     decryptor = Cipher(algorithms.AES(material), modes.CBC(iv)).decryptor()
     unpadder = padding.PKCS7(128).unpadder()
     padded = decryptor.update(sealed.read_bytes()) + decryptor.finalize()

@@ -70,8 +70,8 @@ public final class StrongroomP11 {
         pkcs1.initSign(pair.getPrivate());
         pkcs1.update(data);
         out("rsa-pkcs1-signature", b64(pkcs1.sign()));
-        // RSASSA-PSS is reported, not required: SunPKCS11 asks the token for CKM_SHA256's
-        // mechanism info before it accepts PSS parameters
+        // SunPKCS11 accepts PSS parameters only for a digest the token lists (CKM_SHA256);
+        // a failure is reported as a line of its own so that the other results still count
         try {
             Signature pss = Signature.getInstance("SHA256withRSASSA-PSS", provider);  // CKM_SHA256_RSA_PKCS_PSS
             pss.setParameter(new PSSParameterSpec("SHA-256", "MGF1", MGF1ParameterSpec.SHA256, 32, 1));
@@ -81,6 +81,10 @@ public final class StrongroomP11 {
         } catch (java.security.GeneralSecurityException e) {
             out("rsa-pss-error", e.toString());
         }
+        // the token's CKM_SHA256 (computed in the module, no key involved)
+        java.security.MessageDigest sha = java.security.MessageDigest.getInstance("SHA-256", provider);
+        out("sha256-provider", sha.getProvider().getName());
+        out("sha256", b64(sha.digest(data)));
         out("done", "ok");
     }
 }
