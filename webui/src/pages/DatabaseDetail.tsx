@@ -82,8 +82,11 @@ function DatabaseView({ d }: { d: Database }) {
         title={<Group gap="sm"><span data-testid="database-name">{d.name}</span><DatabaseStateBadge d={d} /></Group>}
         subtitle={d.description || "No description"}
         actions={!revoked && <>
-          <GuardedButton perm="databases:manage" mode="hide" color="ink" leftSection={<IconPlus size={16} />}
-                         onClick={() => setDialog("grant")} data-testid="grant-key">Grant a key</GuardedButton>
+          {/* The database reads the key itself: granting needs keys:export as well (the server checks both). */}
+          {can("databases:manage") && (
+            <GuardedButton perm="keys:export" color="ink" leftSection={<IconPlus size={16} />}
+                           onClick={() => setDialog("grant")} data-testid="grant-key">Grant a key</GuardedButton>
+          )}
           <GuardedButton perm="databases:manage" mode="hide" variant="default"
                          onClick={() => { reissue.reset(); setDialog("reissue"); }} data-testid="reissue-token">Issue a new token</GuardedButton>
           <GuardedButton perm="databases:manage" mode="hide" variant="outline" color="red"

@@ -271,6 +271,17 @@ describe("A database's page", () => {
     await waitFor(() => expect(api.calls("POST /api/v1/databases/:name/revoke")).toHaveLength(1));
   });
 
+  it("granting needs keys:export too: without it the button says why", async () => {
+    detail(db());
+    const admin = meAs("admin");
+    renderWith(<DatabaseDetailPage />, { at: "/databases/payments-db-01", path: "/databases/:name",
+                                         me: { ...admin, permissions: admin.permissions.filter((p) => p !== "keys:export") } });
+    const grantButton = await screen.findByTestId("grant-key");
+    expect(grantButton).toBeDisabled();
+    expect(grantButton).toHaveAttribute("title", "Requires the keys:export permission");
+    expect(screen.getByTestId("revoke-database")).toBeEnabled();
+  });
+
   it("a revoked database says what that means, and offers no action", async () => {
     detail(db({ revoked_at: ago(60) }));
     openDetail();
