@@ -48,7 +48,8 @@ attrs = [item(0x420094, T, UID), attr("Object Type", E, 2), attr("Cryptographic 
          attr("Cryptographic Length", I, 256), attr("Cryptographic Usage Mask", I, 0x3C), attr("State", E, 2),
          attr("Name", S, [item(0x420055, T, "payments master"), item(0x420054, E, 1)]),
          attr("x-strongroom-key-version", T, "2"), attr("x-strongroom-replacement-object", T, UID),
-         attr("x-strongroom-linked-public-key", T, UID), attr("x-strongroom-key-id", T, UID)]
+         attr("x-strongroom-linked-public-key", T, UID), attr("x-strongroom-key-id", T, UID),
+         attr("Sensitive", B, 0)]
 seeds = {
     "locate": response(ok(8, item(0x420094, T, UID), item(0x420094, T, UID[::-1]))),
     "get_attributes": response(ok(0x0B, *attrs), ok(0x0B, *attrs[:4]), failed(0x0B, 1, "not found")),

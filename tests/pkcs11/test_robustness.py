@@ -73,6 +73,17 @@ def test_the_ttlv_decoder_survives_the_fuzzer(tmp_path: Path) -> None:
     assert seeds > 0
 
 
+def test_make_check_runs_the_decoder_over_the_corpus_under_asan() -> None:
+    """The module's own C test (fuzz/check_ttlv.c): the seeds read as the module expects,
+    truncations are refused, byte changes and length extremes decode or are refused
+    without a sanitizer report."""
+    done = subprocess.run(["make", "-s", "-C", str(MODULE_DIR), "check"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    assert not SANITIZER_REPORT.search(done.stderr), done.stderr[-4000:]
+    assert "check_ttlv: 7 seeds, truncations, byte changes and length extremes: ok" in done.stdout
+
+
 def test_a_server_gone_mid_session_is_a_device_error(lib: Any, p11: P11, services: Services,
                                                      make_key: Callable[..., str]) -> None:
     """The `outage` identity's listener is stopped while a session holds a key: the next
