@@ -109,6 +109,8 @@ void sr_pad(unsigned char *dst, size_t n, const char *src);
 /* locked, non-dumpable memory for key material and plaintext (wiped on free) */
 void *sr_secure_alloc(size_t n);
 void sr_secure_free(void *p, size_t n);
+/* OpenSSL's secure heap when STRONGROOM_PKCS11_SECURE_HEAP asks for it; -1: a bad value */
+int sr_secure_heap_setup(void);
 
 /* ---- conn.c */
 CK_RV slot_setup(sr_slot *s);                 /* reads the cert, label, serial, ctx if possible */

@@ -82,6 +82,10 @@ CK_RV C_Initialize(CK_VOID_PTR pInitArgs)
         sr_log("%s", err);
         return CKR_FUNCTION_FAILED;
     }
+    if (sr_secure_heap_setup() != 0) {   /* before any key is loaded */
+        pthread_mutex_unlock(&g.lock);
+        return CKR_FUNCTION_FAILED;
+    }
     g.nslots = 0;
     for (int i = 0; i < g.conf.nslots; i++) {
         sr_slot *s = &g.slots[i];

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -34,6 +35,36 @@ static size_t round_pages(size_t n)
 {
     size_t pg = (size_t)sysconf(_SC_PAGESIZE);
     return (n + pg - 1) / pg * pg;
+}
+
+/* STRONGROOM_PKCS11_SECURE_HEAP=<bytes, a power of two>: the operator's opt-in to
+ * OpenSSL's secure heap, initialized here unless the host did it already. OpenSSL then
+ * keeps the private key of the client key file (its BIGNUMs) in that locked arena.
+ * Not by default: the arena is one per process, fixed in size and shared with the
+ * host's own OpenSSL use (a full arena makes the host's key loads fail, and the host's
+ * own CRYPTO_secure_malloc_init fails once it exists): README "Limits". */
+int sr_secure_heap_setup(void)
+{
+    const char *v = getenv("STRONGROOM_PKCS11_SECURE_HEAP");
+    if (v == NULL || *v == '\0')
+        return 0;
+    char *end = NULL;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (*end != '\0' || n < 4096 || n > (1ull << 30) || (n & (n - 1)) != 0) {
+        sr_log("STRONGROOM_PKCS11_SECURE_HEAP='%.40s': give a power of two from 4096 to 1073741824 "
+               "(bytes)", v);
+        return -1;
+    }
+    if (CRYPTO_secure_malloc_initialized())
+        return 0;   /* the host's: OpenSSL uses it already */
+    int r = CRYPTO_secure_malloc_init((size_t)n, 32);
+    if (r == 0)
+        sr_log("STRONGROOM_PKCS11_SECURE_HEAP: OpenSSL's secure heap could not be set up; "
+               "the client key stays in the ordinary heap");
+    else if (r == 2)
+        sr_log("STRONGROOM_PKCS11_SECURE_HEAP: the secure heap is not locked in memory "
+               "(RLIMIT_MEMLOCK); it may be swapped");
+    return 0;
 }
 
 void *sr_secure_alloc(size_t n)

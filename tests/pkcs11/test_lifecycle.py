@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pkcs11
@@ -17,7 +19,7 @@ from sqlalchemy import select
 from keyserver.core.principal import system_context
 from keyserver.services import Services
 from keyserver.store.models import AuditEvent
-from tests.pkcs11.conftest import P11
+from tests.pkcs11.conftest import P11, ROOT, run
 from tests.pkcs11.sequence import CKR_KEY_FUNCTION_NOT_PERMITTED, by_id, object_id, refused, secret_key
 
 
@@ -131,3 +133,36 @@ def test_rotation_and_revocation_seen_by_a_consumer(lib: Any, p11: P11, services
     services.keys.destroy(ctx, name, version=1)
     with token.open() as s:
         assert [object_id(o) for o in s.get_objects({Attribute.LABEL: name})] == [v2_id]
+
+
+SECURE_HEAP_PROBE = """
+import ctypes, sys
+import pkcs11
+crypto = ctypes.CDLL("libcrypto.so.3")
+crypto.CRYPTO_secure_used.restype = ctypes.c_size_t
+def used():
+    return crypto.CRYPTO_secure_used() if crypto.CRYPTO_secure_malloc_initialized() else -1
+token = pkcs11.lib(sys.argv[1]).get_token(token_label=sys.argv[2])
+before = used()
+with token.open(user_pin=sys.argv[3]) as s:
+    s.generate_random(64)  # a KMIP round trip: the client key is in use
+    during = used()
+print(before, during, used())
+"""
+
+
+@pytest.mark.parametrize("heap", ["65536", None])
+def test_the_client_key_sits_in_openssls_secure_heap_when_asked(p11: P11, conf_for: Callable[..., Path],
+                                                                heap: str | None) -> None:
+    """STRONGROOM_PKCS11_SECURE_HEAP: OpenSSL keeps the decrypted client key (its
+    BIGNUMs) in its locked secure arena while logged in, and frees it at logout (the
+    last session closed); without it the module leaves the process's secure heap alone."""
+    extra = {"STRONGROOM_PKCS11_SECURE_HEAP": heap} if heap else {}
+    done = run([str(ROOT / ".venv" / "bin" / "python"), "-c", SECURE_HEAP_PROBE, str(p11.module),
+                p11.locked.label, p11.locked.pin or ""], env=p11.env(conf_for(p11.locked), **extra), timeout=60)
+    before, during, after = (int(x) for x in done.stdout.split())
+    if heap:
+        # what stays after logout is OpenSSL's own: its DRBGs' state (768 bytes here), made for TLS
+        assert before == 0 and during - after >= 32 and after >= 0, done.stdout
+    else:
+        assert (before, during, after) == (-1, -1, -1), done.stdout
