@@ -22,6 +22,7 @@ from keyserver.services import Services
 from tests.kmip.conftest import make_client
 from tests.pkcs11.conftest import P11, run
 
+SPY = "/usr/lib/x86_64-linux-gnu/pkcs11/pkcs11-spy.so"  # OpenSC (opensc-pkcs11), beside pkcs11-tool
 DATA = b"invoice 2026-11-26 no. 4711, total 1,234.56 EUR\n"
 
 
@@ -147,3 +148,30 @@ def test_p11tool_lists_tokens_and_objects_and_signs(p11tool: Callable[..., str],
     assert "Signing using RSA-SHA256... ok" in tested
     assert "Verifying against public key in the token... ok" in tested
     assert "fail" not in tested.lower()
+
+
+def test_pkcs11_tool_reads_an_exportable_value_only_with_the_export_right(
+        tool: Callable[..., str], p11: P11, conf_for: Callable[..., Path], services: Services,
+        make_key: Callable[..., str], tmp_path: Path) -> None:
+    """--read-object of an exportable key: the `user` identity gets the server's bytes; the
+    `noexport` identity gets CKR_ATTRIBUTE_SENSITIVE from C_GetAttributeValue (seen
+    through OpenSC's pkcs11-spy, which logs every call's return code)."""
+    name = make_key("tool-read")
+    args = ["--read-object", "--type", "secrkey", "--label", name]
+    value = tmp_path / "value"
+    tool(*args, "-o", str(value))
+    key = services.keys.get(system_context("tests"), name)
+    kmip = make_client(p11.user.files, p11.port)
+    kmip.open()
+    try:
+        assert value.read_bytes() == kmip.get(str(key.versions[-1].id)).value
+    finally:
+        kmip.close()
+    spy_log = tmp_path / "spy.log"
+    done = run(["pkcs11-tool", "--module", SPY, *args],
+               env=p11.env(conf_for(p11.noexport), PKCS11SPY=str(p11.module), PKCS11SPY_OUTPUT=str(spy_log)),
+               check=False)
+    assert done.returncode != 0 and "get CKA_VALUE failed" in done.stderr
+    calls = spy_log.read_text().split("\n\n")
+    reads = [c for c in calls if "C_GetAttributeValue" in c and "CKA_VALUE " in c]
+    assert reads and "CKR_ATTRIBUTE_SENSITIVE" in reads[-1], reads[-1:]
