@@ -377,6 +377,8 @@ int object_matches(const sr_object *o, const CK_ATTRIBUTE *tpl, CK_ULONG n)
 {
     for (CK_ULONG i = 0; i < n; i++) {
         aval v;
+        if (tpl[i].type == CKA_VALUE)
+            return 0;   /* a key's value is known only to the server: never searched by */
         if (attr_value(o, tpl[i].type, &v) != CKR_OK)
             return 0;
         if (v.len != tpl[i].ulValueLen)

@@ -116,6 +116,7 @@ def test_an_exportable_key_is_readable_by_an_identity_that_may_export(
         assert len(value) == key[Attribute.VALUE_LEN] == 32 and len(mac_value) == 32
         with pytest.raises(ckr.KeyNotWrappable):
             key.wrap_key(mac, mechanism=Mechanism.AES_KEY_WRAP_PAD)
+        assert list(s.get_objects({Attribute.VALUE: value})) == []  # values are not searched by
         uid, mac_uid = object_id(key), object_id(mac)
     kmip = make_client(p11.user.files, p11.port)
     kmip.open()
