@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import os
 import sys
 import uuid
@@ -159,8 +160,13 @@ def main_sequence(lib: Any, token_label: str, aes_label: str, hmac_label: str, p
         tag = bytes(mac.sign(DATA, mechanism=Mechanism.SHA256_HMAC))
         assert len(tag) == 32 and mac.verify(DATA, tag, mechanism=Mechanism.SHA256_HMAC)
         assert not mac.verify(DATA + b"!", tag, mechanism=Mechanism.SHA256_HMAC)
+        # an exportable key's value (a plaintext Get): the key the server MACs with
+        assert hmac.new(bytes(mac[Attribute.VALUE]), DATA, hashlib.sha256).digest() == tag
+        assert bytes(session.digest(DATA, mechanism=Mechanism.SHA256)) == hashlib.sha256(DATA).digest()
         made = session.generate_key(KeyType.AES, 256, label=label("seq-aes"), store=True)
         gcm_roundtrip(made)
+        with pytest.raises(pkcs11.exceptions.AttributeSensitive):  # made here: not exportable
+            made[Attribute.VALUE]
         rsa_sequence(session)
         ec_sequence(session)
         wrap_sequence(session, aes)
