@@ -17,6 +17,7 @@ import { PageHeader } from "../components/PageHeader";
 import { LIMITS, lengthError, tooLong } from "../textLimits";
 import { HOST_GROUP_TAG } from "../hosts";
 import { qk, useKey } from "../queries";
+import { useKeyConsumers } from "../databases";
 import { KeyConsumersPanel } from "./KeyConsumers";
 import { KeyCryptoPanel } from "./KeyCrypto";
 import { KeyUsagePanel } from "./Usage";
@@ -328,6 +329,10 @@ function RevokeDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; 
   }))));
   const compromise = reason === "key-compromise" || reason === "ca-compromise";
   const messageError = lengthError(message, LIMITS.revokeMessage, revoke.error, "message");
+  // A running MariaDB that writes under this key aborts at its next write once it cannot read
+  // the key, and cannot finish crash recovery until the key is back (docs/integrations.md).
+  const consumers = useKeyConsumers(k.id, opened);
+  const databases = (consumers.data?.items ?? []).filter((c) => c.kind === "database");
   return (
     <TypedConfirmDialog opened={opened} onClose={onClose} title={`Revoke ${k.name}`} phrase={k.name}
                         actionLabel="Revoke key" busy={revoke.isPending} error={revoke.error}
@@ -342,6 +347,17 @@ function RevokeDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; 
           ? "Compromised versions can no longer decrypt anything. Data protected by them must be restored from other copies."
           : "The active version is deactivated: it still decrypts, but encrypts nothing new."}
       </Text>
+      {databases.length > 0 && (
+        <Alert color="red" variant="light" title={`${databases.length === 1 ? "A database reads" : `${databases.length} databases read`} this key`}
+               data-testid="revoke-databases-warning">
+          <Text size="sm">
+            {databases.map((d) => d.name).join(", ")}: MariaDB stops reading the key once it is revoked. A server
+            that is running aborts at its next write under it and cannot recover until the key is back. Shut
+            {databases.length === 1 ? " that database" : " those databases"} down cleanly first (or move their
+            tables to another key), then revoke.
+          </Text>
+        </Alert>
+      )}
     </TypedConfirmDialog>
   );
 }

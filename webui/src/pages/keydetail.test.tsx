@@ -94,3 +94,32 @@ describe("tagChanges", () => {
     expect(tagChanges({ a: "1" }, {})).toEqual(["removes a"]);
   });
 });
+
+describe("Revoking a key that databases read", () => {
+  const consumers = (items: object[]) => fakeApi({
+    "GET /api/v1/keys/:ref": key,
+    "GET /api/v1/keys/:ref/consumers": { items },
+    "GET /api/v1/audit/events": { items: [], total: 0, total_exact: true, next_before_seq: null },
+  });
+
+  it("names them and says to stop them first: a running MariaDB aborts at its next write", async () => {
+    consumers([{ kind: "database", name: "payments-db-01", detail: "key id 1", last_used_at: null },
+               { kind: "kmip-client", name: "backup-01", detail: "3 operations", last_used_at: null }]);
+    renderWith(<KeyDetailPage />, { at: "/keys/payments-db", path: "/keys/:keyRef", me: meAs("admin") });
+    await userEvent.click(await screen.findByTestId("revoke-key"));
+    const warning = await screen.findByTestId("revoke-databases-warning");
+    expect(warning).toHaveTextContent("A database reads this key");
+    expect(warning).toHaveTextContent("payments-db-01");
+    expect(warning).not.toHaveTextContent("backup-01");
+    expect(warning).toHaveTextContent(/aborts at its next write.*Shut that database down cleanly first/);
+  });
+
+  it("says nothing of databases when none reads the key", async () => {
+    consumers([{ kind: "kmip-client", name: "backup-01", detail: "3 operations", last_used_at: null }]);
+    renderWith(<KeyDetailPage />, { at: "/keys/payments-db", path: "/keys/:keyRef", me: meAs("admin") });
+    await userEvent.click(await screen.findByTestId("revoke-key"));
+    await screen.findByRole("dialog", { name: "Revoke payments-db" });
+    expect(await screen.findByText("backup-01")).toBeInTheDocument(); // the Used by panel has loaded
+    expect(screen.queryByTestId("revoke-databases-warning")).toBeNull();
+  });
+});
