@@ -118,6 +118,7 @@ class LocateQuery:
     object_group: str | None = None
     contact_information: str | None = None
     certificate_type: str | None = None  # "x509"
+    unique_identifier: uuid.UUID | None = None  # the one object, if it meets the rest
     maximum_items: int | None = None
     offset_items: int = 0
 
@@ -126,7 +127,8 @@ class LocateQuery:
         out = {"name": self.name, "object_type": self.object_type,
                "state": self.state.value if self.state else None, "algorithm": self.algorithm,
                "length_bits": self.length_bits, "object_group": self.object_group,
-               "contact_information": self.contact_information, "certificate_type": self.certificate_type}
+               "contact_information": self.contact_information, "certificate_type": self.certificate_type,
+               "unique_identifier": str(self.unique_identifier) if self.unique_identifier else None}
         return {k: v for k, v in out.items() if v is not None}
 
 

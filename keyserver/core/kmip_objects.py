@@ -87,6 +87,8 @@ class KmipObjectService(KmipRegistry, KmipAttributeEdits):
                 stmt: Select[Any] = select(KeyVersion.id, ManagedKey.kmip_attributes).join(ManagedKey)
                 if q.name is not None:
                     stmt = stmt.where(ManagedKey.name == q.name)
+                if q.unique_identifier is not None:
+                    stmt = stmt.where(KeyVersion.id == q.unique_identifier)
                 stmt = stmt.where(KeyVersion.state == q.state.value) if q.state is not None else \
                     stmt.where(KeyVersion.state.not_in(hidden))
                 if q.algorithm is not None:
@@ -103,6 +105,8 @@ class KmipObjectService(KmipRegistry, KmipAttributeEdits):
                     pstmt.where(KmipPublicKey.state.not_in(hidden))
                 if q.name is not None:
                     pstmt = pstmt.where(KmipPublicKey.name == q.name)
+                if q.unique_identifier is not None:
+                    pstmt = pstmt.where(KmipPublicKey.id == q.unique_identifier)
                 if q.length_bits is not None:
                     pstmt = pstmt.where(KmipPublicKey.length_bits == q.length_bits)
                 if q.algorithm is not None:  # no algorithm column: RSA keys are >= 2048 bits, EC ones 256/384
@@ -119,6 +123,8 @@ class KmipObjectService(KmipRegistry, KmipAttributeEdits):
                                         KmipSealedObject.data_type == q.certificate_type)
                 if q.name is not None:
                     sstmt = sstmt.where(KmipSealedObject.name == q.name)
+                if q.unique_identifier is not None:
+                    sstmt = sstmt.where(KmipSealedObject.id == q.unique_identifier)
                 sstmt = sstmt.where(KmipSealedObject.state == q.state.value) if q.state is not None else \
                     sstmt.where(KmipSealedObject.state.not_in(hidden))
                 if q.algorithm is not None:

@@ -231,7 +231,13 @@ def values_of(obj: VersionObject | PublicKeyObject | SealedObject) -> dict[str, 
 
 def build(values: dict[str, Any], names: list[str] | None = None) -> list[Any]:
     """PyKMIP Attribute structures, all of them or only `names` (unknown names skipped,
-    as KMIP 1.x asks); a multi-instance attribute gives one structure per instance."""
+    as KMIP 1.x asks); a multi-instance attribute gives one structure per instance.
+
+    Every instance of an attribute KMIP 1.x lets an object hold several of (Name, Object
+    Group, Application Specific Information, Cryptographic Parameters, custom attributes:
+    KMIP 1.4 §3) carries its Attribute Index, 0 included (§2.1.1: Attribute Name,
+    Attribute Index, Attribute Value), so that a client can address it in Modify/
+    DeleteAttribute; single-instance attributes carry none."""
     wanted = list(values) if not names else [n for n in names if n in values]
     out: list[Any] = []
     for name in wanted:
@@ -240,8 +246,19 @@ def build(values: dict[str, Any], names: list[str] | None = None) -> list[Any]:
         if isinstance(value, Instances):
             out.extend(_factory.create_attribute(key, v, index=i) for i, v in enumerate(value))
         else:
-            out.append(_factory.create_attribute(key, value))
+            out.append(_factory.create_attribute(key, value, index=0 if multi_instance(name) else None))
     return out
+
+
+# KMIP 1.4 §3: the attributes with "Multiple instances permitted: Yes" that we return.
+MULTI_INSTANCE_RETURNED = frozenset({A.NAME.value, A.OBJECT_GROUP.value, A.APPLICATION_SPECIFIC_INFORMATION.value,
+                                     A.CRYPTOGRAPHIC_PARAMETERS.value, A.DIGEST.value, A.LINK.value})
+
+
+def multi_instance(name: str) -> bool:
+    """Whether KMIP 1.x lets an object hold several instances of `name` (custom
+    attributes included, §3.39)."""
+    return name in MULTI_INSTANCE_RETURNED or name.startswith("x-") or name.startswith("y-")
 
 
 def build_one(name: str, value: Any, index: int | None = None) -> Any:

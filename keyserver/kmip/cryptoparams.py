@@ -214,6 +214,38 @@ def for_use(call: Call, uid: str, use: str, requested: Any) -> Any:
     return effective(requested, obj)
 
 
+def for_cipher(call: Call, uid: str, use: str, requested: Any) -> tuple[Cipher, bool]:
+    """Encrypt/Decrypt: the `cipher` of `for_use`'s parameters, and whether the object is
+    an AES key (whose absent mode means GCM)."""
+    obj = call.engine.objects.resolve_for_export(call.ctx, uid, action=f"key.{use}", permission=PERMISSIONS[use])
+    params = effective(requested, obj) if usage_of(obj) & USES[use] else requested
+    return cipher(params), algorithm_of(obj) == "AES"
+
+
+# What the HSM takes (hsm/mechanisms.py): GCM with a 96-bit IV (NIST SP 800-38D's
+# recommended length; SoftHSM2 answers CKR_ARGUMENTS_BAD to others), CBC with one block.
+GCM_IV_BYTES, CBC_IV_BYTES = 12, 16
+TAG_BYTES = range(12, 17)
+
+
+def check_lengths(params: Cipher, aes: bool, *, iv: bytes | None, tag: bytes | None = None) -> None:
+    """Refuse an IV or tag the token would not take, before it sees them (Invalid Field,
+    KMIP 1.4 §4.29/§4.30: a field of the request is not acceptable), naming what is."""
+    if not aes:
+        return
+    gcm = params.mode in (None, AES_GCM)
+    if iv is not None:
+        want = GCM_IV_BYTES if gcm else CBC_IV_BYTES
+        if len(iv) != want:
+            mode = "GCM" if gcm else "CBC"
+            raise KmipFailure(R.INVALID_FIELD, f"the IV/Counter/Nonce is {len(iv)} bytes; an AES-{mode} IV is "
+                                               f"{want} bytes ({want * 8} bits), the only length served"
+                                               + (" (omit it and the HSM draws one)" if gcm else ""))
+    if tag is not None and gcm and len(tag) not in TAG_BYTES:
+        raise KmipFailure(R.INVALID_FIELD, f"the Authenticated Encryption Tag is {len(tag)} bytes; a GCM tag is "
+                                           f"{TAG_BYTES.start} to {TAG_BYTES.stop - 1} bytes")
+
+
 def _describe(stored: dict[str, Any]) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(stored.items())) or "none"
 

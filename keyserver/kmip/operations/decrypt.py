@@ -20,10 +20,11 @@ def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
     if payload.data is None:
         raise KmipFailure(enums.ResultReason.MISSING_DATA, "Decrypt needs Data")
-    params = cryptoparams.cipher(cryptoparams.for_use(call, uid, "decrypt", payload.cryptographic_parameters))
+    params, aes = cryptoparams.for_cipher(call, uid, "decrypt", payload.cryptographic_parameters)
     data = bytes(payload.data)
     tag = bytes(payload.auth_tag) if payload.auth_tag is not None else b""
     iv = bytes(payload.iv_counter_nonce) if payload.iv_counter_nonce is not None else None
+    cryptoparams.check_lengths(params, aes, iv=iv, tag=tag if payload.auth_tag is not None else None)
     gcm = params.mode in (None, AES_GCM) and iv is not None
     if gcm and not tag:
         if len(data) < params.tag_bytes:

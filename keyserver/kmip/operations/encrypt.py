@@ -22,9 +22,10 @@ def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
     if payload.data is None:
         raise KmipFailure(enums.ResultReason.MISSING_DATA, "Encrypt needs Data")
-    params = cryptoparams.cipher(cryptoparams.for_use(call, uid, "encrypt", payload.cryptographic_parameters))
+    params, aes = cryptoparams.for_cipher(call, uid, "encrypt", payload.cryptographic_parameters)
     aad = payload.auth_additional_data
     iv = payload.iv_counter_nonce
+    cryptoparams.check_lengths(params, aes, iv=bytes(iv) if iv is not None else None)
     out = call.engine.crypto.encrypt(call.ctx, uid, bytes(payload.data), mode=params.mode,
                                      iv=bytes(iv) if iv is not None else None, aad=bytes(aad or b""),
                                      tag_bytes=params.tag_bytes, oaep_hash=params.oaep_hash)
