@@ -38,6 +38,7 @@ from keyserver.core.principal import RequestContext
 from keyserver.core.replicas import ReplicaRegistry
 from keyserver.core.scheduler import Scheduler
 from keyserver.core.volumes import VolumeService
+from keyserver.core.xks import XksService
 from keyserver.oidc import OidcClient, OidcConfig
 from keyserver.settings import Settings
 from keyserver.store import db, notify
@@ -113,6 +114,7 @@ class Services:
     approvals: ApprovalService
     crypto: CryptoService
     databases: DatabaseService
+    xks: XksService
     oidc: OidcClient | None = None
     engines: tuple[Engine, ...] = ()
     # Stopped first on close(), e.g. the KMIP listener, so no request outlives the services.
@@ -191,6 +193,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                                 notifier=notifier, current_kek=keks.current, approvals=approvals)
     datakeys = DataKeyService(session_factory, backend, audit, policy, notifier, autocommit_engine=autocommit,
                               gcm=gcm)
+    crypto = CryptoService(objects, backend, gcm)
     services = Services(
         settings=settings,
         engine=engine,
@@ -222,7 +225,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                                        read_session_factory=db.make_session_factory(autocommit),
                                        notifier=notifier),
         kmip_objects=objects,
-        crypto=CryptoService(objects, backend, gcm),
+        crypto=crypto,
         guard_points=GuardPointService(session_factory, audit, policy),
         volumes=VolumeService(session_factory, audit, policy, datakeys),
         hosts=HostService(session_factory, backend, audit, policy, ca, notifier,
@@ -232,6 +235,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         sinks=sinks,
         approvals=approvals,
         databases=DatabaseService(session_factory, backend, audit, policy, approvals=approvals),
+        xks=XksService(session_factory, backend, audit, policy, crypto, keks.current),
         oidc=build_oidc(settings),
     )
     # What an approved request runs, as its requester (core/approvals.py).

@@ -51,6 +51,8 @@ from keyserver.api.routes import (
     tokens,
     users,
     volumes,
+    xks,
+    xks_proxy,
 )
 from keyserver.core.permissions import Permission
 from keyserver.logs import request_id_var
@@ -378,6 +380,8 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
     app.include_router(approvals.router, prefix="/api/v1")
     app.include_router(databases.router, prefix="/api/v1")
     app.include_router(kv.router)  # /v1/...: the Vault KV-v2 compatible front, database tokens only
+    app.include_router(xks.router, prefix="/api/v1")
+    app.include_router(xks_proxy.router)  # /xks/<store>/kms/xks/v1/...: the AWS XKS proxy API, SigV4 only
     app.include_router(install.router)
 
     # The API reference: Swagger UI's files from the swagger-ui-bundle package, on this

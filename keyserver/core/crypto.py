@@ -128,9 +128,12 @@ class CryptoService:
 
     # --- encrypt / decrypt -------------------------------------------------------------
     def encrypt(self, ctx: RequestContext, uid: str, data: bytes, *, mode: str | None = None,
-                iv: bytes | None = None, aad: bytes = b"", tag_bytes: int = 16, oaep_hash: str = "SHA-1") -> Ciphered:
+                iv: bytes | None = None, aad: bytes = b"", tag_bytes: int = 16, oaep_hash: str = "SHA-1",
+                details: dict[str, object] | None = None) -> Ciphered:
         """AES (`mode` AES-GCM, the default, or AES-CBC-PAD) with a symmetric key; RSA-OAEP
-        (`oaep_hash`) with a public key."""
+        (`oaep_hash`) with a public key. `details`: what a front adds to the audit record
+        (the AWS request metadata of an XKS call: core/xks.py)."""
+        extra = details or {}
         obj = self._subject(ctx, uid, "encrypt")
         data = self._bounded(data)
         if isinstance(obj, KmipPublicKey):
@@ -153,12 +156,14 @@ class CryptoService:
         except HsmError as exc:
             raise hsm_failure("encrypt", exc) from exc
         self._record(ctx, "encrypt", obj, {"mechanism": mode, "bytes": len(data), "iv_chosen_by": (
-            "client" if iv is not None else "token")})
+            "client" if iv is not None else "token"), **extra})
         return Ciphered(data=result.data, iv=result.iv, tag=result.tag,
                         version=obj.version.version if isinstance(obj, VersionObject) else None)
 
     def decrypt(self, ctx: RequestContext, uid: str, data: bytes, *, mode: str | None = None,
-                iv: bytes | None = None, aad: bytes = b"", tag: bytes = b"", oaep_hash: str = "SHA-1") -> bytes:
+                iv: bytes | None = None, aad: bytes = b"", tag: bytes = b"", oaep_hash: str = "SHA-1",
+                details: dict[str, object] | None = None) -> bytes:
+        extra = details or {}
         obj = self._subject(ctx, uid, "decrypt")
         data = self._bounded(data)
         try:
@@ -171,13 +176,13 @@ class CryptoService:
                                                    tag=tag, tag_bytes=len(tag) or 16).data
                 mechanism = mode
         except HsmIntegrityError:
-            self._record(ctx, "decrypt", obj, {"bytes": len(data)}, outcome="error")
+            self._record(ctx, "decrypt", obj, {"bytes": len(data), **extra}, outcome="error")
             raise IntegrityFailure() from None
         except HsmInvalidInput as exc:
             raise InvalidInput(str(exc)) from exc
         except HsmError as exc:
             raise hsm_failure("decrypt", exc) from exc
-        self._record(ctx, "decrypt", obj, {"mechanism": mechanism, "bytes": len(data)})
+        self._record(ctx, "decrypt", obj, {"mechanism": mechanism, "bytes": len(data), **extra})
         return plain
 
     # --- sign / verify -----------------------------------------------------------------

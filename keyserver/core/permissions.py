@@ -40,6 +40,8 @@ class Permission(StrEnum):
     VOLUMES_MANAGE = "volumes:manage"  # revoke and re-key hosts' block volumes
     DATABASES_READ = "databases:read"  # database identities and their key grants (core/integrations.py)
     DATABASES_MANAGE = "databases:manage"  # create, re-token and revoke them; grants need keys:export too
+    XKS_READ = "xks:read"  # AWS KMS external key stores and their keys (core/xks.py)
+    XKS_MANAGE = "xks:manage"  # create, re-credential and revoke them; grant keys to them
 
 
 class Role(StrEnum):
@@ -62,6 +64,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
         P.KEYS_REVOKE, P.KEYS_DESTROY, P.KEYS_EXPORT, P.KEYS_EXPORT_WRAPPED, P.DATAKEYS_GENERATE, P.DATAKEYS_DECRYPT,
         P.KEYS_ENCRYPT, P.KEYS_DECRYPT, P.KEYS_VERIFY, P.AUDIT_READ, P.AUDIT_VERIFY, P.TOKENS_OWN,
         P.SYSTEM_READ, P.HOSTS_READ, P.GUARDPOINTS_MANAGE, P.VOLUMES_MANAGE, P.DATABASES_READ, P.DATABASES_MANAGE,
+        P.XKS_READ, P.XKS_MANAGE,
     }),
     # Keys leave to an operator only wrapped under another key: plaintext export is for
     # key officers and programs (kmip-client).
@@ -82,7 +85,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
     # Sees everything, changes nothing (its own API tokens aside, for exports).
     Role.AUDITOR: frozenset({
         P.KEYS_READ, P.KEYS_VERIFY, P.AUDIT_READ, P.AUDIT_VERIFY, P.USERS_READ, P.TOKENS_OWN, P.SYSTEM_READ,
-        P.HOSTS_READ, P.DATABASES_READ,
+        P.HOSTS_READ, P.DATABASES_READ, P.XKS_READ,
     }),
 }
 

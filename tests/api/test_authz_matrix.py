@@ -180,6 +180,19 @@ def database(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     return {"db": r.json()["database"]["name"], **fresh_key(s, admin, a)}
 
 
+def xks_store(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    r = admin.post("/api/v1/xks/stores", json={"name": unique("authz-xks"), "region": "eu-west-1"})
+    assert r.status_code == 201, r.text
+    return {"xks": r.json()["store"]["name"], **fresh_key(s, admin, a)}
+
+
+def xks_key(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    made = xks_store(s, admin, a)
+    r = admin.post(f"/api/v1/xks/stores/{made['xks']}/keys", json={"key": made["key"], "external_id": "k1"})
+    assert r.status_code == 201, r.text
+    return made
+
+
 def database_grant(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     made = database(s, admin, a)
     r = admin.post(f"/api/v1/databases/{made['db']}/grants", json={"key": made["key"], "key_id": 1})
@@ -298,6 +311,15 @@ CASES: dict[str, Case] = {
                              body={"key": "{key}", "key_id": 1}, setup=database, ok=(201,)),
     "revokeDatabaseGrant": Case("DELETE", "/api/v1/databases/{db}/grants/1", (P.DATABASES_MANAGE,),
                                 setup=database_grant, ok=(204,)),
+    "listXksStores": Case("GET", "/api/v1/xks/stores", (P.XKS_READ,)),
+    "createXksStore": Case("POST", "/api/v1/xks/stores", (P.XKS_MANAGE,), body={"name": "{new}", "region": "eu-west-1"},
+                           ok=(201,)),
+    "getXksStore": Case("GET", "/api/v1/xks/stores/{xks}", (P.XKS_READ,), setup=xks_store),
+    "rotateXksCredential": Case("POST", "/api/v1/xks/stores/{xks}/credential", (P.XKS_MANAGE,), setup=xks_store),
+    "revokeXksStore": Case("POST", "/api/v1/xks/stores/{xks}/revoke", (P.XKS_MANAGE,), setup=xks_store),
+    "grantXksKey": Case("POST", "/api/v1/xks/stores/{xks}/keys", (P.XKS_MANAGE,), body={"key": "{key}"},
+                        setup=xks_store, ok=(201,)),
+    "removeXksKey": Case("DELETE", "/api/v1/xks/stores/{xks}/keys/k1", (P.XKS_MANAGE,), setup=xks_key, ok=(204,)),
     "listKeyConsumers": Case("GET", "/api/v1/keys/{key}/consumers", (P.KEYS_READ,), setup=fresh_key),
     "deleteGuardPoint": Case("DELETE", "/api/v1/guard-points/{gp}", (P.GUARDPOINTS_MANAGE,), setup=guard_point,
                              ok=(204,)),
@@ -313,12 +335,14 @@ HOST_CERTIFICATE = {"agentHeartbeat", "listAgentKeys", "getAgentKey", "reportAge
                     "reportAgentVolume", "recordAgentVolumeRecovery"}
 # Databases only, by their KV token in X-Vault-Token (tests/integrations/test_databases_api.py).
 DATABASE_TOKEN = {"vaultMountTune", "vaultReadSecret"}
+# AWS KMS only, by SigV4 under a key store's credential (tests/integrations/test_xks.py).
+XKS_SIGV4 = {"xksKeyOperation", "xksHealth"}
 
 
 def test_matrix_names_every_operation(admin: httpx.Client) -> None:
     spec = admin.get("/api/v1/openapi.json").json()
     ops = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
-    unnamed = ops - set(CASES) - PUBLIC - HOST_CERTIFICATE - DATABASE_TOKEN
+    unnamed = ops - set(CASES) - PUBLIC - HOST_CERTIFICATE - DATABASE_TOKEN - XKS_SIGV4
     assert unnamed == set(), "routes without an authorisation case"
     assert set(CASES) - ops == set(), "cases for routes that no longer exist"
 

@@ -1,0 +1,222 @@
+"""The AWS KMS External Key Store (XKS) Proxy API, version 1 (v1.0.0 of AWS's published
+specification), under each key store's URI path prefix: `/xks/<store>/kms/xks/v1/...`.
+
+Only what AWS KMS calls: `POST keys/{keyId}/metadata` (GetKeyMetadata), `keys/{keyId}/
+encrypt`, `keys/{keyId}/decrypt` and `health` (GetHealthStatus), JSON in and out,
+authenticated by SigV4 alone (service `kms-xks-proxy`; no session, no CSRF). Errors in
+the API's shape, `{"errorName", "errorMessage"}`, with its HTTP statuses. Translation
+only: authentication, rules and audit are in core/xks.py and core/sigv4.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from keyserver import product_version
+from keyserver.api.deps import ServicesDep, client_ip
+from keyserver.core.errors import (
+    Conflict,
+    CoreError,
+    Forbidden,
+    IntegrityFailure,
+    InvalidInput,
+    NotFound,
+    ServiceUnavailable,
+    Unauthenticated,
+)
+from keyserver.core.principal import RequestContext
+from keyserver.core.sigv4 import header_map
+from keyserver.core.xks import MAX_AAD, MAX_PLAINTEXT, XksCall, integrity_value
+from keyserver.logs import request_id_var
+
+router = APIRouter(prefix="/xks/{store}/kms/xks/v1", tags=["xks-proxy"])
+MAX_REQUEST = 64 * 1024
+META_FIELDS = {"awsPrincipalArn": "aws_principal_arn", "awsSourceVpc": "aws_source_vpc",
+               "awsSourceVpce": "aws_source_vpce", "kmsKeyArn": "kms_key_arn", "kmsOperation": "kms_operation",
+               "kmsRequestId": "kms_request_id", "kmsViaService": "kms_via_service"}
+STATUS = {"ValidationException": 400, "InvalidStateException": 400, "InvalidCiphertextException": 400,
+          "InvalidKeyUsageException": 400, "AuthenticationFailedException": 401, "AccessDeniedException": 403,
+          "KeyNotFoundException": 404, "InvalidUriPathException": 404, "ThrottlingException": 429,
+          "InternalException": 500, "UnsupportedOperationException": 501, "DependencyTimeoutException": 503}
+OPERATIONS = {"metadata", "encrypt", "decrypt"}
+EXPLAIN = {"metadata": "GetKeyMetadata", "encrypt": "Encrypt", "decrypt": "Decrypt"}
+
+
+class XksFailure(Exception):
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name, self.message = name, message
+
+
+def xks_error(name: str, message: str) -> JSONResponse:
+    return JSONResponse({"errorName": name, "errorMessage": message}, status_code=STATUS[name])
+
+
+def from_core(exc: CoreError) -> JSONResponse:
+    if isinstance(exc, Unauthenticated):
+        return xks_error("AuthenticationFailedException", exc.message)
+    if isinstance(exc, Forbidden):
+        return xks_error("AccessDeniedException", exc.message)
+    if isinstance(exc, NotFound):
+        return xks_error("KeyNotFoundException", exc.message)
+    if isinstance(exc, IntegrityFailure):
+        return xks_error("InvalidCiphertextException", "the ciphertext, tag, IV, metadata or AAD do not authenticate")
+    if isinstance(exc, InvalidInput):
+        name = "InvalidCiphertextException" if exc.code == "invalid_ciphertext" else "ValidationException"
+        return xks_error(name, exc.message)
+    if isinstance(exc, Conflict):
+        if exc.code == "usage_not_allowed":
+            return xks_error("InvalidKeyUsageException", exc.message)
+        return xks_error("InvalidStateException", exc.message)
+    if isinstance(exc, ServiceUnavailable):
+        return xks_error("DependencyTimeoutException" if exc.code == "hsm_unavailable" else "InternalException",
+                         exc.message)
+    return xks_error("InternalException", exc.message)
+
+
+def _b64(body: dict[str, Any], field: str, *, required: bool, limit: int, sizes: tuple[int, ...] = ()) -> bytes:
+    value = body.get(field)
+    if value is None:
+        if required:
+            raise XksFailure("ValidationException", f"{field} is required")
+        return b""
+    if not isinstance(value, str) or len(value) > (limit * 4) // 3 + 4:
+        raise XksFailure("ValidationException", f"{field} is a base64 string of at most {limit} bytes")
+    try:
+        data = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise XksFailure("ValidationException", f"{field} is not base64") from None
+    if len(data) > limit or (sizes and len(data) not in sizes):
+        raise XksFailure("ValidationException", f"{field} is {len(data)} bytes; "
+                         + (f"it must be {' or '.join(map(str, sizes))}" if sizes else f"at most {limit}"))
+    return data
+
+
+def _meta(body: dict[str, Any], operation: str) -> dict[str, str]:
+    meta = body.get("requestMetadata")
+    if not isinstance(meta, dict):
+        raise XksFailure("ValidationException", "requestMetadata is required")
+    out: dict[str, str] = {}
+    for name, value in meta.items():
+        if name in META_FIELDS and value is not None:
+            if not isinstance(value, str) or len(value) > 2048:
+                raise XksFailure("ValidationException", f"requestMetadata.{name} is a string of at most 2048 "
+                                 "characters")
+            out[META_FIELDS[name]] = value
+    needed = ("kmsRequestId", "kmsOperation") + (("awsPrincipalArn",) if operation != "health" else ())
+    missing = [n for n in needed if META_FIELDS[n] not in out]
+    if missing:
+        raise XksFailure("ValidationException", f"requestMetadata lacks {', '.join(missing)}")
+    return out
+
+
+async def _read(request: Request) -> tuple[bytes, dict[str, Any]]:
+    body = await request.body()
+    if len(body) > MAX_REQUEST:
+        raise XksFailure("ValidationException", f"the request is over {MAX_REQUEST} bytes")
+    try:
+        parsed = json.loads(body or b"null")
+    except ValueError:
+        raise XksFailure("ValidationException", "the body is not JSON") from None
+    if not isinstance(parsed, dict):
+        raise XksFailure("ValidationException", "the body is a JSON object")
+    return body, parsed
+
+
+async def _serve(request: Request, services: ServicesDep, store: str, operation: str,
+                 key_id: str | None) -> JSONResponse:
+    try:
+        body, parsed = await _read(request)
+        call = XksCall(operation=operation, meta=_meta(parsed, operation))
+        if key_id is not None and (not key_id or len(key_id) > 128):
+            raise XksFailure("ValidationException", "keyId is 1 to 128 characters")
+    except XksFailure as exc:
+        return xks_error(exc.name, exc.message)
+    headers = header_map(request.scope["headers"])
+    raw_path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path
+    query = request.scope.get("query_string", b"").decode("latin-1")
+
+    def run() -> dict[str, Any]:
+        ctx = services.xks.authenticate(
+            store, call, authorization=headers.get("authorization"), method=request.method,
+            raw_path=raw_path.partition("?")[0], query=query, headers=headers, body=body,
+            source_ip=client_ip(request), request_id=request_id_var.get())
+        try:
+            return answer(ctx)
+        except XksFailure as exc:
+            services.xks.refused(ctx, call, exc.name)
+            raise
+
+    def answer(ctx: RequestContext) -> dict[str, Any]:
+        if operation == "health":
+            healthy = services.xks.health(ctx, call)
+            return {"xksProxyFleetSize": 1, "xksProxyVendor": "Strongroom", "xksProxyModel": product_version(),
+                    "ekmVendor": "Strongroom (PKCS#11 HSM)",
+                    "ekmFleetDetails": [{"id": "hsm", "model": "PKCS#11",
+                                         "healthStatus": "ACTIVE" if healthy else "UNAVAILABLE"}]}
+        assert key_id is not None
+        if operation == "metadata":
+            status = services.xks.key_status(ctx, call, key_id)
+            return {"keySpec": "AES_256", "keyUsage": ["ENCRYPT", "DECRYPT"],
+                    "keyStatus": "ENABLED" if status.enabled else "DISABLED"}
+        if parsed.get("encryptionAlgorithm") != "AES_GCM":
+            raise XksFailure("ValidationException", "encryptionAlgorithm must be AES_GCM")
+        aad = _b64(parsed, "additionalAuthenticatedData", required=False, limit=MAX_AAD)
+        if operation == "encrypt":
+            integrity = parsed.get("ciphertextDataIntegrityValueAlgorithm")
+            if integrity not in (None, "SHA_256"):
+                raise XksFailure("ValidationException", "ciphertextDataIntegrityValueAlgorithm must be SHA_256")
+            plaintext = _b64(parsed, "plaintext", required=True, limit=MAX_PLAINTEXT)
+            out = services.xks.encrypt(ctx, call, key_id, plaintext, aad)
+            answer = {"authenticationTag": _s(out.tag), "ciphertext": _s(out.ciphertext),
+                      "initializationVector": _s(out.iv), "ciphertextMetadata": _s(out.metadata)}
+            if integrity == "SHA_256":
+                answer["ciphertextDataIntegrityValue"] = _s(integrity_value(aad, out.metadata, out.iv,
+                                                                            out.ciphertext, out.tag))
+            return answer
+        ciphertext = _b64(parsed, "ciphertext", required=True, limit=MAX_PLAINTEXT)
+        iv = _b64(parsed, "initializationVector", required=True, limit=16, sizes=(12, 16))
+        tag = _b64(parsed, "authenticationTag", required=True, limit=16, sizes=(16,))
+        metadata = _b64(parsed, "ciphertextMetadata", required=False, limit=20)
+        if iv and len(iv) != 12:
+            raise XksFailure("InvalidCiphertextException", "this proxy's ciphertexts have a 12-byte IV")
+        plain = services.xks.decrypt(ctx, call, key_id, ciphertext, aad=aad, iv=iv, tag=tag, metadata=metadata)
+        return {"plaintext": _s(plain)}
+
+    try:
+        return JSONResponse(await run_in_threadpool(run))
+    except XksFailure as exc:
+        return xks_error(exc.name, exc.message)
+    except CoreError as exc:
+        return from_core(exc)
+
+
+def _s(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@router.post("/keys/{key_id}/{operation}", operation_id="xksKeyOperation", response_model=dict[str, Any],
+             responses={400: {"description": "ValidationException, InvalidStateException, InvalidCiphertextException"},
+                        401: {"description": "AuthenticationFailedException (SigV4)"},
+                        403: {"description": "AccessDeniedException"},
+                        404: {"description": "KeyNotFoundException, InvalidUriPathException"}})
+async def xks_key_operation(store: str, key_id: str, operation: str, request: Request,
+                            services: ServicesDep) -> JSONResponse:
+    """GetKeyMetadata (`metadata`), Encrypt (`encrypt`) or Decrypt (`decrypt`) of the XKS Proxy API v1."""
+    if operation not in OPERATIONS:
+        return xks_error("InvalidUriPathException", f"no XKS operation '{operation}'")
+    return await _serve(request, services, store, operation, key_id)
+
+
+@router.post("/health", operation_id="xksHealth", response_model=dict[str, Any],
+             responses={401: {"description": "AuthenticationFailedException (SigV4)"}})
+async def xks_health(store: str, request: Request, services: ServicesDep) -> JSONResponse:
+    """GetHealthStatus of the XKS Proxy API v1: the HSM's state."""
+    return await _serve(request, services, store, "health", None)

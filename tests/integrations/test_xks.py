@@ -1,0 +1,270 @@
+"""The AWS KMS external key store (XKS) proxy API over HTTPS, every request signed by
+botocore's own SigV4 signer (`SigV4Auth`, service kms-xks-proxy): each operation, its
+documented errors, rotation, revocation and the audit records (core/xks.py)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from unittest import mock
+
+import httpx
+import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from keyserver.services import Services
+from tests.conftest import unique
+
+REGION = "eu-west-1"
+ARN = "arn:aws:iam::111122223333:role/app"
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def meta(operation: str, **extra: str) -> dict[str, str]:
+    return {"awsPrincipalArn": ARN, "kmsOperation": operation, "kmsRequestId": unique("req"),
+            "kmsKeyArn": "arn:aws:kms:eu-west-1:111122223333:key/1234", **extra}
+
+
+class Xks:
+    """A key store as AWS KMS sees it: its credential, its URI path, a signing client."""
+
+    def __init__(self, admin: httpx.Client, base_url: str, tls: Any, *, region: str = REGION) -> None:
+        r = admin.post("/api/v1/xks/stores", json={"name": unique("xks"), "region": region})
+        assert r.status_code == 201, r.text
+        self.issued = r.json()
+        self.name = self.issued["store"]["name"]
+        self.path = self.issued["proxy_uri_path"]
+        self.access, self.secret = self.issued["access_key_id"], self.issued["secret_access_key"]
+        self.base_url, self.http = base_url, httpx.Client(base_url=base_url, verify=tls, timeout=30)
+
+    def call(self, path: str, body: dict[str, Any] | bytes, *, region: str = REGION, service: str = "kms-xks-proxy",
+             secret: str | None = None, access: str | None = None, when: datetime | None = None,
+             tamper: bytes | None = None) -> httpx.Response:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        url = f"{self.base_url}{self.path}{path}"
+        request = AWSRequest(method="POST", url=url, data=data, headers={"Content-Type": "application/json"})
+        creds = Credentials(access or self.access, secret or self.secret)
+        if when is None:
+            SigV4Auth(creds, service, region).add_auth(request)
+        else:
+            with mock.patch("botocore.auth.get_current_datetime", return_value=when.replace(tzinfo=None)):
+                SigV4Auth(creds, service, region).add_auth(request)
+        headers = {k: v for k, v in request.headers.items()}
+        return self.http.post(url, content=tamper if tamper is not None else data, headers=headers)
+
+    def grant(self, admin: httpx.Client, key: str, external_id: str | None = None) -> str:
+        r = admin.post(f"/api/v1/xks/stores/{self.name}/keys",
+                       json={"key": key, **({"external_id": external_id} if external_id else {})})
+        assert r.status_code == 201, r.text
+        return str(r.json()["external_id"])
+
+    def encrypt(self, key: str, plaintext: bytes, aad: bytes = b"", **extra: Any) -> httpx.Response:
+        return self.call(f"/keys/{key}/encrypt", {"requestMetadata": meta("Encrypt"), "plaintext": b64(plaintext),
+                                                  "additionalAuthenticatedData": b64(aad),
+                                                  "encryptionAlgorithm": "AES_GCM", **extra})
+
+    def decrypt(self, key: str, enc: dict[str, Any], aad: bytes = b"", **extra: Any) -> httpx.Response:
+        body = {"requestMetadata": meta("Decrypt"), "additionalAuthenticatedData": b64(aad),
+                "encryptionAlgorithm": "AES_GCM", "ciphertext": enc["ciphertext"],
+                "initializationVector": enc["initializationVector"], "authenticationTag": enc["authenticationTag"],
+                "ciphertextMetadata": enc["ciphertextMetadata"]}
+        return self.call(f"/keys/{key}/decrypt", {**body, **extra})
+
+
+@pytest.fixture
+def xks(admin: httpx.Client, base_url: str, tls: Any) -> Xks:
+    return Xks(admin, base_url, tls)
+
+
+def _key(admin: httpx.Client, **extra: Any) -> str:
+    r = admin.post("/api/v1/keys", json={"name": unique("xkey"), **extra})
+    assert r.status_code == 201, r.text
+    return str(r.json()["name"])
+
+
+def _error(r: httpx.Response, status: int, name: str) -> None:
+    assert r.status_code == status, r.text
+    assert r.json()["errorName"] == name, r.text
+
+
+def _events(services: Services, admin: httpx.Client, **params: Any) -> list[dict[str, Any]]:
+    services.audit.flush()
+    r = admin.get("/api/v1/audit/events", params={"limit": 200, **params})
+    assert r.status_code == 200, r.text
+    return list(r.json()["items"])
+
+
+def test_create_shows_secret_once_and_keeps_it_sealed(admin: httpx.Client, xks: Xks, services: Services) -> None:
+    assert xks.path == f"/xks/{xks.name}/kms/xks/v1"
+    assert 20 <= len(xks.access) <= 30 and 43 <= len(xks.secret) <= 64
+    got = admin.get(f"/api/v1/xks/stores/{xks.name}").json()
+    assert "secret_access_key" not in got and got["region"] == REGION and got["uri_path_prefix"] == f"/xks/{xks.name}"
+    from sqlalchemy import select
+
+    from keyserver.store.xks import XksStore
+    with services.db() as s:
+        row = s.execute(select(XksStore).where(XksStore.name == xks.name)).scalar_one()
+    assert xks.secret.encode() not in row.secret_sealed and xks.secret.encode() not in row.secret_dek
+
+
+def test_health_metadata_encrypt_decrypt(admin: httpx.Client, xks: Xks, services: Services) -> None:
+    r = xks.call("/health", {"requestMetadata": {"kmsRequestId": unique("h"), "kmsOperation": "KmsHealthCheck"}})
+    assert r.status_code == 200, r.text
+    assert r.json()["ekmFleetDetails"][0]["healthStatus"] == "ACTIVE"
+    ext = xks.grant(admin, _key(admin), "aws-key-1")
+    r = xks.call(f"/keys/{ext}/metadata", {"requestMetadata": meta("DescribeKey")})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"keySpec": "AES_256", "keyUsage": ["ENCRYPT", "DECRYPT"], "keyStatus": "ENABLED"}
+    aad = b'{"purpose":"test"}'
+    r = xks.encrypt(ext, b"secret data", aad, ciphertextDataIntegrityValueAlgorithm="SHA_256")
+    assert r.status_code == 200, r.text
+    enc = r.json()
+    raw = {k: base64.b64decode(v) for k, v in enc.items()}
+    assert len(raw["initializationVector"]) == 12 and len(raw["authenticationTag"]) == 16
+    assert raw["ciphertext"] != b"secret data" and len(raw["ciphertext"]) == len(b"secret data")
+    assert raw["ciphertextDataIntegrityValue"] == hashlib.sha256(
+        aad + raw["ciphertextMetadata"] + raw["initializationVector"] + raw["ciphertext"]
+        + raw["authenticationTag"]).digest()
+    r = xks.decrypt(ext, enc, aad)
+    assert r.status_code == 200, r.text
+    assert base64.b64decode(r.json()["plaintext"]) == b"secret data"
+    records = _events(services, admin, actor=f"xks:{xks.name}")
+    by_op = {e["details"].get("xks_operation") or e["action"]: e for e in records}
+    for op in ("encrypt", "decrypt"):
+        d = by_op[op]["details"]
+        assert d["aws_principal_arn"] == ARN and d["kms_operation"] in ("Encrypt", "Decrypt")
+        assert d["kms_request_id"].startswith("req-") and d["external_id"] == "aws-key-1"
+        assert "secret data" not in json.dumps(by_op[op])
+    assert {"xks.health", "xks.metadata"} <= {e["action"] for e in records}
+
+
+def test_signature_errors(admin: httpx.Client, xks: Xks, services: Services) -> None:
+    ext = xks.grant(admin, _key(admin))
+    body = {"requestMetadata": meta("DescribeKey")}
+    path = f"/keys/{ext}/metadata"
+    _error(xks.call(path, body, secret="x" * 48), 401, "AuthenticationFailedException")
+    _error(xks.call(path, body, region="us-east-1"), 401, "AuthenticationFailedException")
+    _error(xks.call(path, body, service="kms"), 401, "AuthenticationFailedException")
+    _error(xks.call(path, body, access="SRXKSAAAAAAAAAAAAAAAAAAAAAAAA"), 401, "AuthenticationFailedException")
+    _error(xks.call(path, body, when=datetime.now(UTC) - timedelta(minutes=6)), 401, "AuthenticationFailedException")
+    assert xks.call(path, body, when=datetime.now(UTC) - timedelta(minutes=4)).status_code == 200
+    tampered = json.dumps({"requestMetadata": meta("Other")}).encode()
+    _error(xks.call(path, body, tamper=tampered), 401, "AuthenticationFailedException")
+    r = xks.http.post(f"{xks.path}{path}", json=body)
+    _error(r, 401, "AuthenticationFailedException")
+    denied = [e for e in _events(services, admin, action="xks.metadata") if e["outcome"] == "denied"
+              and e["object_id"] == xks.name]
+    assert len(denied) >= 6 and {e["details"]["refused"] for e in denied} >= {
+        "signature_invalid", "scope_invalid", "credential_invalid"}
+
+
+def test_credential_of_another_store_is_refused(admin: httpx.Client, xks: Xks, base_url: str, tls: Any) -> None:
+    other = Xks(admin, base_url, tls)
+    ext = xks.grant(admin, _key(admin))
+    r = other.call(f"/keys/{ext}/metadata", {"requestMetadata": meta("DescribeKey")}, access=other.access)
+    # other's credential against its own path: the key is not in that store
+    _error(r, 404, "KeyNotFoundException")
+    request_path = xks.path
+    other.path = request_path  # other's credential on xks's path
+    _error(other.call(f"/keys/{ext}/metadata", {"requestMetadata": meta("DescribeKey")}), 403,
+           "AccessDeniedException")
+
+
+def test_validation_and_ciphertext_errors(admin: httpx.Client, xks: Xks) -> None:
+    ext = xks.grant(admin, _key(admin))
+    _error(xks.call("/keys/nope/metadata", {"requestMetadata": meta("DescribeKey")}), 404, "KeyNotFoundException")
+    _error(xks.call(f"/keys/{ext}/sign", {"requestMetadata": meta("Sign")}), 404, "InvalidUriPathException")
+    _error(xks.call(f"/keys/{ext}/metadata", {"requestMetadata": {"kmsOperation": "DescribeKey"}}), 400,
+           "ValidationException")
+    _error(xks.call(f"/keys/{ext}/metadata", b"not json"), 400, "ValidationException")
+    _error(xks.encrypt(ext, b"x" * 4301), 400, "ValidationException")
+    assert xks.encrypt(ext, b"x" * 4300).status_code == 200
+    _error(xks.encrypt(ext, b"x", encryptionAlgorithm="RSAES_OAEP_SHA_256"), 400, "ValidationException")
+    _error(xks.encrypt(ext, b"x", ciphertextDataIntegrityValueAlgorithm="MD5"), 400, "ValidationException")
+    enc = xks.encrypt(ext, b"payload", b"ctx").json()
+    _error(xks.decrypt(ext, enc, b"other ctx"), 400, "InvalidCiphertextException")
+    flipped = bytearray(base64.b64decode(enc["authenticationTag"]))
+    flipped[0] ^= 1
+    _error(xks.decrypt(ext, enc, b"ctx", authenticationTag=b64(bytes(flipped))), 400, "InvalidCiphertextException")
+    ct = bytearray(base64.b64decode(enc["ciphertext"]))
+    ct[0] ^= 1
+    _error(xks.decrypt(ext, enc, b"ctx", ciphertext=b64(bytes(ct))), 400, "InvalidCiphertextException")
+    _error(xks.decrypt(ext, enc, b"ctx", ciphertextMetadata=b64(b"SRX1\x00\x00\x00\x09")), 400,
+           "InvalidCiphertextException")
+    _error(xks.decrypt(ext, enc, b"ctx", ciphertextMetadata=b64(b"garbage")), 400, "InvalidCiphertextException")
+    _error(xks.decrypt(ext, enc, b"ctx", authenticationTag=b64(b"short")), 400, "ValidationException")
+    assert xks.decrypt(ext, enc, b"ctx").status_code == 200
+
+
+def test_rotation_new_version_old_ciphertexts_decrypt(admin: httpx.Client, xks: Xks) -> None:
+    key = _key(admin)
+    ext = xks.grant(admin, key)
+    old = xks.encrypt(ext, b"before").json()
+    assert base64.b64decode(old["ciphertextMetadata"]) == b"SRX1\x00\x00\x00\x01"
+    assert admin.post(f"/api/v1/keys/{key}/rotate").status_code == 200
+    new = xks.encrypt(ext, b"after").json()
+    assert base64.b64decode(new["ciphertextMetadata"]) == b"SRX1\x00\x00\x00\x02"
+    assert base64.b64decode(xks.decrypt(ext, old).json()["plaintext"]) == b"before"
+    assert base64.b64decode(xks.decrypt(ext, new).json()["plaintext"]) == b"after"
+    # the version is authenticated: the old ciphertext under the new version's metadata fails
+    _error(xks.decrypt(ext, old, ciphertextMetadata=new["ciphertextMetadata"]), 400, "InvalidCiphertextException")
+
+
+def test_revoked_key_is_disabled(admin: httpx.Client, xks: Xks, services: Services) -> None:
+    key = _key(admin)
+    ext = xks.grant(admin, key)
+    enc = xks.encrypt(ext, b"data").json()
+    assert admin.post(f"/api/v1/keys/{key}/revoke", json={"reason": "superseded"}).status_code == 200
+    r = xks.call(f"/keys/{ext}/metadata", {"requestMetadata": meta("DescribeKey")})
+    assert r.status_code == 200 and r.json()["keyStatus"] == "DISABLED"
+    _error(xks.encrypt(ext, b"data"), 400, "InvalidStateException")
+    _error(xks.decrypt(ext, enc), 400, "InvalidStateException")
+    denied = [e for e in _events(services, admin, actor=f"xks:{xks.name}") if e["outcome"] == "denied"]
+    assert {e["details"]["refused"] for e in denied} == {"key_disabled"}
+
+
+def test_store_revocation_credential_rotation_and_ungrant(admin: httpx.Client, xks: Xks) -> None:
+    ext = xks.grant(admin, _key(admin))
+    body = {"requestMetadata": meta("DescribeKey")}
+    r = admin.post(f"/api/v1/xks/stores/{xks.name}/credential")
+    assert r.status_code == 200, r.text
+    _error(xks.call(f"/keys/{ext}/metadata", body), 401, "AuthenticationFailedException")
+    xks.access, xks.secret = r.json()["access_key_id"], r.json()["secret_access_key"]
+    assert xks.call(f"/keys/{ext}/metadata", body).status_code == 200
+    assert admin.delete(f"/api/v1/xks/stores/{xks.name}/keys/{ext}").status_code == 204
+    _error(xks.call(f"/keys/{ext}/metadata", body), 404, "KeyNotFoundException")
+    assert admin.post(f"/api/v1/xks/stores/{xks.name}/revoke").status_code == 200
+    _error(xks.call("/health", {"requestMetadata": {"kmsRequestId": "r", "kmsOperation": "KmsHealthCheck"}}), 401,
+           "AuthenticationFailedException")
+
+
+def test_management_refusals(admin: httpx.Client, xks: Xks, services: Services) -> None:
+    from keyserver.core.keys import KeySpec
+    from keyserver.core.principal import system_context
+
+    hmac_key = services.keys.create(system_context("tests"), KeySpec(name=unique("hmac"),
+                                                                     algorithm="HMAC-SHA256")).name
+    r = admin.post("/api/v1/xks/stores", json={"name": "Bad Name", "region": REGION})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_xks_store_name"
+    r = admin.post("/api/v1/xks/stores", json={"name": unique("x"), "region": "mars"})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_region"
+    r = admin.post("/api/v1/xks/stores", json={"name": xks.name, "region": REGION})
+    assert r.status_code == 409 and r.json()["code"] == "xks_store_exists"
+    r = admin.post(f"/api/v1/xks/stores/{xks.name}/keys", json={"key": hmac_key})
+    assert r.status_code == 409 and r.json()["code"] == "wrong_key_algorithm"
+    r = admin.post(f"/api/v1/xks/stores/{xks.name}/keys", json={"key": _key(admin, activate=False)})
+    assert r.status_code == 409 and r.json()["code"] == "key_not_active"
+    key = _key(admin)
+    xks.grant(admin, key, "k1")
+    r = admin.post(f"/api/v1/xks/stores/{xks.name}/keys", json={"key": key, "external_id": "k1"})
+    assert r.status_code == 409 and r.json()["code"] == "external_id_in_use"
+    r = admin.post(f"/api/v1/xks/stores/{xks.name}/keys", json={"key": key, "external_id": "bad id!"})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_external_key_id"
