@@ -332,7 +332,8 @@ function RevokeDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; 
   // A running MariaDB that writes under this key aborts at its next write once it cannot read
   // the key, and cannot finish crash recovery until the key is back (docs/integrations.md).
   const consumers = useKeyConsumers(k.id, opened);
-  const databases = (consumers.data?.items ?? []).filter((c) => c.kind === "database");
+  // One name per database: a database that reads the key under several key ids has a grant for each.
+  const databases = [...new Set((consumers.data?.items ?? []).filter((c) => c.kind === "database").map((c) => c.name))];
   return (
     <TypedConfirmDialog opened={opened} onClose={onClose} title={`Revoke ${k.name}`} phrase={k.name}
                         actionLabel="Revoke key" busy={revoke.isPending} error={revoke.error}
@@ -351,7 +352,7 @@ function RevokeDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; 
         <Alert color="red" variant="light" title={`${databases.length === 1 ? "A database reads" : `${databases.length} databases read`} this key`}
                data-testid="revoke-databases-warning">
           <Text size="sm">
-            {databases.map((d) => d.name).join(", ")}: MariaDB stops reading the key once it is revoked. A server
+            {databases.join(", ")}: MariaDB stops reading the key once it is revoked. A server
             that is running aborts at its next write under it and cannot recover until the key is back. Shut
             {databases.length === 1 ? " that database" : " those databases"} down cleanly first (or move their
             tables to another key), then revoke.

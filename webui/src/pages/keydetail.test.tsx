@@ -114,6 +114,17 @@ describe("Revoking a key that databases read", () => {
     expect(warning).toHaveTextContent(/aborts at its next write.*Shut that database down cleanly first/);
   });
 
+  it("counts a database that reads the key under two key ids once", async () => {
+    consumers([{ kind: "database", name: "payments-db-01", detail: "key id 1", last_used_at: null },
+               { kind: "database", name: "payments-db-01", detail: "key id 2", last_used_at: null }]);
+    renderWith(<KeyDetailPage />, { at: "/keys/payments-db", path: "/keys/:keyRef", me: meAs("admin") });
+    await userEvent.click(await screen.findByTestId("revoke-key"));
+    const warning = await screen.findByTestId("revoke-databases-warning");
+    expect(warning).toHaveTextContent("A database reads this key");
+    expect(warning.textContent?.match(/payments-db-01/g)).toHaveLength(1);
+    expect(warning).toHaveTextContent("Shut that database down cleanly first");
+  });
+
   it("says nothing of databases when none reads the key", async () => {
     consumers([{ kind: "kmip-client", name: "backup-01", detail: "3 operations", last_used_at: null }]);
     renderWith(<KeyDetailPage />, { at: "/keys/payments-db", path: "/keys/:keyRef", me: meAs("admin") });
