@@ -33,7 +33,7 @@ from kmsbench.workspace import Workspace
 console = Console(stderr=True)
 # Benchmarks with a command of their own: `kms-bench NAME [options]` hands over to them.
 COMMANDS = {"keyserver": "kmsbench.keyserver_load", "kmip": "kmsbench.kmip_load", "audit": "kmsbench.audit_bench",
-            "drill": "kmsbench.drill", "adversary": "kmsbench.adversary",
+            "drill": "kmsbench.drill", "adversary": "kmsbench.adversary", "xks": "kmsbench.xks_load",
             "guardpoint-transport": "kmsbench.guardpoint_transport:transport_main"}
 
 
