@@ -125,7 +125,7 @@ def identity(services: Services, base_url: str, tls: Any) -> dict[str, str]:
         r = s.post("/api/v1/tokens", headers={"X-CSRF-Token": r.json()["csrf_token"]},
                    json={"name": "kms-plugin", "scopes": ["keys:read", "keys:encrypt", "keys:decrypt"]})
         assert r.status_code == 201, r.text
-        return {"username": username, "token": r.json()["secret"]}
+        return {"username": username, "token": r.json()["secret"], "token_id": r.json()["token"]["id"]}
 
 
 @pytest.fixture
@@ -190,6 +190,8 @@ def test_status_encrypt_decrypt_as_kube_apiserver(plugin: Plugin, kek: dict[str,
     assert [e["actor"] for e in enc] == [actor] and enc[0]["outcome"] == "allowed"
     assert [e["actor"] for e in dec] == [actor] and dec[0]["outcome"] == "allowed"
     assert all(seed.hex() not in str(e) for e in enc + dec)
+    # Status's metadata reads leave no records: the plugin's trail is its Encrypts and Decrypts
+    assert {e["action"] for e in _events(services, admin, actor=actor)} == {"key.encrypt", "key.decrypt"}
     log = plugin.close()  # the plugin's own log names each request's uid and key id, never the bytes
     assert f"encrypt uid=uid-encrypt-1 key_id={key_id}" in log and f"decrypt uid=uid-decrypt-1 key_id={key_id}" in log
     assert seed.hex() not in log
@@ -248,9 +250,24 @@ def test_revoked_key(plugin: Plugin, kek: dict[str, Any], identity: dict[str, st
     assert _code(lambda: plugin.encrypt(os.urandom(32))) is grpc.StatusCode.FAILED_PRECONDITION
     # a compromised version still decrypts what it protected (KMIP 1.4 §3.22: it processes, never protects)
     assert plugin.decrypt(out) == seed
+    # a destroyed version decrypts nothing any more
+    r = admin.post(f"/api/v1/keys/{kek['id']}/destroy", json={"version": 1})
+    assert r.status_code == 200, r.text
+    assert _code(lambda: plugin.decrypt(out)) is grpc.StatusCode.FAILED_PRECONDITION
     refused = [e for e in _events(services, admin, action="key.encrypt", object_id=kek["id"])
                if e["outcome"] in ("denied", "error")]
     assert refused and refused[0]["actor"] == f"{identity['username']}/token:kms-plugin"
+    plugin.close()
+
+
+def test_a_revoked_token_stops_the_plugin_at_once(plugin: Plugin, identity: dict[str, str],
+                                                  admin: httpx.Client) -> None:
+    out = plugin.encrypt(os.urandom(32))
+    r = admin.delete(f"/api/v1/tokens/{identity['token_id']}")
+    assert r.status_code in (200, 204), r.text
+    assert _code(lambda: plugin.decrypt(out)) is grpc.StatusCode.UNAUTHENTICATED
+    assert _code(lambda: plugin.encrypt(os.urandom(32))) is grpc.StatusCode.UNAUTHENTICATED
+    assert plugin.status().healthz.startswith("unhealthy: key server refused: token_revoked")
     plugin.close()
 
 
