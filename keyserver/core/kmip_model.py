@@ -18,7 +18,7 @@ from keyserver.core.keys import (
     PROTECT_STOP_DATE,
 )
 from keyserver.core.states import KeyState
-from keyserver.core.usage import Usage, uses_of
+from keyserver.core.usage import USAGE_ATTRIBUTE, Usage, uses_of
 from keyserver.store.models import KeyVersion, KmipPublicKey, KmipSealedObject, ManagedKey
 
 MAX_LOCATE = 1000
@@ -182,7 +182,11 @@ def usage_of(obj: VersionObject | StandaloneObject) -> Usage:
     if isinstance(obj, VersionObject):
         return uses_of("symmetric-key", obj.key.algorithm, obj.key.kmip_attributes)
     algorithm = obj.algorithm if isinstance(obj, KmipSealedObject) else public_key_algorithm(obj)
-    return uses_of(object_type_of(obj), algorithm, obj.kmip_attributes)
+    kind = object_type_of(obj)
+    kept = (obj.kmip_attributes or {}).get(USAGE_ATTRIBUTE)
+    if kind == SECRET_DATA and isinstance(kept, int) and kept:
+        return Usage(kept)  # the client's record, kept as sent (kmip/attributes.py)
+    return uses_of(kind, algorithm, obj.kmip_attributes)
 
 
 _EC_PUBLIC_KEY_OID = bytes.fromhex("06072a8648ce3d0201")  # id-ecPublicKey, as DER

@@ -302,7 +302,10 @@ def template_client_attributes(template: Any, kind: str, algorithm: str | None =
         return {}
     out = client_attributes(template.attributes or [])
     mask = attribute_values(template.attributes or []).get(A.CRYPTOGRAPHIC_USAGE_MASK.value)
-    kept = requested_uses(kind, algorithm, mask)
+    # Secret Data: no operation of this server uses it (Get is ruled by the export right),
+    # so its mask is the client's own record, kept as sent (Synology DSM registers its
+    # volume keys with Verify and reads the mask back); an empty one means Derive Key.
+    kept = (int(mask) or None) if kind == SECRET_DATA and mask is not None else requested_uses(kind, algorithm, mask)
     if kept is not None:
         out[USAGE_ATTRIBUTE] = kept
     return out

@@ -237,6 +237,10 @@ def test_a_clients_usage_mask_is_kept_narrowed_to_what_the_kind_can_do(kmip: Any
     public, private = kmip.create_key_pair(enums.CryptographicAlgorithm.RSA, 2048, public_usage_mask=[M.VERIFY],
                                            private_usage_mask=[M.SIGN])
     assert (mask(public), mask(private)) == (M.VERIFY.value, M.SIGN.value)
-    # a mask that leaves nothing the kind can do: the kind's uses
+    # Secret Data: no operation here uses it, so its mask is the client's record, kept as
+    # sent (Synology DSM: Verify); an empty mask (libmongocrypt) means the kind's, Derive Key
     secret = kmip.register(pie.SecretData(b"pw", enums.SecretDataType.PASSWORD, masks=[M.SIGN]))
-    assert mask(secret) == M.DERIVE_KEY.value
+    assert mask(secret) == M.SIGN.value
+    # a mask that leaves nothing a key's kind can do: the kind's uses
+    hmac_key = kmip.create(enums.CryptographicAlgorithm.HMAC_SHA256, 256, cryptographic_usage_mask=[M.SIGN])
+    assert mask(hmac_key) == M.MAC_GENERATE.value | M.MAC_VERIFY.value
