@@ -39,6 +39,7 @@ from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext, system_context
 from keyserver.store.models import Kek, KekRotation, KeyVersion, KmipCa, KmipSealedObject, User
 from keyserver.store.notify import Notifier, Topic
+from keyserver.store.xks import XksStore
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,9 @@ KINDS: Sequence[Kind] = (
     ColumnKind("ca", "the internal CA's key", KmipCa, KmipCa.dek_wrapping_key_id, KmipCa.dek_mechanism,
                KmipCa.dek_wrapped, lambda _: "kmip-ca"),
     TotpKind(),
+    ColumnKind("xks_credentials", "AWS XKS proxy credentials (sealed SigV4 secrets)", XksStore,
+               XksStore.secret_dek_wrapping_key_id, XksStore.secret_dek_mechanism, XksStore.secret_dek,
+               lambda r: f"xks:{r.name}"),
 )
 
 

@@ -268,3 +268,20 @@ def test_management_refusals(admin: httpx.Client, xks: Xks, services: Services) 
     assert r.status_code == 409 and r.json()["code"] == "external_id_in_use"
     r = admin.post(f"/api/v1/xks/stores/{xks.name}/keys", json={"key": key, "external_id": "bad id!"})
     assert r.status_code == 400 and r.json()["code"] == "invalid_external_key_id"
+
+
+def test_kek_rotation_rewraps_the_sealed_secret(admin: httpx.Client, xks: Xks, services: Services) -> None:
+    from sqlalchemy import select
+
+    from keyserver.core.principal import system_context
+    from keyserver.store.xks import XksStore
+
+    ext = xks.grant(admin, _key(admin))
+    services.keks.start_rotation(system_context("tests"))
+    services.keks.resume_rotations()
+    with services.db() as s:
+        wrapped_under = s.execute(select(XksStore.secret_dek_wrapping_key_id)
+                                  .where(XksStore.name == xks.name)).scalar_one()
+    assert wrapped_under == services.keks.current()
+    services.xks._keys.clear()  # unseal again, from the re-wrapped DEK
+    assert xks.call(f"/keys/{ext}/metadata", {"requestMetadata": meta("DescribeKey")}).status_code == 200
