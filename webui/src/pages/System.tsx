@@ -21,6 +21,7 @@ export const KIND_TITLES: Record<string, string> = {
   kmip_objects: "KMIP private keys, secret data, opaque objects",
   ca: "The internal CA's key",
   totp_secrets: "Second-factor (TOTP) secrets",
+  xks_credentials: "AWS XKS proxy credentials (sealed SigV4 secrets)",
 };
 
 const KEK_STATE: Record<Kek["state"], { color: string; hint: string }> = {
