@@ -87,6 +87,10 @@ class KeyServer:
     def close(self) -> None:
         self._http.close()
 
+    def set_token(self, token: str) -> None:
+        """A replaced API token, used from the next call on (kms-plugin re-reads it on SIGHUP)."""
+        self._http.headers["Authorization"] = f"Bearer {token}"
+
     def _call(self, method: str, path: str, body: dict[str, Any] | None, timeout: float | None) -> dict[str, Any]:
         try:
             r = self._http.request(method, path, json=body, timeout=timeout or self.timeout)

@@ -4,8 +4,9 @@ Strongroom (docs/integrations.md "Kubernetes: KMS v2 plugin").
   kms-plugin --socket /var/run/strongroom/kms.sock --server https://keys.example:8443 \\
              --key k8s-secrets --token-file /etc/strongroom/kms-plugin.token --ca-file /etc/strongroom/ca.pem
 
-The token may also come from STRONGROOM_KMS_TOKEN. Exit status: 0 on SIGTERM/SIGINT,
-2 for bad usage or an unreadable token."""
+The token may also come from STRONGROOM_KMS_TOKEN. SIGHUP re-reads --token-file (a
+replaced token, without a restart). Exit status: 0 on SIGTERM/SIGINT, 2 for bad usage or
+an unreadable token."""
 
 from __future__ import annotations
 
@@ -40,27 +41,48 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    log = logging.getLogger("strongroom.k8skms")
     try:
-        token = (args.token_file.read_text().strip() if args.token_file
-                 else os.environ.get("STRONGROOM_KMS_TOKEN", ""))
-    except OSError as e:
-        print(f"kms-plugin: cannot read the token: {e}", file=sys.stderr)
-        return 2
-    if not token:
-        print("kms-plugin: no API token (--token-file or STRONGROOM_KMS_TOKEN)", file=sys.stderr)
+        token = _token(args.token_file)
+    except (OSError, ValueError) as e:
+        print(f"kms-plugin: {e}", file=sys.stderr)
         return 2
     verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(args.ca_file)) if args.ca_file else True
     backend = KeyServer(args.server, token, args.key, verify=verify, timeout=args.timeout)
     server = serve(KeyManagementService(backend, grace=args.grace), args.socket)
-    logging.getLogger("strongroom.k8skms").info("serving KMS v2 on unix://%s for key %s", args.socket, args.key)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    log.info("serving KMS v2 on unix://%s for key %s", args.socket, args.key)
+    wake, received = threading.Event(), set[int]()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.add(signum)
+        wake.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    while not received & {signal.SIGTERM, signal.SIGINT}:
+        wake.wait()
+        wake.clear()
+        if signal.SIGHUP in received:
+            received.discard(signal.SIGHUP)
+            try:
+                backend.set_token(_token(args.token_file))
+                log.info("SIGHUP: the API token was read again")
+            except (OSError, ValueError) as e:
+                log.error("SIGHUP: the token was not replaced: %s", e)
     server.stop(grace=5).wait()
     backend.close()
     args.socket.unlink(missing_ok=True)
     return 0
+
+
+def _token(path: Path | None) -> str:
+    try:
+        token = path.read_text().strip() if path else os.environ.get("STRONGROOM_KMS_TOKEN", "")
+    except OSError as e:
+        raise OSError(f"cannot read the token: {e}") from None
+    if not token:
+        raise ValueError("no API token (--token-file or STRONGROOM_KMS_TOKEN)")
+    return token
 
 
 def entry() -> None:

@@ -67,7 +67,7 @@ class Plugin:
 
     def __init__(self, tmp: Path, rest: RestServer, token: str, key: str, ca_file: Path) -> None:
         self.socket = tmp / "kms.sock"
-        token_file = tmp / "token"
+        self.token_file = token_file = tmp / "token"
         token_file.write_text(token + "\n")
         token_file.chmod(0o600)
         self.proc = subprocess.Popen(
@@ -111,21 +111,25 @@ def rest(app: FastAPI, services: Services) -> Iterator[RestServer]:
         server.stop()
 
 
-@pytest.fixture
-def identity(services: Services, base_url: str, tls: Any) -> dict[str, str]:
-    """The plugin's identity: a `kmip-client` service account and its API token, scoped to
-    what the plugin does (docs/integrations.md)."""
-    from keyserver.core.principal import system_context
-
-    username, password = unique("k8s-kms"), f"pw-{uuid.uuid4().hex}"
-    services.identity.create_user(system_context("tests"), username=username, role="kmip-client", password=password)
+def _token(base_url: str, tls: Any, username: str, password: str) -> dict[str, str]:
+    """An API token of the service account, scoped to what the plugin does (docs/integrations.md)."""
     with httpx.Client(base_url=base_url, verify=tls, timeout=30) as s:
         r = s.post("/api/v1/auth/login", json={"username": username, "password": password})
         assert r.status_code == 200, r.text
         r = s.post("/api/v1/tokens", headers={"X-CSRF-Token": r.json()["csrf_token"]},
                    json={"name": "kms-plugin", "scopes": ["keys:read", "keys:encrypt", "keys:decrypt"]})
         assert r.status_code == 201, r.text
-        return {"username": username, "token": r.json()["secret"], "token_id": r.json()["token"]["id"]}
+        return {"token": r.json()["secret"], "token_id": r.json()["token"]["id"]}
+
+
+@pytest.fixture
+def identity(services: Services, base_url: str, tls: Any) -> dict[str, str]:
+    """The plugin's identity: a `kmip-client` service account and its API token."""
+    from keyserver.core.principal import system_context
+
+    username, password = unique("k8s-kms"), f"pw-{uuid.uuid4().hex}"
+    services.identity.create_user(system_context("tests"), username=username, role="kmip-client", password=password)
+    return {"username": username, "password": password, **_token(base_url, tls, username, password)}
 
 
 @pytest.fixture
@@ -260,15 +264,21 @@ def test_revoked_key(plugin: Plugin, kek: dict[str, Any], identity: dict[str, st
     plugin.close()
 
 
-def test_a_revoked_token_stops_the_plugin_at_once(plugin: Plugin, identity: dict[str, str],
-                                                  admin: httpx.Client) -> None:
+def test_a_revoked_token_stops_the_plugin_at_once_and_sighup_takes_a_new_one(
+        plugin: Plugin, identity: dict[str, str], admin: httpx.Client, base_url: str, tls: Any) -> None:
     out = plugin.encrypt(os.urandom(32))
     r = admin.delete(f"/api/v1/tokens/{identity['token_id']}")
     assert r.status_code in (200, 204), r.text
     assert _code(lambda: plugin.decrypt(out)) is grpc.StatusCode.UNAUTHENTICATED
     assert _code(lambda: plugin.encrypt(os.urandom(32))) is grpc.StatusCode.UNAUTHENTICATED
     assert plugin.status().healthz.startswith("unhealthy: key server refused: token_revoked")
-    plugin.close()
+    # a new token in the file, then SIGHUP (systemctl reload): served again without a restart
+    plugin.token_file.write_text(_token(base_url, tls, identity["username"], identity["password"])["token"])
+    plugin.proc.send_signal(signal.SIGHUP)
+    eventually(lambda: plugin.status().healthz == "ok", "the plugin to take the new token", 10)
+    seed = os.urandom(32)
+    assert plugin.decrypt(plugin.encrypt(seed)) == seed
+    assert "SIGHUP: the API token was read again" in plugin.close()
 
 
 def test_bad_input_gets_precise_codes(plugin: Plugin, kek: dict[str, Any]) -> None:
