@@ -89,7 +89,11 @@ def signing_key(secret: str, scope: Scope) -> bytes:
 
 
 def canonical_uri(raw_path: str) -> str:
-    path = posixpath.normpath(unquote(raw_path)) if raw_path not in ("", "/") else "/"
+    """The path as sent, dot segments removed, percent-encoded once more: AWS's rule for
+    every service but S3 (botocore's `_normalize_url_path`)."""
+    path = posixpath.normpath(raw_path) if raw_path not in ("", "/") else "/"
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
     if raw_path.endswith("/") and not path.endswith("/"):
         path += "/"
     return quote(path, safe="/~")
