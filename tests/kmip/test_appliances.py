@@ -21,7 +21,7 @@ from typing import Any
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding as asym_padding
 from cryptography.hazmat.primitives.asymmetric import rsa
-from kmip.core import enums
+from kmip.core import enums, misc
 from kmip.core.factories.attributes import AttributeFactory
 from kmip.core.messages import payloads
 from kmip.core.objects import TemplateAttribute
@@ -184,7 +184,7 @@ def test_veeam_br12_key_pair(kmip_files: Callable[[str], ClientFiles], kmip_list
     KMS, which **decrypts** it with the private key that never leaves the KMS. KMIP 1.2+
     over mutual TLS. From the public record: Veeam's backup proxies reconnect often and
     expect **TLS session resumption**; Get of the private key is asked of some servers
-    (export, PKCS#8). Inferred: RSA 2048, OAEP with SHA-1 (what a token without OAEP-256
+    (export, PKCS#8 or PKCS#1). Inferred: RSA 2048, OAEP with SHA-1 (what a token without OAEP-256
     decryption serves), Activate of both halves, Get of the public key as X.509
     SubjectPublicKeyInfo (PyKMIP's default format), and the session over TLS 1.3."""
     files = kmip_files("kmip-client")
@@ -219,6 +219,14 @@ def test_veeam_br12_key_pair(kmip_files: Callable[[str], ClientFiles], kmip_list
             opened = serialization.load_der_private_key(private.value, password=None)
             assert isinstance(opened, rsa.RSAPrivateKey)
             assert opened.decrypt(wrapped, oaep) == storage_key
+        with run.step("Get private key (PKCS#1)"):
+            result = client.proxy.get(private_uid, key_format_type=misc.KeyFormatType(enums.KeyFormatType.PKCS_1))
+            assert result.result_status.value == enums.ResultStatus.SUCCESS, result.result_message
+            pkcs1 = client.object_factory.convert(result.secret)
+            assert pkcs1.key_format_type == enums.KeyFormatType.PKCS_1
+            assert pkcs1.value == opened.private_bytes(serialization.Encoding.DER,
+                                                       serialization.PrivateFormat.TraditionalOpenSSL,
+                                                       serialization.NoEncryption())
     finally:
         client.close()
     with run.step("reconnect: Locate on a resumed TLS session"):
