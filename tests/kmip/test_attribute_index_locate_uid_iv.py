@@ -22,9 +22,11 @@ from keyserver.kmip import attributes as server_attributes
 from keyserver.kmip.cryptoparams import Cipher, check_lengths
 from keyserver.kmip.errors import KmipFailure
 from keyserver.kmip.listener import KmipListener
+from keyserver.services import Services
 from tests.conftest import unique
 from tests.kmip import raw
 from tests.kmip.conftest import ClientFiles
+from tests.kmip.test_honour_or_refuse import refusals
 
 A = enums.AttributeType
 F = AttributeFactory()
@@ -96,7 +98,8 @@ def _secret() -> Any:
 
 
 @pytest.mark.parametrize("size", [8, 16, 0])
-def test_a_gcm_iv_of_another_length_is_invalid_field_naming_the_length(kmip: Any, size: int) -> None:
+def test_a_gcm_iv_of_another_length_is_invalid_field_naming_the_length(
+        kmip: Any, size: int, officer_files: ClientFiles, services: Services) -> None:
     uid = kmip.create(enums.CryptographicAlgorithm.AES, 256, name=unique("iv"))
     kmip.activate(uid)
     gcm = {"block_cipher_mode": enums.BlockCipherMode.GCM}
@@ -104,6 +107,9 @@ def test_a_gcm_iv_of_another_length_is_invalid_field_naming_the_length(kmip: Any
         kmip.encrypt(b"data", uid=uid, cryptographic_parameters=gcm, iv_counter_nonce=b"\x01" * size)
     assert e.value.reason == enums.ResultReason.INVALID_FIELD
     assert f"is {size} bytes" in e.value.message and "12 bytes" in e.value.message
+    # the refusal is audited, with the reason and message the client got
+    [record] = refusals(services, f"kmip:{officer_files.name}", "kmip.encrypt")[-1:]
+    assert record.details["result_reason"] == "INVALID_FIELD" and f"is {size} bytes" in record.details["message"]
     with pytest.raises(KmipOperationFailure) as e:
         kmip.decrypt(b"d" * 32, uid=uid, cryptographic_parameters=gcm, iv_counter_nonce=b"\x01" * size)
     assert e.value.reason == enums.ResultReason.INVALID_FIELD and "12 bytes" in e.value.message
