@@ -277,6 +277,7 @@ def test_kek_rotation_rewraps_the_sealed_secret(admin: httpx.Client, xks: Xks, s
     from keyserver.store.xks import XksStore
 
     ext = xks.grant(admin, _key(admin))
+    services.keks.resume_rotations()  # one another test started (tests/api) finishes first
     services.keks.start_rotation(system_context("tests"))
     services.keks.resume_rotations()
     with services.db() as s:
