@@ -178,13 +178,16 @@ def test_credential_of_another_store_is_refused(admin: httpx.Client, xks: Xks, b
            "AccessDeniedException")
 
 
-def test_validation_and_ciphertext_errors(admin: httpx.Client, xks: Xks) -> None:
+def test_validation_and_ciphertext_errors(admin: httpx.Client, xks: Xks, services: Services) -> None:
     ext = xks.grant(admin, _key(admin))
     _error(xks.call("/keys/nope/metadata", {"requestMetadata": meta("DescribeKey")}), 404, "KeyNotFoundException")
     _error(xks.call(f"/keys/{ext}/sign", {"requestMetadata": meta("Sign")}), 404, "InvalidUriPathException")
     _error(xks.call(f"/keys/{ext}/metadata", {"requestMetadata": {"kmsOperation": "DescribeKey"}}), 400,
            "ValidationException")
     _error(xks.call(f"/keys/{ext}/metadata", b"not json"), 400, "ValidationException")
+    # unsigned, the same malformed request learns only that it is not authenticated
+    _error(xks.http.post(f"{xks.path}/keys/{ext}/metadata", content=b"not json"), 401,
+           "AuthenticationFailedException")
     _error(xks.encrypt(ext, b"x" * 4301), 400, "ValidationException")
     assert xks.encrypt(ext, b"x" * 4300).status_code == 200
     _error(xks.encrypt(ext, b"x", encryptionAlgorithm="RSAES_OAEP_SHA_256"), 400, "ValidationException")
@@ -202,6 +205,10 @@ def test_validation_and_ciphertext_errors(admin: httpx.Client, xks: Xks) -> None
     _error(xks.decrypt(ext, enc, b"ctx", ciphertextMetadata=b64(b"garbage")), 400, "InvalidCiphertextException")
     _error(xks.decrypt(ext, enc, b"ctx", authenticationTag=b64(b"short")), 400, "ValidationException")
     assert xks.decrypt(ext, enc, b"ctx").status_code == 200
+    refused = {(e["action"], e["details"].get("refused")) for e in _events(services, admin, actor=f"xks:{xks.name}")
+               if e["outcome"] == "denied"}
+    assert {("xks.metadata", "ValidationException"), ("xks.encrypt", "ValidationException"),
+            ("xks.metadata", "xks_key_not_found"), ("xks.decrypt", "invalid_ciphertext")} <= refused
 
 
 def test_rotation_new_version_old_ciphertexts_decrypt(admin: httpx.Client, xks: Xks) -> None:

@@ -117,8 +117,7 @@ def _meta(body: dict[str, Any], operation: str) -> dict[str, str]:
     return out
 
 
-async def _read(request: Request) -> tuple[bytes, dict[str, Any]]:
-    body = await request.body()
+def _parse(body: bytes) -> dict[str, Any]:
     if len(body) > MAX_REQUEST:
         raise XksFailure("ValidationException", f"the request is over {MAX_REQUEST} bytes")
     try:
@@ -127,18 +126,25 @@ async def _read(request: Request) -> tuple[bytes, dict[str, Any]]:
         raise XksFailure("ValidationException", "the body is not JSON") from None
     if not isinstance(parsed, dict):
         raise XksFailure("ValidationException", "the body is a JSON object")
-    return body, parsed
+    return parsed
 
 
 async def _serve(request: Request, services: ServicesDep, store: str, operation: str,
                  key_id: str | None) -> JSONResponse:
+    # Authentication comes first: a malformed request is refused (and audited) only once
+    # its signature is good, so an unsigned caller learns nothing about the API.
+    body = await request.body()
+    parsed: dict[str, Any] = {}
+    meta: dict[str, str] = {}
+    malformed: XksFailure | None = None
     try:
-        body, parsed = await _read(request)
-        call = XksCall(operation=operation, meta=_meta(parsed, operation))
+        parsed = _parse(body)
+        meta = _meta(parsed, operation)
         if key_id is not None and (not key_id or len(key_id) > 128):
             raise XksFailure("ValidationException", "keyId is 1 to 128 characters")
     except XksFailure as exc:
-        return xks_error(exc.name, exc.message)
+        malformed = exc
+    call = XksCall(operation=operation, meta=meta)
     headers = header_map(request.scope["headers"])
     raw_path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path
     query = request.scope.get("query_string", b"").decode("latin-1")
@@ -149,6 +155,8 @@ async def _serve(request: Request, services: ServicesDep, store: str, operation:
             raw_path=raw_path.partition("?")[0], query=query, headers=headers, body=body,
             source_ip=client_ip(request), request_id=request_id_var.get())
         try:
+            if malformed is not None:
+                raise malformed
             return answer(ctx)
         except XksFailure as exc:
             services.xks.refused(ctx, call, exc.name)
