@@ -11,8 +11,9 @@ as the day's derived signing key, in memory, per credential.
 Keys: an external key id names a managed AES-256 key granted to the store. Encrypt uses
 the key's newest version through core/crypto.py (AES-GCM in the HSM, the token's 12-byte
 IV), with the version carried in `ciphertextMetadata` (`SRX1` + the version, 4 bytes
-big-endian), which is authenticated: the AAD given to the HSM is that metadata followed
-by the request's AAD (the encryption context arrives inside it). Decrypt uses the version
+big-endian), which is authenticated: the AAD given to the HSM is the API's own construction,
+2-byte length of the request's AAD || AAD || 1-byte length of the metadata || metadata
+(the encryption context arrives inside the request's AAD). Decrypt uses the version
 the metadata names. A key whose newest version is not Active (revoked, deactivated,
 destroyed) is DISABLED: Encrypt and Decrypt are refused (InvalidStateException).
 
@@ -412,7 +413,7 @@ class XksService:
         grant, newest = self._grant(ctx, call, external_id)
         self._enabled(ctx, call, grant, newest)
         metadata = ciphertext_metadata(newest.version)
-        out = self._crypto.encrypt(ctx, str(newest.id), plaintext, mode=AES_GCM, aad=metadata + aad,
+        out = self._crypto.encrypt(ctx, str(newest.id), plaintext, mode=AES_GCM, aad=gcm_aad(aad, metadata),
                                    details={**self._details(call, grant), "version": newest.version})
         return XksEncrypted(ciphertext=out.data, iv=out.iv, tag=out.tag, metadata=metadata)
 
@@ -431,7 +432,8 @@ class XksService:
             self._refuse(ctx, call, InvalidInput("the ciphertext names no version of this key",
                                                  code="invalid_ciphertext"), object_type="key",
                          object_id=str(grant.key_id))
-        return self._crypto.decrypt(ctx, str(version_id), ciphertext, mode=AES_GCM, iv=iv, aad=metadata + aad,
+        return self._crypto.decrypt(ctx, str(version_id), ciphertext, mode=AES_GCM, iv=iv,
+                                    aad=gcm_aad(aad, metadata),
                                     tag=tag, details={**self._details(call, grant), "version": number})
 
     def health(self, ctx: RequestContext, call: XksCall) -> bool:
@@ -445,6 +447,12 @@ class XksService:
                                          object_id=ctx.principal.name.removeprefix("xks:"),
                                          details={**call.meta, "hsm": "ok" if healthy else "unavailable"}))
         return healthy
+
+
+def gcm_aad(aad: bytes, metadata: bytes) -> bytes:
+    """The AAD for AES-GCM as the XKS API defines it (Encrypt, "ciphertextMetadata"): both
+    lengths included, so metadata passed as AAD (or the reverse) cannot authenticate."""
+    return len(aad).to_bytes(2, "big") + aad + len(metadata).to_bytes(1, "big") + metadata
 
 
 def integrity_value(aad: bytes, metadata: bytes, iv: bytes, ciphertext: bytes, tag: bytes) -> bytes:

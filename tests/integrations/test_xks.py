@@ -119,7 +119,8 @@ def test_health_metadata_encrypt_decrypt(admin: httpx.Client, xks: Xks, services
     r = xks.call("/health", {"requestMetadata": {"kmsRequestId": unique("h"), "kmsOperation": "KmsHealthCheck"}})
     assert r.status_code == 200, r.text
     assert r.json()["ekmFleetDetails"][0]["healthStatus"] == "ACTIVE"
-    ext = xks.grant(admin, _key(admin), "aws-key-1")
+    key = _key(admin)
+    ext = xks.grant(admin, key, "aws-key-1")
     r = xks.call(f"/keys/{ext}/metadata", {"requestMetadata": meta("DescribeKey")})
     assert r.status_code == 200, r.text
     assert r.json() == {"keySpec": "AES_256", "keyUsage": ["ENCRYPT", "DECRYPT"], "keyStatus": "ENABLED"}
@@ -136,6 +137,23 @@ def test_health_metadata_encrypt_decrypt(admin: httpx.Client, xks: Xks, services
     r = xks.decrypt(ext, enc, aad)
     assert r.status_code == 200, r.text
     assert base64.b64decode(r.json()["plaintext"]) == b"secret data"
+    # The AAD the HSM authenticated is the specification's: len(AAD) (2 bytes) || AAD ||
+    # len(metadata) (1 byte) || metadata; checked with the key's own bytes.
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from sqlalchemy import select
+
+    from keyserver.core.keys import version_wrapped
+    from keyserver.store.models import KeyVersion, ManagedKey
+    with services.db() as s:
+        version = s.execute(select(KeyVersion).join(ManagedKey).where(ManagedKey.name == key)).scalar_one()
+        material = services.hsm.unwrap_key(version_wrapped(version))
+    spec_aad = (len(aad).to_bytes(2, "big") + aad + len(raw["ciphertextMetadata"]).to_bytes(1, "big")
+                + raw["ciphertextMetadata"])
+    assert AESGCM(material).decrypt(raw["initializationVector"], raw["ciphertext"] + raw["authenticationTag"],
+                                    spec_aad) == b"secret data"
+    # metadata moved into the AAD does not authenticate (the specification's example)
+    _error(xks.decrypt(ext, enc, raw["ciphertextMetadata"], ciphertextMetadata=None), 400,
+           "InvalidCiphertextException")
     records = _events(services, admin, actor=f"xks:{xks.name}")
     by_op = {e["details"].get("xks_operation") or e["action"]: e for e in records}
     for op in ("encrypt", "decrypt"):

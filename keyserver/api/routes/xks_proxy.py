@@ -56,7 +56,9 @@ class XksFailure(Exception):
 
 
 def xks_error(name: str, message: str) -> JSONResponse:
-    return JSONResponse({"errorName": name, "errorMessage": message}, status_code=STATUS[name])
+    """The API's error body; its errorMessage is printable ASCII, under 512 characters."""
+    text = "".join(c if " " <= c <= "~" else "?" for c in message)[:511]
+    return JSONResponse({"errorName": name, "errorMessage": text}, status_code=STATUS[name])
 
 
 def from_core(exc: CoreError) -> JSONResponse:
