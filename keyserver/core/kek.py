@@ -168,6 +168,9 @@ KINDS: Sequence[Kind] = (
     ColumnKind("xks_credentials", "AWS XKS proxy credentials (sealed SigV4 secrets)", XksStore,
                XksStore.secret_dek_wrapping_key_id, XksStore.secret_dek_mechanism, XksStore.secret_dek,
                lambda r: f"xks:{r.name}"),
+    ColumnKind("xks_previous_credentials", "AWS XKS proxy credentials being rotated out", XksStore,
+               XksStore.previous_dek_wrapping_key_id, XksStore.previous_dek_mechanism, XksStore.previous_dek,
+               lambda r: f"xks:{r.name}:previous"),
 )
 
 

@@ -32,10 +32,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session, raiseload, sessionmaker
 
 from hsm import AES_GCM, AES_KWP, HsmBackend, HsmError, WrappedKey
 from keyserver.core import sigv4
@@ -94,6 +94,7 @@ class XksStoreRecord:
     region: str
     access_key_id: str
     credential_issued_at: datetime
+    previous_access_key_id: str | None  # still accepted until retired
     created_at: datetime
     created_by: str
     last_seen_at: datetime | None
@@ -136,8 +137,9 @@ def _key_record(k: XksKey) -> XksKeyRecord:
 def store_record(r: XksStore) -> XksStoreRecord:
     return XksStoreRecord(id=r.id, name=r.name, description=r.description, region=r.region,
                           access_key_id=r.access_key_id, credential_issued_at=r.credential_issued_at,
-                          created_at=r.created_at, created_by=r.created_by, last_seen_at=r.last_seen_at,
-                          revoked_at=r.revoked_at, keys=tuple(_key_record(k) for k in r.keys))
+                          previous_access_key_id=r.previous_access_key_id, created_at=r.created_at,
+                          created_by=r.created_by, last_seen_at=r.last_seen_at, revoked_at=r.revoked_at,
+                          keys=tuple(_key_record(k) for k in r.keys))
 
 
 def xks_principal(name: str) -> Principal:
@@ -166,7 +168,7 @@ class XksService:
         self._kek = current_kek
         self._now = now
         # (access key id, credential issued at, scope) -> the day's signing key; never the secret.
-        self._keys: dict[tuple[str, datetime, sigv4.Scope], bytes] = {}
+        self._keys: dict[tuple[str, datetime | None, sigv4.Scope], bytes] = {}
         self._keys_lock = threading.Lock()
 
     # --- management --------------------------------------------------------------
@@ -228,7 +230,9 @@ class XksService:
             return IssuedStore(store_record(row), secret)
 
     def rotate_credential(self, ctx: RequestContext, name: str) -> IssuedStore:
-        """A new access key id and secret; the old pair is refused from now on."""
+        """A new access key id and secret. The pair it replaces stays accepted until
+        `retire_previous` (the XKS API's rotation: both pairs work while AWS KMS's hosts
+        move over); one before that is refused from now on."""
         self._policy.require(ctx, Permission.XKS_MANAGE, action="xks.credential", object_type="xks_store",
                              object_id=name)
         access, secret, dek, material = self._credential()
@@ -236,11 +240,33 @@ class XksService:
             row = self._load(s, name, lock=True)
             if row.revoked_at is not None:
                 raise Conflict(f"external key store '{name}' is revoked; create a new one", code="xks_store_revoked")
-            old = row.access_key_id
+            dropped = row.previous_access_key_id
+            row.previous_access_key_id, row.previous_dek_wrapping_key_id = (row.access_key_id,
+                                                                            row.secret_dek_wrapping_key_id)
+            row.previous_dek_mechanism, row.previous_dek = row.secret_dek_mechanism, row.secret_dek
+            row.previous_sealed, row.previous_issued_at = row.secret_sealed, row.credential_issued_at
+            s.flush()  # the old id leaves the unique access_key_id column before the new one arrives
             self._set_credential(row, access, dek, material, self._now())
             self._audit.add(s, ctx, action="xks.credential", object_type="xks_store", object_id=name,
-                            details={"access_key_id": access, "replaced": old})
+                            details={"access_key_id": access, "previous": row.previous_access_key_id,
+                                     "dropped": dropped})
             return IssuedStore(store_record(row), secret)
+
+    def retire_previous(self, ctx: RequestContext, name: str) -> XksStoreRecord:
+        """Refuse the credential the last re-issue replaced, from now on."""
+        self._policy.require(ctx, Permission.XKS_MANAGE, action="xks.credential_retire", object_type="xks_store",
+                             object_id=name)
+        with self._db.begin() as s:
+            row = self._load(s, name, lock=True)
+            if row.previous_access_key_id is None:
+                raise Conflict(f"key store '{name}' has no previous credential", code="no_previous_credential")
+            retired = row.previous_access_key_id
+            row.previous_access_key_id = row.previous_dek_wrapping_key_id = row.previous_dek_mechanism = None
+            row.previous_dek = row.previous_sealed = None
+            row.previous_issued_at = None
+            self._audit.add(s, ctx, action="xks.credential_retire", object_type="xks_store", object_id=name,
+                            details={"access_key_id": retired})
+            return store_record(row)
 
     def revoke(self, ctx: RequestContext, name: str) -> XksStoreRecord:
         self._policy.require(ctx, Permission.XKS_MANAGE, action="xks.revoke", object_type="xks_store",
@@ -324,11 +350,12 @@ class XksService:
         except sigv4.SigV4Error as exc:
             self._refuse(anon, call, Unauthenticated(str(exc), code="signature_invalid"), object_type="xks_store",
                          object_id=store)
+        access = signed.scope.access_key_id
         with self._db() as s:
-            row = s.execute(select(XksStore.name, XksStore.region, XksStore.revoked_at, XksStore.last_seen_at,
-                                   XksStore.credential_issued_at, XksStore.secret_dek_wrapping_key_id,
-                                   XksStore.secret_dek_mechanism, XksStore.secret_dek, XksStore.secret_sealed)
-                            .where(XksStore.access_key_id == signed.scope.access_key_id)).one_or_none()
+            row = s.execute(select(XksStore).options(raiseload(XksStore.keys))
+                            .where(or_(XksStore.access_key_id == access, XksStore.previous_access_key_id == access))
+                            ).scalar_one_or_none()
+            s.expunge_all()
         if row is None or row.revoked_at is not None:
             self._refuse(anon, call, Unauthenticated("unknown or revoked access key id", code="credential_invalid"),
                          object_type="xks_store", object_id=store)
@@ -337,7 +364,7 @@ class XksService:
             self._refuse(anon, call, Unauthenticated(
                 f"the credential scope must name service {SERVICE} and this key store's region",
                 code="scope_invalid"), object_type="xks_store", object_id=store)
-        key = self._signing_key(signed.scope.access_key_id, row, scope)
+        key = self._signing_key(access, row, scope)
         try:
             sigv4.verify(signed, key, method=method, raw_path=raw_path, query=query, headers=headers, body=body)
         except sigv4.SigV4Error as exc:
@@ -353,17 +380,24 @@ class XksService:
                 s.execute(update(XksStore).where(XksStore.name == store).values(last_seen_at=now))
         return ctx
 
-    def _signing_key(self, access: str, row: Any, scope: sigv4.Scope) -> bytes:
-        issued: datetime = row.credential_issued_at
+    def _signing_key(self, access: str, row: XksStore, scope: sigv4.Scope) -> bytes:
+        current = access == row.access_key_id
+        issued = row.credential_issued_at if current else row.previous_issued_at
         cache_key = (access, issued, scope)
         with self._keys_lock:
             hit = self._keys.get(cache_key)
         if hit is not None:
             return hit
-        dek = WrappedKey(row.secret_dek_wrapping_key_id, row.secret_dek_mechanism,
-                         row.secret_dek)
+        if current:
+            dek = WrappedKey(row.secret_dek_wrapping_key_id, row.secret_dek_mechanism, row.secret_dek)
+            sealed = row.secret_sealed
+        else:
+            assert row.previous_dek_wrapping_key_id and row.previous_dek_mechanism
+            assert row.previous_dek is not None and row.previous_sealed is not None
+            dek = WrappedKey(row.previous_dek_wrapping_key_id, row.previous_dek_mechanism, row.previous_dek)
+            sealed = row.previous_sealed
         try:
-            secret = unseal(self._hsm, dek, row.secret_sealed, mechanism=AES_KWP, der=False).decode()
+            secret = unseal(self._hsm, dek, sealed, mechanism=AES_KWP, der=False).decode()
         except UnsealError:
             raise IntegrityFailure() from None
         except HsmError as exc:

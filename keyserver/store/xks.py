@@ -20,7 +20,8 @@ from keyserver.store.models import Base, ManagedKey
 class XksStore(Base):
     __tablename__ = "xks_stores"
     __table_args__ = (UniqueConstraint("name", name="uq_xks_stores_name"),
-                      UniqueConstraint("access_key_id", name="uq_xks_stores_access_key_id"))
+                      UniqueConstraint("access_key_id", name="uq_xks_stores_access_key_id"),
+                      UniqueConstraint("previous_access_key_id", name="uq_xks_stores_previous_access_key_id"))
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
     name: Mapped[str] = mapped_column(String(64))
@@ -33,6 +34,14 @@ class XksStore(Base):
     secret_dek: Mapped[bytes] = mapped_column(LargeBinary)
     secret_sealed: Mapped[bytes] = mapped_column(LargeBinary)
     credential_issued_at: Mapped[datetime]
+    # The credential before the last re-issue, still accepted until retired (the XKS API's
+    # rotation: AWS KMS's hosts move to the new one over some time).
+    previous_access_key_id: Mapped[str | None] = mapped_column(String(32))
+    previous_dek_wrapping_key_id: Mapped[str | None] = mapped_column(String(64))
+    previous_dek_mechanism: Mapped[str | None] = mapped_column(String(32))
+    previous_dek: Mapped[bytes | None] = mapped_column(LargeBinary)
+    previous_sealed: Mapped[bytes | None] = mapped_column(LargeBinary)
+    previous_issued_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
     created_by: Mapped[str] = mapped_column(String(300))
     last_seen_at: Mapped[datetime | None]

@@ -30,6 +30,12 @@ def upgrade() -> None:
         sa.Column('secret_dek', sa.LargeBinary(), nullable=False),
         sa.Column('secret_sealed', sa.LargeBinary(), nullable=False),
         sa.Column('credential_issued_at', sa.DateTime(timezone=True), nullable=False),
+        sa.Column('previous_access_key_id', sa.String(length=32), nullable=True),
+        sa.Column('previous_dek_wrapping_key_id', sa.String(length=64), nullable=True),
+        sa.Column('previous_dek_mechanism', sa.String(length=32), nullable=True),
+        sa.Column('previous_dek', sa.LargeBinary(), nullable=True),
+        sa.Column('previous_sealed', sa.LargeBinary(), nullable=True),
+        sa.Column('previous_issued_at', sa.DateTime(timezone=True), nullable=True),
         sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
         sa.Column('created_by', sa.String(length=300), nullable=False),
         sa.Column('last_seen_at', sa.DateTime(timezone=True), nullable=True),
@@ -37,6 +43,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint('id'),
         sa.UniqueConstraint('name', name='uq_xks_stores_name'),
         sa.UniqueConstraint('access_key_id', name='uq_xks_stores_access_key_id'),
+        sa.UniqueConstraint('previous_access_key_id', name='uq_xks_stores_previous_access_key_id'),
     )
     op.create_table(
         'xks_keys',

@@ -186,6 +186,13 @@ def xks_store(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     return {"xks": r.json()["store"]["name"], **fresh_key(s, admin, a)}
 
 
+def xks_rotated(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    made = xks_store(s, admin, a)
+    r = admin.post(f"/api/v1/xks/stores/{made['xks']}/credential")
+    assert r.status_code == 200, r.text
+    return made
+
+
 def xks_key(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     made = xks_store(s, admin, a)
     r = admin.post(f"/api/v1/xks/stores/{made['xks']}/keys", json={"key": made["key"], "external_id": "k1"})
@@ -316,6 +323,8 @@ CASES: dict[str, Case] = {
                            ok=(201,)),
     "getXksStore": Case("GET", "/api/v1/xks/stores/{xks}", (P.XKS_READ,), setup=xks_store),
     "rotateXksCredential": Case("POST", "/api/v1/xks/stores/{xks}/credential", (P.XKS_MANAGE,), setup=xks_store),
+    "retireXksPreviousCredential": Case("DELETE", "/api/v1/xks/stores/{xks}/credential/previous", (P.XKS_MANAGE,),
+                                        setup=xks_rotated),
     "revokeXksStore": Case("POST", "/api/v1/xks/stores/{xks}/revoke", (P.XKS_MANAGE,), setup=xks_store),
     "grantXksKey": Case("POST", "/api/v1/xks/stores/{xks}/keys", (P.XKS_MANAGE,), body={"key": "{key}"},
                         setup=xks_store, ok=(201,)),

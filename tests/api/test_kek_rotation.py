@@ -113,7 +113,8 @@ def _make_world(svc: Services) -> World:
     totp_secret = base64.b32decode(b32 + "=" * (-len(b32) % 8))
     svc.identity.confirm_totp(user, _code(totp_secret, 0))
     host, host_key, _ = _enroll(svc, group)
-    svc.xks.create(CTX, name=unique("xks"), region="eu-west-1")  # its SigV4 secret sealed under the KEK
+    xks = svc.xks.create(CTX, name=unique("xks"), region="eu-west-1")  # its SigV4 secret sealed under the KEK
+    svc.xks.rotate_credential(CTX, xks.store.name)  # and the one being rotated out
     rsa_public, ec_public = (serialization.load_der_public_key(p.public.der) for p in (rsa_pair, ec_pair))
     assert isinstance(rsa_public, rsa.RSAPublicKey) and isinstance(ec_public, ec.EllipticCurvePublicKey)
     assert first.plaintext and second.plaintext
@@ -175,7 +176,8 @@ def test_rotate_twice_retire_the_first_two_keks_and_read_everything_back(
         refused = _retire_refused(svc, first_kek, "kek_in_use")
         assert refused.errors is not None
         kinds = {r["kind"]: r for r in refused.errors}
-        assert set(kinds) == {"key_versions", "kmip_objects", "ca", "totp_secrets", "xks_credentials"}
+        assert set(kinds) == {"key_versions", "kmip_objects", "ca", "totp_secrets", "xks_credentials",
+                              "xks_previous_credentials"}
         assert kinds["ca"] == {"kind": "ca", "count": 1, "first": ["kmip-ca"]}
         assert kinds["totp_secrets"]["first"] == [w.totp_user]
         assert "is re-wrapping them" in refused.message
@@ -187,7 +189,8 @@ def test_rotate_twice_retire_the_first_two_keks_and_read_everything_back(
         assert all(p["done"] == p["total"] > 0 for p in rotation.progress.values())  # type: ignore[attr-defined]
         states = {k["kek_id"]: (k["state"], k["wrapped"]) for k in status["keks"]}  # type: ignore[attr-defined]
         assert states[first_kek] == ("superseded", {"key_versions": 0, "kmip_objects": 0, "ca": 0,
-                                                    "totp_secrets": 0, "xks_credentials": 0})
+                                                    "totp_secrets": 0, "xks_credentials": 0,
+                                                    "xks_previous_credentials": 0})
         assert states[second_kek][0] == "active" and states[second_kek][1]["key_versions"] >= 3
 
         # More under the second KEK, then the second rotation, part-way: a rotation is running.
@@ -249,7 +252,8 @@ def test_a_rotation_stopped_part_way_resumes_from_what_the_rows_say(
         rotation = svc.keks.start_rotation(CTX)
         assert rotation.progress == {"key_versions": {"done": 0, "total": 4}, "kmip_objects": {"done": 0, "total": 1},
                                      "ca": {"done": 0, "total": 1}, "totp_secrets": {"done": 0, "total": 0},
-                                     "xks_credentials": {"done": 0, "total": 0}}
+                                     "xks_credentials": {"done": 0, "total": 0},
+                                     "xks_previous_credentials": {"done": 0, "total": 0}}
         # The worker stops after three batches of one, as a killed process would.
         assert svc.keks.resume_rotations(max_batches=3) == 3
         rotation = svc.keks.get_rotation(CTX, rotation.id)

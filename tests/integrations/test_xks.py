@@ -259,11 +259,27 @@ def test_revoked_key_is_disabled(admin: httpx.Client, xks: Xks, services: Servic
 def test_store_revocation_credential_rotation_and_ungrant(admin: httpx.Client, xks: Xks) -> None:
     ext = xks.grant(admin, _key(admin))
     body = {"requestMetadata": meta("DescribeKey")}
+    first = (xks.access, xks.secret)
     r = admin.post(f"/api/v1/xks/stores/{xks.name}/credential")
     assert r.status_code == 200, r.text
-    _error(xks.call(f"/keys/{ext}/metadata", body), 401, "AuthenticationFailedException")
+    assert r.json()["store"]["previous_access_key_id"] == first[0]
+    # both pairs work while AWS KMS moves over (the XKS API's rotation)
+    assert xks.call(f"/keys/{ext}/metadata", body).status_code == 200
     xks.access, xks.secret = r.json()["access_key_id"], r.json()["secret_access_key"]
     assert xks.call(f"/keys/{ext}/metadata", body).status_code == 200
+    # a second re-issue drops the first pair; retiring drops the previous one
+    r = admin.post(f"/api/v1/xks/stores/{xks.name}/credential")
+    second, third = (xks.access, xks.secret), (r.json()["access_key_id"], r.json()["secret_access_key"])
+    assert r.json()["store"]["previous_access_key_id"] == second[0]
+    _error(xks.call(f"/keys/{ext}/metadata", body, access=first[0], secret=first[1]), 401,
+           "AuthenticationFailedException")
+    assert xks.call(f"/keys/{ext}/metadata", body).status_code == 200
+    r = admin.delete(f"/api/v1/xks/stores/{xks.name}/credential/previous")
+    assert r.status_code == 200 and r.json()["previous_access_key_id"] is None
+    _error(xks.call(f"/keys/{ext}/metadata", body), 401, "AuthenticationFailedException")
+    r = admin.delete(f"/api/v1/xks/stores/{xks.name}/credential/previous")
+    assert r.status_code == 409 and r.json()["code"] == "no_previous_credential"
+    xks.access, xks.secret = third
     assert admin.delete(f"/api/v1/xks/stores/{xks.name}/keys/{ext}").status_code == 204
     _error(xks.call(f"/keys/{ext}/metadata", body), 404, "KeyNotFoundException")
     assert admin.post(f"/api/v1/xks/stores/{xks.name}/revoke").status_code == 200

@@ -38,6 +38,8 @@ class XksStorePublic(BaseModel):
     region: str
     access_key_id: str
     credential_issued_at: datetime
+    previous_access_key_id: str | None = Field(description="the credential the last re-issue replaced, accepted "
+                                                           "until retired")
     created_at: datetime
     created_by: str
     last_seen_at: datetime | None
@@ -80,8 +82,9 @@ def key_public(k: XksKeyRecord) -> XksKeyPublic:
 def store_public(r: XksStoreRecord) -> XksStorePublic:
     return XksStorePublic(id=r.id, name=r.name, description=r.description, region=r.region,
                           access_key_id=r.access_key_id, credential_issued_at=r.credential_issued_at,
-                          created_at=r.created_at, created_by=r.created_by, last_seen_at=r.last_seen_at,
-                          revoked_at=r.revoked_at, uri_path_prefix=PREFIX.format(name=r.name),
+                          previous_access_key_id=r.previous_access_key_id, created_at=r.created_at,
+                          created_by=r.created_by, last_seen_at=r.last_seen_at, revoked_at=r.revoked_at,
+                          uri_path_prefix=PREFIX.format(name=r.name),
                           keys=[key_public(k) for k in r.keys])
 
 
@@ -112,9 +115,16 @@ def get_xks_store(name: StoreName, ctx: Ctx, services: ServicesDep) -> XksStoreP
 
 @router.post("/xks/stores/{name}/credential", operation_id="rotateXksCredential", response_model=XksStoreIssued)
 def rotate_xks_credential(name: StoreName, ctx: Ctx, services: ServicesDep) -> XksStoreIssued:
-    """A new access key id and secret; the old pair is refused from now on (update the key
-    store's proxy authentication credential in AWS KMS)."""
+    """A new access key id and secret. The pair it replaces stays accepted until retired
+    (update the key store's proxy authentication credential in AWS KMS, then retire it)."""
     return issued(services, services.xks.rotate_credential(ctx, name))
+
+
+@router.delete("/xks/stores/{name}/credential/previous", operation_id="retireXksPreviousCredential",
+               response_model=XksStorePublic)
+def retire_xks_previous_credential(name: StoreName, ctx: Ctx, services: ServicesDep) -> XksStorePublic:
+    """Refuse the credential the last re-issue replaced, from now on."""
+    return store_public(services.xks.retire_previous(ctx, name))
 
 
 @router.post("/xks/stores/{name}/revoke", operation_id="revokeXksStore", response_model=XksStorePublic)

@@ -1671,11 +1671,31 @@ export interface paths {
         put?: never;
         /**
          * Rotate Xks Credential
-         * @description A new access key id and secret; the old pair is refused from now on (update the key
-         *     store's proxy authentication credential in AWS KMS).
+         * @description A new access key id and secret. The pair it replaces stays accepted until retired
+         *     (update the key store's proxy authentication credential in AWS KMS, then retire it).
          */
         post: operations["rotateXksCredential"];
         delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/xks/stores/{name}/credential/previous": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Retire Xks Previous Credential
+         * @description Refuse the credential the last re-issue replaced, from now on.
+         */
+        delete: operations["retireXksPreviousCredential"];
         options?: never;
         head?: never;
         patch?: never;
@@ -4296,6 +4316,11 @@ export interface components {
             last_seen_at: string | null;
             /** Name */
             name: string;
+            /**
+             * Previous Access Key Id
+             * @description the credential the last re-issue replaced, accepted until retired
+             */
+            previous_access_key_id: string | null;
             /** Region */
             region: string;
             /** Revoked At */
@@ -13964,6 +13989,101 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["XksStoreIssued"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    retireXksPreviousCredential: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the external key store's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["XksStorePublic"];
                 };
             };
             /** @description Bad request */
