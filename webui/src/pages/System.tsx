@@ -22,6 +22,7 @@ export const KIND_TITLES: Record<string, string> = {
   ca: "The internal CA's key",
   totp_secrets: "Second-factor (TOTP) secrets",
   xks_credentials: "AWS XKS proxy credentials (sealed SigV4 secrets)",
+  xks_previous_credentials: "AWS XKS proxy credentials being rotated out",
 };
 
 const KEK_STATE: Record<Kek["state"], { color: string; hint: string }> = {
