@@ -200,3 +200,66 @@ def test_replicas_starting_together_migrate_once(tmp_path: Path) -> None:
             assert len(heads) == 1 and diff == [], (heads, diff)
         finally:
             engine.dispose()
+
+
+def check_kmip_tenancy(url: str) -> None:
+    """0026: an object a KMIP client made lands in the client's group; one made over REST
+    in `shared`, which every unrevoked client is granted all rights on; down and up again."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    db.upgrade(url, "0025")
+    engine = create_engine(url)
+    t = datetime(2026, 11, 1, tzinfo=UTC)
+    clients = sa.table("kmip_clients", sa.column("id", sa.Uuid), sa.column("name"), sa.column("role"),
+                       sa.column("serial"), sa.column("fingerprint_sha256"),
+                       sa.column("not_after", sa.DateTime(timezone=True)),
+                       sa.column("created_at", sa.DateTime(timezone=True)), sa.column("created_by"),
+                       sa.column("revoked_at", sa.DateTime(timezone=True)), sa.column("key_export"))
+    keys = sa.table("managed_keys", sa.column("id", sa.Uuid), sa.column("name"), sa.column("description"),
+                    sa.column("owner"), sa.column("tags", sa.JSON), sa.column("algorithm"),
+                    sa.column("length_bits"), sa.column("created_at", sa.DateTime(timezone=True)),
+                    sa.column("updated_at", sa.DateTime(timezone=True)), sa.column("revision"),
+                    sa.column("kmip_attributes", sa.JSON))
+    by_client, by_rest, by_gone = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.insert(clients), [
+                {"id": uuid.uuid4(), "name": name, "role": "kmip-client", "serial": f"s-{name}",
+                 "fingerprint_sha256": "0" * 64, "not_after": t, "created_at": t, "created_by": "admin",
+                 "revoked_at": revoked, "key_export": "plaintext"}
+                for name, revoked in (("vcenter-a", None), ("nas", None), ("old", t))])
+            conn.execute(sa.insert(keys), [
+                {"id": kid, "name": f"k{i}", "description": "", "owner": owner, "tags": {}, "algorithm": "AES",
+                 "length_bits": 256, "created_at": t, "updated_at": t, "revision": 1, "kmip_attributes": {}}
+                for i, (kid, owner) in enumerate(((by_client, "kmip:vcenter-a"), (by_rest, "admin"),
+                                                  (by_gone, "kmip:deleted-client")))])
+        db.upgrade(url)
+        with engine.connect() as conn:
+            groups = {r.name: r.group for r in conn.execute(text('SELECT name, "group" FROM kmip_clients'))}
+            assert groups == {"vcenter-a": "vcenter-a", "nas": "nas", "old": "old"}
+            objects = {uuid.UUID(str(r.id)): r.kmip_group
+                       for r in conn.execute(sa.select(keys.c.id, sa.column("kmip_group")).select_from(keys))}
+            assert objects == {by_client: "vcenter-a", by_rest: "shared", by_gone: "shared"}
+            grants = sorted((r.grantee, r.target_kind, r.target, tuple(json.loads(r.rights)
+                                                                       if isinstance(r.rights, str) else r.rights))
+                            for r in conn.execute(text("SELECT grantee, target_kind, target, rights "
+                                                       "FROM kmip_grants")))
+            everything = ("read", "use", "export", "destroy")
+            assert grants == [("client:nas", "group", "shared", everything),
+                              ("client:vcenter-a", "group", "shared", everything)]
+        db.downgrade(url, "0025")
+        assert "kmip_grants" not in inspect(engine).get_table_names()
+        db.upgrade(url)
+    finally:
+        engine.dispose()
+
+
+def test_postgresql_kmip_tenancy_0026() -> None:
+    with scratch_database() as url:
+        check_kmip_tenancy(url)
+
+
+def test_sqlite_kmip_tenancy_0026(tmp_path: Path) -> None:
+    check_kmip_tenancy(f"sqlite:///{tmp_path / 'm.db'}")

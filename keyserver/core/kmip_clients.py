@@ -137,7 +137,8 @@ class KmipClientService:
         now = self._now()
         client = KmipClient(id=uuid.uuid4(), name=name, role=role, serial=serial_hex(cert),
                             fingerprint_sha256=fingerprint(cert), not_after=cert.not_valid_after_utc,
-                            created_at=now, created_by=ctx.principal.name, revoked_at=None, key_export=key_export)
+                            created_at=now, created_by=ctx.principal.name, revoked_at=None, key_export=key_export,
+                            group=name)
         with self._db.begin() as s:
             s.add(client)
             self._audit.add(s, ctx, action="kmip_client.create", object_type="kmip_client",

@@ -61,12 +61,13 @@ class ManagedKey(Base):
     next_rotation_at: Mapped[datetime | None] = mapped_column(index=True)
     # Bumped on every change so optimistic readers (and the API's ETag) see it.
     revision: Mapped[int] = mapped_column(Integer, default=1)
-    # Standard KMIP attributes clients may set (0009): Contact Information, Object Group,
-    # Application Specific Information; name → value or list of values.
+    # Standard KMIP attributes clients may set (0009): Contact Information, Object Group, Application Specific Info.
     kmip_attributes: Mapped[dict[str, Any]] = mapped_column(default=dict)
     # False: the key's material never leaves in plaintext (KMIP Get), whoever asks; it may
     # still leave wrapped under another key, inside the HSM.
     exportable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=sa_true())
+    # KMIP tenancy (0026, docs/kmip.md): its group's clients see it; None: none until assigned or granted.
+    kmip_group: Mapped[str | None] = mapped_column(String(64), index=True)
 
     versions: Mapped[list[KeyVersion]] = relationship(
         back_populates="key", order_by="KeyVersion.version", lazy="selectin"
@@ -419,6 +420,7 @@ class KmipClient(Base):
     # What key material may leave to this client (core/kmip_clients.py KEY_EXPORT):
     # "plaintext" (KMIP's behaviour), "wrapped" (only under another key) or "none".
     key_export: Mapped[str] = mapped_column(String(16), default="plaintext", server_default="plaintext")
+    group: Mapped[str] = mapped_column(String(64), index=True)  # KMIP tenancy (0026): it sees this group's objects
 
 
 class KmipPublicKey(Base):
@@ -441,9 +443,8 @@ class KmipPublicKey(Base):
     compromise_date: Mapped[datetime | None]
     destroy_date: Mapped[datetime | None]
     revocation_reason: Mapped[str | None] = mapped_column(String(64))
-    # Standard KMIP attributes clients may set (0009): Contact Information, Object Group,
-    # Application Specific Information; name → value or list of values.
-    kmip_attributes: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    kmip_attributes: Mapped[dict[str, Any]] = mapped_column(default=dict)  # as ManagedKey's (0009)
+    kmip_group: Mapped[str | None] = mapped_column(String(64), index=True)
 
 
 class KmipSealedObject(Base):
@@ -480,9 +481,8 @@ class KmipSealedObject(Base):
     compromise_date: Mapped[datetime | None]
     destroy_date: Mapped[datetime | None]
     revocation_reason: Mapped[str | None] = mapped_column(String(64))
-    # Standard KMIP attributes clients may set (0009): Contact Information, Object Group,
-    # Application Specific Information; name → value or list of values.
-    kmip_attributes: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    kmip_attributes: Mapped[dict[str, Any]] = mapped_column(default=dict)  # as ManagedKey's (0009)
+    kmip_group: Mapped[str | None] = mapped_column(String(64), index=True)
 
 
 class EnrollmentToken(Base):
