@@ -8,10 +8,7 @@ key never travels. Tokens are kept as SHA-256 only. A host may receive the keys 
 
 from __future__ import annotations
 
-import base64
-import hmac
 import re
-import secrets
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +25,7 @@ from hsm import HsmBackend, HsmError, WrappedKey
 from keyserver.core.audit import AuditService, Outcome, utcnow
 from keyserver.core.ca import CertificateAuthority, serial_hex
 from keyserver.core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated, hsm_failure
-from keyserver.core.identity import sha256_hex
+from keyserver.core.identity.records import check_secret, mint_secret, split_secret
 from keyserver.core.keys import key_filter, require_aes, version_wrapped
 from keyserver.core.permissions import Permission
 from keyserver.core.policy import Policy
@@ -135,16 +132,15 @@ class HostService:
         if not 1 <= max_uses <= 10_000 or not 1 <= expires_in_hours <= 24 * 30:
             raise InvalidInput("max_uses must be 1-10000 and expires_in_hours 1-720")
         now = self._now()
-        lookup = base64.b32encode(secrets.token_bytes(10)).decode().lower()
-        secret = secrets.token_urlsafe(32)
-        token = EnrollmentToken(id=uuid.uuid4(), lookup_id=lookup, secret_hash=sha256_hex(secret),
+        minted = mint_secret(TOKEN_PREFIX)
+        token = EnrollmentToken(id=uuid.uuid4(), lookup_id=minted.lookup, secret_hash=minted.secret_hash,
                                 host_group=host_group, max_uses=max_uses, uses=0, created_by=ctx.principal.name,
                                 created_at=now, expires_at=now + timedelta(hours=expires_in_hours))
         with self._db.begin() as s:
             s.add(token)
             self._audit.add(s, ctx, action="enrollment_token.create", object_type="enrollment_token",
                             object_id=str(token.id), details={"host_group": host_group, "max_uses": max_uses})
-        return IssuedEnrollmentToken(token, f"{TOKEN_PREFIX}{lookup}_{secret}")
+        return IssuedEnrollmentToken(token, minted.token)
 
     def list_tokens(self, ctx: RequestContext) -> list[EnrollmentToken]:
         self._policy.require(ctx, Permission.HOSTS_READ, action="enrollment_token.list")
@@ -192,16 +188,16 @@ class HostService:
             raise InvalidInput("the CSR's signature does not verify")
         if not isinstance(public_key, rsa.RSAPublicKey) or public_key.key_size < 2048:
             raise InvalidInput("the host key must be RSA with at least 2048 bits")
-        if not token.startswith(TOKEN_PREFIX) or token.count("_") < 2:
+        parts = split_secret(TOKEN_PREFIX, token)
+        if parts is None:
             raise refuse("invalid", "malformed enrollment token")
-        lookup, _, secret = token[len(TOKEN_PREFIX):].partition("_")
+        lookup, secret = parts
         now = self._now()
         self._ca.ensure()  # before the transaction: it may read the CA's key again (KEK rotation)
         with self._audit.transaction() as s:
             row = s.execute(select(EnrollmentToken).where(EnrollmentToken.lookup_id == lookup)
                             .with_for_update()).scalar_one_or_none()
-            expected = row.secret_hash if row else sha256_hex("")
-            if not hmac.compare_digest(sha256_hex(secret), expected) or row is None:
+            if not check_secret(secret, row.secret_hash if row else None) or row is None:
                 refusal = ("invalid", "unknown enrollment token; ask an operator for a new one")
             elif row.revoked_at is not None:
                 refusal = ("revoked", "this enrollment token was revoked; ask an operator for a new one")

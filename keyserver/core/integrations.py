@@ -23,10 +23,7 @@ time (as API tokens: core/identity/tokens.py); a new token replaces the old at o
 
 from __future__ import annotations
 
-import base64
-import hmac
 import re
-import secrets
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +37,7 @@ from hsm import HsmBackend, HsmError, HsmIntegrityError
 from keyserver.core.approvals import ApprovalService
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, Forbidden, IntegrityFailure, InvalidInput, NotFound, hsm_failure
-from keyserver.core.identity.records import sha256_hex
+from keyserver.core.identity.records import check_secret, mint_secret, split_secret
 from keyserver.core.keys import key_filter, version_wrapped
 from keyserver.core.permissions import Permission
 from keyserver.core.policy import Policy
@@ -164,9 +161,8 @@ class DatabaseService:
 
     @staticmethod
     def _new_token() -> tuple[str, str, str]:
-        lookup = base64.b32encode(secrets.token_bytes(10)).decode().lower()
-        secret = secrets.token_urlsafe(32)
-        return lookup, sha256_hex(secret), f"{TOKEN_PREFIX}{lookup}_{secret}"
+        minted = mint_secret(TOKEN_PREFIX)
+        return minted.lookup, minted.secret_hash, minted.token
 
     def create(self, ctx: RequestContext, *, name: str, description: str = "", kind: str = "mariadb") -> IssuedDatabase:
         self._policy.require(ctx, Permission.DATABASES_MANAGE, action="database.create", object_type="database",
@@ -317,16 +313,15 @@ class DatabaseService:
                      request_id: str | None = None) -> RequestContext:
         """The database behind a KV token, as a context for its reads; refusals audited."""
         anon = RequestContext(ANONYMOUS, source_ip, request_id)
-        if not token or not token.startswith(TOKEN_PREFIX) or "_" not in token[len(TOKEN_PREFIX):]:
+        parts = split_secret(TOKEN_PREFIX, token)
+        if parts is None:
             self._deny(anon, action="database.authenticate", object_type=None, object_id=None,
                        details={"code": "token_invalid"}, code="token_invalid")
-        lookup, _, secret = token[len(TOKEN_PREFIX):].partition("_")
+        lookup, secret = parts
         with self._db() as s:
             row = s.execute(select(DatabaseIdentity.name, DatabaseIdentity.token_hash, DatabaseIdentity.revoked_at)
                             .where(DatabaseIdentity.token_lookup == lookup)).one_or_none()
-        # Compare even when the token is unknown, so timing says nothing.
-        expected = row.token_hash if row is not None else sha256_hex("")
-        if not hmac.compare_digest(sha256_hex(secret), expected) or row is None:
+        if not check_secret(secret, row.token_hash if row is not None else None) or row is None:
             self._deny(anon, action="database.authenticate", object_type=None, object_id=None,
                        details={"code": "token_invalid"}, code="token_invalid")
         ctx = RequestContext(database_principal(row.name), source_ip, request_id)

@@ -7,7 +7,7 @@ One room per concern, `IdentityService` the one door callers use:
 
 | module | what |
 |---|---|
-| `records.py` | the shared collaborators, `LoginResult`, `IssuedToken`, row helpers |
+| `records.py` | the shared collaborators, `LoginResult`, `IssuedToken`, row helpers, bearer secrets |
 | `passwords.py` | hashing, one-time passwords, what a chosen password must be |
 | `throttle.py` | sign-in throttling (decision 0015) |
 | `users.py` | accounts: first administrator, create, update, reset password |

@@ -1,9 +1,13 @@
 """What every identity room shares: the collaborators, the values handed to callers,
-and the few row operations more than one room performs."""
+the few row operations more than one room performs, and the one way a bearer secret
+(API, enrollment and database tokens) is minted and checked."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
+import secrets
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +29,38 @@ from keyserver.store.notify import Notifier
 
 def sha256_hex(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class MintedSecret:
+    lookup: str  # stored in the clear: finds the row without scanning digests
+    secret_hash: str  # stored: the SHA-256 of the secret part, hex
+    token: str  # shown once, never stored
+
+
+def mint_secret(prefix: str) -> MintedSecret:
+    """A bearer credential `<prefix><lookup>_<secret>`: API tokens (srk_), enrollment
+    tokens (sre_) and database tokens (srdb_) are all this shape, and rows written before
+    this function existed hold the same lookup and digest, so it must not change."""
+    lookup = base64.b32encode(secrets.token_bytes(10)).decode().lower()
+    secret = secrets.token_urlsafe(32)
+    return MintedSecret(lookup, sha256_hex(secret), f"{prefix}{lookup}_{secret}")
+
+
+def split_secret(prefix: str, token: str | None) -> tuple[str, str] | None:
+    """(lookup, secret) of a credential minted with `prefix`; None when it is not one."""
+    if not token or not token.startswith(prefix) or "_" not in token[len(prefix):]:
+        return None
+    lookup, _, secret = token[len(prefix):].partition("_")
+    return lookup, secret
+
+
+def check_secret(secret: str, secret_hash: str | None) -> bool:
+    """Whether `secret` is the one behind `secret_hash` (None: no row had the lookup).
+    The digest is compared even then, so the time taken says nothing of which lookups
+    exist."""
+    expected = secret_hash if secret_hash is not None else sha256_hex("")
+    return hmac.compare_digest(sha256_hex(secret), expected) and secret_hash is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,6 @@ revocation anywhere (LISTEN/NOTIFY) clears every replica's cache."""
 
 from __future__ import annotations
 
-import base64
-import hmac
-import secrets
 import time
 import uuid
 from datetime import datetime, timedelta
@@ -15,7 +12,16 @@ from typing import Protocol
 from sqlalchemy import select, update
 
 from keyserver.core.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
-from keyserver.core.identity.records import IssuedToken, Shared, find_user, sha256_hex, user_principal
+from keyserver.core.identity.records import (
+    IssuedToken,
+    Shared,
+    check_secret,
+    find_user,
+    mint_secret,
+    sha256_hex,
+    split_secret,
+    user_principal,
+)
 from keyserver.core.permissions import Permission, permissions_for
 from keyserver.core.principal import Principal, RequestContext
 from keyserver.store.models import ApiToken, User
@@ -96,9 +102,8 @@ class Tokens:
         with self._x.db.begin() as s:
             owner = find_user(s, owner_id)
             scopes = self._token_scopes(owner, scopes)  # the role as it is now
-            lookup = base64.b32encode(secrets.token_bytes(10)).decode().lower()
-            secret = secrets.token_urlsafe(32)
-            token = ApiToken(id=uuid.uuid4(), lookup_id=lookup, secret_hash=sha256_hex(secret),
+            minted = mint_secret(TOKEN_PREFIX)
+            token = ApiToken(id=uuid.uuid4(), lookup_id=minted.lookup, secret_hash=minted.secret_hash,
                              name=name.strip(), user_id=owner.id, scopes=sorted(set(scopes)), created_at=now,
                              expires_at=now + timedelta(days=expires_in_days) if expires_in_days else None)
             s.add(token)
@@ -106,7 +111,7 @@ class Tokens:
                               details={"name": token.name, "owner": owner.username, "scopes": token.scopes})
             s.flush()
             s.refresh(token)
-        return IssuedToken(token, f"{TOKEN_PREFIX}{lookup}_{secret}")
+        return IssuedToken(token, minted.token)
 
     @staticmethod
     def _token_scopes(owner: User, scopes: list[str] | None) -> list[str]:
@@ -165,16 +170,15 @@ class Tokens:
         cached = self.cached_token(raw)
         if cached is not None:
             return cached
-        if not raw.startswith(TOKEN_PREFIX) or raw.count("_") < 2:
+        parts = split_secret(TOKEN_PREFIX, raw)
+        if parts is None:
             raise Unauthenticated("malformed API token", code="token_invalid")
-        lookup, _, secret = raw[len(TOKEN_PREFIX):].partition("_")
+        lookup, secret = parts
         now = self._x.now()
         started = time.monotonic()
         with self._x.db() as s:
             token = s.execute(select(ApiToken).where(ApiToken.lookup_id == lookup)).scalar_one_or_none()
-            # Compare even when the token is unknown, so timing says nothing.
-            expected = token.secret_hash if token else sha256_hex("")
-            if not hmac.compare_digest(sha256_hex(secret), expected) or token is None:
+            if not check_secret(secret, token.secret_hash if token else None) or token is None:
                 raise Unauthenticated("unknown API token", code="token_invalid")
             if token.revoked_at is not None:
                 raise Unauthenticated("this API token was revoked", code="token_revoked")
