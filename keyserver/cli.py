@@ -257,6 +257,7 @@ def serve(
                       kmip=kmip, housekeeping=services)
     else:
         from keyserver.runtime.agentport import agent_sidecar, run_servers
+        from keyserver.runtime.xksport import start_xks_sidecar
 
         app = create_app(services)
         common.update(uvicorn_tls(rest_tls_context(settings, services.ca)))
@@ -269,7 +270,7 @@ def serve(
             sidecar = None
         _start_kmip(services)  # stopped by services.close() in the app's shutdown
         main = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, **common))  # type: ignore[arg-type]
-        run_servers(main, [sidecar] if sidecar else [])
+        run_servers(main, ([sidecar] if sidecar else []) + start_xks_sidecar(services, app, common))
 
 
 def _print_agent_port(services: Services, url: str) -> None:

@@ -163,6 +163,15 @@ class Settings(BaseSettings):
     agent_heartbeat_seconds: int = Field(default=30, ge=5, le=3600,
                                          description="agents heartbeat this often; offline after 3 missed")
 
+    # The XKS port (docs/integrations.md "Mutual TLS"): AWS KMS's external key store proxy
+    # API alone, on its own port, asking for a client certificate that must chain to
+    # `xks_client_ca_file` (AWS KMS's public CAs). Off unless `xks_port` is set.
+    xks_host: str = "127.0.0.1"
+    xks_port: int | None = Field(default=None, ge=0, le=65535,
+                                 description="the XKS port (mutual TLS); off when unset; 0 picks a free port (tests)")
+    xks_client_ca_file: Path | None = Field(
+        default=None, description="PEM bundle of the CAs whose client certificates the XKS port accepts")
+
     # Resource limits against hostile clients (docs/api.md "Limits", docs/kmip.md
     # "Connection limits"); the HTTP ones are per worker process and per port.
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
@@ -191,6 +200,9 @@ class Settings(BaseSettings):
                              "(the internal CA then issues the REST port's certificate)")
         if self.insecure_http and self.tls_cert_file is not None:
             raise ValueError("STRONGROOM_INSECURE_HTTP contradicts STRONGROOM_TLS_CERT_FILE: choose one")
+        if (self.xks_port is None) != (self.xks_client_ca_file is None):
+            raise ValueError("set both STRONGROOM_XKS_PORT and STRONGROOM_XKS_CLIENT_CA_FILE (the CA bundle AWS "
+                             "KMS's client certificates chain to), or neither (XKS on the REST port, SigV4 only)")
         if self.environment != "local":
             if self.insecure_http:
                 raise ValueError("plain HTTP is refused in production (it would carry passwords, session "

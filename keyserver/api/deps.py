@@ -104,12 +104,19 @@ class HostCaller:
     host: HostRecord
 
 
+def client_cert_chain(request: Request, listener: str) -> list[str]:
+    """The client certificate chain (PEM, leaf first) that `listener` verified for this
+    connection (runtime/agentport.py TlsScopeProtocol), else []: one listener's CA never
+    vouches for another's routes."""
+    tls = request.scope.get("extensions", {}).get("tls") or {}
+    return list(tls.get("client_cert_chain") or []) if tls.get("listener") == listener else []
+
+
 async def authenticate_host(request: Request, services: ServicesDep) -> HostCaller:
     """The enrolled host behind the TLS client certificate of this connection (the
     agent port verified it against the internal CA); its serial is looked up on every
     call, so a revoked host is refused at once."""
-    tls = request.scope.get("extensions", {}).get("tls") or {}
-    chain = tls.get("client_cert_chain") or []
+    chain = client_cert_chain(request, "agent")
     if not chain:
         raise Unauthenticated("agent calls need the host's client certificate: call the agent port "
                               "(mutual TLS) with the certificate issued at enrollment",

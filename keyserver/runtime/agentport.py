@@ -7,7 +7,9 @@ internal CA, where enrolled hosts authenticate with their client certificates.
   and enrollment come before a host has one. Agent routes require it.
 * uvicorn does not hand the peer certificate to the application, so the connection
   protocol here puts it into each request's scope as the ASGI TLS extension specifies
-  (`scope["extensions"]["tls"]["client_cert_chain"]`, PEM strings).
+  (`scope["extensions"]["tls"]["client_cert_chain"]`, PEM strings), with the listener
+  that verified it (`"listener"`: `agent`, or `xks` for runtime/xksport.py, whose
+  certificates chain to another CA) so a route trusts only its own listener's.
 * It runs on the main server's event loop as a sidecar: the main server owns signals
   and the application's lifespan.
 """
@@ -42,14 +44,17 @@ ASGIApp = Any
 
 class TlsScopeProtocol(_BaseProtocol):
     """HTTP over TLS that tells the application which client certificate the
-    connection presented (verified against the CA by the TLS layer)."""
+    connection presented (verified against the listener's CA by the TLS layer)."""
+
+    listener = "agent"
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         ssl_object = transport.get_extra_info("ssl_object")
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         tls = {"server_cert": None, "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)] if der else [],
-               "client_cert_name": None, "client_cert_error": None, "tls_version": None, "cipher_suite": None}
+               "client_cert_name": None, "client_cert_error": None, "tls_version": None, "cipher_suite": None,
+               "listener": self.listener}
         app = self.app
 
         async def with_tls(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -80,17 +85,32 @@ AGENT_PORT_EXACT = frozenset({"/api/v1/enroll", "/ca.pem", "/install.sh", "/heal
 
 def agent_port_only(app: ASGIApp) -> ASGIApp:
     """`app` restricted to the agent port's routes; anything else is a 404 problem."""
+    return port_only(app, AGENT_PORT_PATHS, AGENT_PORT_EXACT, "agent")
+
+
+def port_only(app: ASGIApp, prefixes: tuple[str, ...], exact: frozenset[str], port: str) -> ASGIApp:
+    """`app` restricted to the paths a sidecar port serves; anything else is a 404
+    problem `not_on_<port>_port`."""
     from keyserver.api import problems
 
     async def restricted(scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if scope["type"] != "http" or path in AGENT_PORT_EXACT or path.startswith(AGENT_PORT_PATHS):
+        if scope["type"] != "http" or path in exact or path.startswith(prefixes):
             await app(scope, receive, send)
             return
-        await problems.problem(404, "not_on_agent_port", f"{path} is not served on the agent port; the console "
-                               "and the administrative API are on the key server's main port")(scope, receive, send)
+        await problems.problem(404, f"not_on_{port}_port", f"{path} is not served on the {port} port; the "
+                               "console and the administrative API are on the key server's main port"
+                               )(scope, receive, send)
 
     return restricted
+
+
+def sidecar_server(app: ASGIApp, context: ssl.SSLContext, protocol: type[TlsScopeProtocol],
+                   uvicorn_kwargs: dict[str, Any]) -> SidecarServer:
+    """A sidecar serving `app` over `context`, client certificates passed to the app."""
+    kwargs = {k: v for k, v in uvicorn_kwargs.items() if not k.startswith("ssl_")}
+    return SidecarServer(uvicorn.Config(app, http=protocol, lifespan="off",
+                                        ssl_context_factory=lambda _config, _default: context, **kwargs))
 
 
 def install_command(url: str) -> str:
@@ -130,10 +150,7 @@ def agent_sidecar(services: Services, app: ASGIApp, uvicorn_kwargs: dict[str, An
     services.agent_url = (s.agent_public_url or f"https://{url_host}:{port}").rstrip("/")
     names = [url_host.strip("[]"), *([] if wildcard else [s.agent_host]), *s.agent_server_names]
     context = agent_tls_context(services.ca, names)
-    kwargs = {k: v for k, v in uvicorn_kwargs.items() if not k.startswith("ssl_")}
-    config = uvicorn.Config(agent_port_only(app), http=TlsScopeProtocol, lifespan="off",
-                            ssl_context_factory=lambda _config, _default: context, **kwargs)
-    return SidecarServer(config), sock
+    return sidecar_server(agent_port_only(app), context, TlsScopeProtocol, uvicorn_kwargs), sock
 
 
 def run_servers(main: uvicorn.Server, sidecars: list[tuple[uvicorn.Server, socket.socket]],
@@ -150,7 +167,7 @@ async def serve_with_sidecars(main: uvicorn.Server, sidecars: list[tuple[uvicorn
     if services is not None:
         limits = HttpLimits.from_settings(services.settings)
         limit_server(main, limits)
-        # The agent port faces the hosts' network: handshakes count per address there too.
+        # The agent and XKS ports face other networks: handshakes count per address there too.
         for server, _ in sidecars:
             limit_server(server, limits, count_tls=True)
         bound_handshakes(asyncio.get_running_loop(), limits.handshake_timeout)

@@ -30,6 +30,7 @@ def _worker(host: str, port: int, uvicorn_kwargs: dict[str, Any], kmip: bool = F
     from keyserver.runtime.agentport import agent_sidecar, run_servers
     from keyserver.runtime.asgi import app_factory
     from keyserver.runtime.tls import rest_tls_context, uvicorn_tls
+    from keyserver.runtime.xksport import start_xks_sidecar
 
     app = app_factory(housekeeping=False)  # the supervisor does it
     services = app.state.services
@@ -48,7 +49,8 @@ def _worker(host: str, port: int, uvicorn_kwargs: dict[str, Any], kmip: bool = F
     sock = bind_socket(host, port)
     sidecar = agent_sidecar(services, app, uvicorn_kwargs)  # the agent port: same SO_REUSEPORT sharing
     tls = uvicorn_tls(rest_tls_context(services.settings, services.ca))
-    run_servers(uvicorn.Server(uvicorn.Config(app, **uvicorn_kwargs, **tls)), [sidecar] if sidecar else [], [sock])
+    sidecars = ([sidecar] if sidecar else []) + start_xks_sidecar(services, app, uvicorn_kwargs)
+    run_servers(uvicorn.Server(uvicorn.Config(app, **uvicorn_kwargs, **tls)), sidecars, [sock])
 
 
 def serve_workers(*, host: str, port: int, workers: int, uvicorn_kwargs: dict[str, Any],

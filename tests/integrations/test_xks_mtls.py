@@ -1,0 +1,194 @@
+"""Mutual TLS for the AWS KMS external key store proxy (decision 0023): the optional XKS
+port asks for a client certificate chained to its configured CA bundle, as AWS KMS
+presents one (subject `cks.kms.<region>.amazonaws.com`) when a key store is set up for
+mTLS; every call is still signed by botocore's SigV4Auth. The REST port never asks."""
+
+from __future__ import annotations
+
+import copy
+import ssl
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from fastapi import FastAPI
+
+from keyserver.runtime.xksport import xks_sidecar
+from keyserver.services import Services
+from tests.conftest import _serving
+from tests.integrations.test_xks import REGION, Xks, _error, _key
+
+AWS_NAME = f"cks.kms.{REGION}.amazonaws.com"
+
+
+@dataclass(frozen=True)
+class Ca:
+    """A CA made for the test (standing for AWS KMS's public CA, or for another one)."""
+
+    name: str
+    key: ec.EllipticCurvePrivateKey
+    cert: x509.Certificate
+    directory: Path
+
+    @classmethod
+    def make(cls, name: str, directory: Path) -> Ca:
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        now = datetime.now(UTC)
+        cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+                .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(hours=1))
+                .not_valid_after(now + timedelta(days=2))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False,
+                                             key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                             key_cert_sign=True, crl_sign=True, encipher_only=False,
+                                             decipher_only=False), critical=True)
+                .sign(key, hashes.SHA256()))
+        directory.mkdir(parents=True, exist_ok=True)
+        ca = cls(name, key, cert, directory)
+        ca.pem_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return ca
+
+    @property
+    def pem_file(self) -> Path:
+        return self.directory / "ca.pem"
+
+    def client(self, common_name: str, *, dns: tuple[str, ...] = ()) -> tuple[Path, Path]:
+        """A client certificate (CN `common_name`, DNS SANs `dns`) and its key, as files."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.now(UTC)
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+                   .issuer_name(self.cert.subject).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(hours=1))
+                   .not_valid_after(now + timedelta(days=1))
+                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
+        if dns:
+            builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(d) for d in dns]),
+                                            critical=False)
+        cert = builder.sign(self.key, hashes.SHA256())
+        stem = self.directory / f"{common_name}-{x509.random_serial_number():x}"
+        cert_file, key_file = stem.with_suffix(".crt"), stem.with_suffix(".key")
+        cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+        return cert_file, key_file
+
+
+@pytest.fixture(scope="module")
+def aws_ca(tmp_path_factory: pytest.TempPathFactory) -> Ca:
+    return Ca.make("Test AWS KMS client CA", tmp_path_factory.mktemp("aws-ca"))
+
+
+@pytest.fixture(scope="module")
+def other_ca(tmp_path_factory: pytest.TempPathFactory) -> Ca:
+    return Ca.make("Test other CA", tmp_path_factory.mktemp("other-ca"))
+
+
+@pytest.fixture(scope="module")
+def xks_url(services: Services, app: FastAPI, base_url: str, aws_ca: Ca) -> Iterator[str]:
+    """The XKS port as `keyserver serve` runs it with STRONGROOM_XKS_PORT and
+    STRONGROOM_XKS_CLIENT_CA_FILE set, on the session's application and store."""
+    configured = copy.copy(services)
+    configured.settings = services.settings.model_copy(update={"xks_port": 0,
+                                                               "xks_client_ca_file": aws_ca.pem_file})
+    sidecar = xks_sidecar(configured, app, {"log_config": None, "access_log": False})
+    assert sidecar is not None
+    server, sock = sidecar
+    with _serving(server, [sock]):
+        yield f"https://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def client_context(ca_file: Path, cert: tuple[Path, Path] | None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(ca_file))
+    if cert is not None:
+        ctx.load_cert_chain(str(cert[0]), str(cert[1]))
+    return ctx
+
+
+def on(xks: Xks, url: str, ca_file: Path, cert: tuple[Path, Path] | None) -> Xks:
+    """The same key store, called at `url` with `cert` presented (or none)."""
+    other = copy.copy(xks)
+    other.base_url, other.http = url, httpx.Client(base_url=url, verify=client_context(ca_file, cert), timeout=30)
+    return other
+
+
+def health(xks: Xks) -> httpx.Response:
+    return xks.call("/health", {"requestMetadata": {"kmsRequestId": "h-1", "kmsOperation": "KmsHealthCheck"}})
+
+
+def handshake_messages(url: str, cert: tuple[Path, Path] | None = None) -> str:
+    """What `openssl s_client -msg` sees of the handshake with the server at `url`."""
+    host_port = url.removeprefix("https://")
+    args = ["openssl", "s_client", "-connect", host_port, "-msg", "-brief"]
+    if cert is not None:
+        args += ["-cert", str(cert[0]), "-key", str(cert[1])]
+    out = subprocess.run(args, input=b"", capture_output=True, timeout=30, check=False)
+    return out.stdout.decode(errors="replace") + out.stderr.decode(errors="replace")
+
+
+def test_only_the_xks_port_asks_for_a_client_certificate(base_url: str, xks_url: str) -> None:
+    assert "CertificateRequest" in handshake_messages(xks_url)
+    rest = handshake_messages(base_url)
+    assert "ServerHello" in rest, rest  # the check can see handshake messages at all
+    assert "CertificateRequest" not in rest
+
+
+def test_store_without_a_subject_works_on_both_ports_without_a_certificate(
+        admin: httpx.Client, base_url: str, tls: Any, xks_url: str, ca_file: Path, aws_ca: Ca) -> None:
+    xks = Xks(admin, base_url, tls)
+    external = xks.grant(admin, _key(admin))
+    assert health(xks).status_code == 200
+    on_xks_port = on(xks, xks_url, ca_file, None)
+    r = on_xks_port.encrypt(external, b"data key", b"context")
+    assert r.status_code == 200, r.text
+    assert xks.decrypt(external, r.json(), b"context").status_code == 200
+    # A certificate AWS KMS would present changes nothing for such a store.
+    with_cert = on(xks, xks_url, ca_file, aws_ca.client(AWS_NAME))
+    assert health(with_cert).status_code == 200
+
+
+def test_certificate_of_another_ca_fails_the_handshake(admin: httpx.Client, base_url: str, tls: Any,
+                                                       xks_url: str, ca_file: Path, other_ca: Ca) -> None:
+    xks = on(Xks(admin, base_url, tls), xks_url, ca_file, other_ca.client(AWS_NAME))
+    with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
+        health(xks)
+
+
+def test_xks_port_serves_the_xks_api_only(xks_url: str, ca_file: Path, admin: httpx.Client) -> None:
+    token = admin.headers["Authorization"]
+    with httpx.Client(base_url=xks_url, verify=client_context(ca_file, None), timeout=30) as http:
+        r = http.get("/api/v1/keys", headers={"Authorization": token})
+        assert r.status_code == 404 and r.json()["code"] == "not_on_xks_port", r.text
+        assert http.get("/healthz").status_code == 200
+        r = http.post("/xks/nosuchstore/kms/xks/v1/health", json={})
+        _error(r, 401, "AuthenticationFailedException")
+
+
+def test_xks_port_and_ca_bundle_go_together(tmp_path: Path) -> None:
+    from keyserver.settings import Settings, SettingsInvalid
+
+    for half in ({"xks_port": 8444}, {"xks_client_ca_file": tmp_path / "ca.pem"}):
+        with pytest.raises((SettingsInvalid, ValueError)) as bad:
+            Settings(data_dir=tmp_path, **half)
+        assert "STRONGROOM_XKS_CLIENT_CA_FILE" in str(bad.value)
+
+
+def test_unreadable_bundle_leaves_the_rest_port_up(services: Services, app: FastAPI, tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    from keyserver.runtime.xksport import start_xks_sidecar
+
+    configured = copy.copy(services)
+    configured.settings = services.settings.model_copy(update={"xks_port": 0,
+                                                               "xks_client_ca_file": tmp_path / "missing.pem"})
+    assert start_xks_sidecar(configured, app, {}) == []
+    assert "XKS port not started" in caplog.text and "STRONGROOM_XKS_CLIENT_CA_FILE" in caplog.text
