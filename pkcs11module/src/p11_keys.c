@@ -87,21 +87,9 @@ CK_RV C_GenerateKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism,
     rv = kmip_one(&g.slots[s->slot], OP_CREATE, &p, &r, 0);
     tb_free(&p);
     if (rv == CKR_OK) {
-        const uint8_t *u;
-        size_t un;
-        char uid[1][KMIP_UID_MAX + 1];
-        if (r.items[0].payload < 0 || kmip_payload_bytes(&r, r.items[0].payload, T_UNIQUE_IDENTIFIER, &u, &un)
-            || un == 0 || un > KMIP_UID_MAX) {
-            rv = CKR_DEVICE_ERROR;
-        } else {
-            memcpy(uid[0], u, un);
-            uid[0][un] = '\0';
-        }
-        kresponse_free(&r);
-        if (rv == CKR_OK)
-            rv = adopt(s->slot, 1, uid, phKey);
-        if (rv == CKR_OK && attr_bool(pTemplate, ulCount, CKA_TOKEN) == 0)
-            set_owner(s->slot, *phKey, s->handle);
+        static const uint32_t tags[1] = { T_UNIQUE_IDENTIFIER };
+        const int session_only[1] = { attr_bool(pTemplate, ulCount, CKA_TOKEN) == 0 };
+        rv = adopt_created(s, &r, 1, tags, session_only, phKey);
     }
     session_put(s);
     return rv;
@@ -188,30 +176,13 @@ CK_RV C_GenerateKeyPair(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism,
     rv = kmip_one(&g.slots[s->slot], OP_CREATE_KEY_PAIR, &p, &r, 0);
     tb_free(&p);
     if (rv == CKR_OK) {
-        char uids[2][KMIP_UID_MAX + 1];
-        const uint8_t *u;
-        size_t un;
         static const uint32_t tags[2] = { T_PUBLIC_KEY_UID, T_PRIVATE_KEY_UID };
-        for (int i = 0; i < 2 && rv == CKR_OK; i++) {
-            if (r.items[0].payload < 0 || kmip_payload_bytes(&r, r.items[0].payload, tags[i], &u, &un)
-                || un == 0 || un > KMIP_UID_MAX) {
-                rv = CKR_DEVICE_ERROR;
-            } else {
-                memcpy(uids[i], u, un);
-                uids[i][un] = '\0';
-            }
-        }
-        kresponse_free(&r);
+        const int session_only[2] = { attr_bool(pub, npub, CKA_TOKEN) == 0, attr_bool(prv, nprv, CKA_TOKEN) == 0 };
         CK_OBJECT_HANDLE hs[2];
-        if (rv == CKR_OK)
-            rv = adopt(s->slot, 2, uids, hs);
+        rv = adopt_created(s, &r, 2, tags, session_only, hs);
         if (rv == CKR_OK) {
             *phPublicKey = hs[0];
             *phPrivateKey = hs[1];
-            if (attr_bool(pub, npub, CKA_TOKEN) == 0)
-                set_owner(s->slot, hs[0], s->handle);
-            if (attr_bool(prv, nprv, CKA_TOKEN) == 0)
-                set_owner(s->slot, hs[1], s->handle);
         }
     }
     session_put(s);

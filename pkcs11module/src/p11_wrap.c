@@ -271,21 +271,9 @@ CK_RV C_UnwrapKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OB
     else if (rv == CKR_MECHANISM_PARAM_INVALID)
         rv = CKR_TEMPLATE_INCONSISTENT;  /* Invalid Field: a length or algorithm refused */
     if (rv == CKR_OK) {
-        const uint8_t *u;
-        size_t un;
-        char uid[1][KMIP_UID_MAX + 1];
-        if (r.items[0].payload < 0 || kmip_payload_bytes(&r, r.items[0].payload, T_UNIQUE_IDENTIFIER, &u, &un)
-            || un == 0 || un > KMIP_UID_MAX) {
-            rv = CKR_DEVICE_ERROR;
-        } else {
-            memcpy(uid[0], u, un);
-            uid[0][un] = '\0';
-        }
-        kresponse_free(&r);
-        if (rv == CKR_OK)
-            rv = adopt(s->slot, 1, uid, phKey);
-        if (rv == CKR_OK && attr_bool(t, n, CKA_TOKEN) == 0)
-            set_owner(s->slot, *phKey, s->handle);
+        static const uint32_t tags[1] = { T_UNIQUE_IDENTIFIER };
+        const int session_only[1] = { attr_bool(t, n, CKA_TOKEN) == 0 };
+        rv = adopt_created(s, &r, 1, tags, session_only, phKey);
     }
     session_put(s);
     return rv;

@@ -126,7 +126,8 @@ void kattr_activation(tbuf *p)
 }
 
 /* GetAttributes of the new objects, added to the cache; their handles out. */
-CK_RV adopt(CK_SLOT_ID slot, int n, char uids[][KMIP_UID_MAX + 1], CK_OBJECT_HANDLE *out)
+/* GetAttributes of new server objects, added to the cache; their handles out (n <= 2). */
+static CK_RV adopt(CK_SLOT_ID slot, int n, char uids[][KMIP_UID_MAX + 1], CK_OBJECT_HANDLE *out)
 {
     tbuf pl[2];
     uint32_t ops[2] = { OP_GET_ATTRIBUTES, OP_GET_ATTRIBUTES };
@@ -164,13 +165,39 @@ CK_RV adopt(CK_SLOT_ID slot, int n, char uids[][KMIP_UID_MAX + 1], CK_OBJECT_HAN
     return rv;
 }
 
-void set_owner(CK_SLOT_ID slot, CK_OBJECT_HANDLE h, CK_SESSION_HANDLE owner)
+static void set_owner(CK_SLOT_ID slot, CK_OBJECT_HANDLE h, CK_SESSION_HANDLE owner)
 {
     pthread_mutex_lock(&g.lock);
     sr_object *o = object_get(slot, h);
     if (o != NULL)
         o->owner = owner;
     pthread_mutex_unlock(&g.lock);
+}
+
+CK_RV adopt_created(const sr_session *s, kresponse *r, int n, const uint32_t tags[],
+                    const int session_only[], CK_OBJECT_HANDLE *out)
+{
+    char uids[2][KMIP_UID_MAX + 1];
+    CK_RV rv = n < 1 || n > 2 ? CKR_GENERAL_ERROR : CKR_OK;
+    for (int i = 0; i < n && rv == CKR_OK; i++) {
+        const uint8_t *u;
+        size_t un;
+        /* a server that answers without a usable identifier made something we cannot name */
+        if (r->items[0].payload < 0 || kmip_payload_bytes(r, r->items[0].payload, tags[i], &u, &un)
+            || un == 0 || un > KMIP_UID_MAX) {
+            rv = CKR_DEVICE_ERROR;
+        } else {
+            memcpy(uids[i], u, un);
+            uids[i][un] = '\0';
+        }
+    }
+    kresponse_free(r);
+    if (rv == CKR_OK)
+        rv = adopt(s->slot, n, uids, out);
+    for (int i = 0; i < n && rv == CKR_OK; i++)
+        if (session_only[i])
+            set_owner(s->slot, out[i], s->handle);
+    return rv;
 }
 
 /* The session to create objects in: a token object needs a read/write session. */

@@ -21,9 +21,11 @@ void kattr_bool(tbuf *p, const char *name, int v);
 void kattr_sensitive(tbuf *p, const CK_ATTRIBUTE *t, CK_ULONG n);   /* KMIP Sensitive */
 void kattr_activation(tbuf *p);
 
-/* GetAttributes of new server objects, added to the cache; their handles out (n <= 2). */
-CK_RV adopt(CK_SLOT_ID slot, int n, char uids[][KMIP_UID_MAX + 1], CK_OBJECT_HANDLE *out);
-void set_owner(CK_SLOT_ID slot, CK_OBJECT_HANDLE h, CK_SESSION_HANDLE owner);
+/* The objects a Create, CreateKeyPair or Register response names (`tags[i]` in its
+ * payload, n <= 2) adopted into the session's slot, their handles out; those with
+ * session_only[i] set belong to the session and go with it. Frees *r. */
+CK_RV adopt_created(const sr_session *s, kresponse *r, int n, const uint32_t tags[],
+                    const int session_only[], CK_OBJECT_HANDLE *out);
 /* The session to create objects in, locked (session_put it); NULL with *rv set. */
 sr_session *rw_session(CK_SESSION_HANDLE h, CK_RV *rv, int token);
 
