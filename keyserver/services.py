@@ -32,6 +32,7 @@ from keyserver.core.integrations import DatabaseService
 from keyserver.core.kek import KekService
 from keyserver.core.keys import KeyService
 from keyserver.core.kmip_clients import KmipClientService
+from keyserver.core.kmip_grants import KmipGrantService
 from keyserver.core.kmip_objects import KmipObjectService
 from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
@@ -107,6 +108,7 @@ class Services:
     ca: CertificateAuthority
     kmip_clients: KmipClientService
     kmip_objects: KmipObjectService
+    kmip_grants: KmipGrantService
     hosts: HostService
     guard_points: GuardPointService
     volumes: VolumeService
@@ -225,6 +227,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
                                        read_session_factory=db.make_session_factory(autocommit),
                                        notifier=notifier),
         kmip_objects=objects,
+        kmip_grants=KmipGrantService(session_factory, audit, policy),
         crypto=crypto,
         guard_points=GuardPointService(session_factory, audit, policy),
         volumes=VolumeService(session_factory, audit, policy, datakeys),

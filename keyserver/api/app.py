@@ -46,6 +46,7 @@ from keyserver.api.routes import (
     install,
     keys,
     kmip_clients,
+    kmip_grants,
     kv,
     system,
     tokens,
@@ -373,6 +374,7 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
               tokens.router, system.router):
         app.include_router(r, prefix="/api/v1")
     app.include_router(kmip_clients.router, prefix="/api/v1")
+    app.include_router(kmip_grants.router, prefix="/api/v1")
     app.include_router(hosts.router, prefix="/api/v1")
     app.include_router(guardpoints.router, prefix="/api/v1")
     app.include_router(volumes.router, prefix="/api/v1")

@@ -87,6 +87,10 @@ KeyStateName = Literal["pre-active", "active", "deactivated", "compromised", "de
                        "destroyed-compromised"]
 
 
+KMIP_GROUP_HELP = ("the KMIP tenancy group whose clients see the key (docs/kmip.md \"Tenancy\"): 1 to 64 of "
+                   "a-z 0-9 . _ -; none: no KMIP client sees it until it is assigned or granted")
+
+
 class KeyCreate(Strict):
     name: str = Field(min_length=1, max_length=128, examples=["payments-db"])
     description: str = Field(default="", max_length=2000)
@@ -98,6 +102,7 @@ class KeyCreate(Strict):
     rotation_period_days: int | None = Field(default=None, ge=1, le=3650)
     exportable: bool = Field(default=True, description="false: the material never leaves in plaintext (KMIP "
                                                         "Get), only wrapped under another key")
+    kmip_group: str | None = Field(default=None, min_length=1, max_length=64, description=KMIP_GROUP_HELP)
 
 
 class KeyUpdate(Strict):
@@ -108,6 +113,8 @@ class KeyUpdate(Strict):
                                              description="null together with clear_rotation to stop")
     clear_rotation: bool = False
     exportable: bool | None = None
+    kmip_group: str | None = Field(default=None, min_length=1, max_length=64,
+                                   description=KMIP_GROUP_HELP + "; null removes it from every group")
 
 
 class KeyVersionPublic(BaseModel):
@@ -142,6 +149,7 @@ class KeyPublic(BaseModel):
     rotation_period_days: int | None
     next_rotation_at: datetime | None
     exportable: bool
+    kmip_group: str | None
     versions: list[KeyVersionPublic]
 
 

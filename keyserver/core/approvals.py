@@ -330,7 +330,8 @@ class ApprovalService:
             # setting: no held action that runs needs them (an export is a grant, not run here).
             return Principal(name=req.requested_by, actor_type="host", role=client.role,
                              permissions=permissions_for(client.role) - {Permission.KEYS_EXPORT,
-                                                                         Permission.KEYS_EXPORT_WRAPPED})
+                                                                         Permission.KEYS_EXPORT_WRAPPED},
+                             kmip_group=client.group)
         if req.requester_user_id is None:
             raise Conflict("the requester is not a user any more; ask again", code="approval_requester_gone")
         with self._db() as s:

@@ -21,7 +21,7 @@ from keyserver.core.approvals import ApprovalService
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, InvalidInput, NotFound, hsm_failure
 from keyserver.core.kek import KekService
-from keyserver.core.names import UUID_RE, check_name
+from keyserver.core.names import UUID_RE, check_group, check_name
 from keyserver.core.permissions import Permission
 from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
@@ -31,18 +31,14 @@ from keyserver.store.models import KeyVersion, KmipPublicKey, KmipSealedObject, 
 from keyserver.store.notify import Notifier, Topic
 
 MAX_TAGS = 50
-REVOCATION_REASONS = frozenset({
-    "unspecified", "key-compromise", "ca-compromise", "affiliation-changed", "superseded",
-    "cessation-of-operation", "privilege-withdrawn",
-})
+REVOCATION_REASONS = frozenset({"unspecified", "key-compromise", "ca-compromise", "affiliation-changed", "superseded",
+                                "cessation-of-operation", "privilege-withdrawn"})
 COMPROMISE_REASONS = frozenset({"key-compromise", "ca-compromise"})
 
 
 # What a key list can be sorted by (GET /keys?sort=…).
-SORTABLE: dict[str, Any] = {
-    "name": ManagedKey.name, "owner": ManagedKey.owner, "created_at": ManagedKey.created_at,
-    "updated_at": ManagedKey.updated_at, "next_rotation_at": ManagedKey.next_rotation_at,
-}
+SORTABLE: dict[str, Any] = {"name": ManagedKey.name, "owner": ManagedKey.owner, "created_at": ManagedKey.created_at,
+                            "updated_at": ManagedKey.updated_at, "next_rotation_at": ManagedKey.next_rotation_at}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +66,7 @@ class KeySpec:
     algorithm: str = "AES"
     # False: never exported in plaintext (KMIP Get), only wrapped under another key.
     exportable: bool = True
+    kmip_group: str | None = None  # KMIP tenancy; a KMIP client's keys always go to its own group
 
 
 AES_LENGTHS = frozenset({128, 192, 256})
@@ -109,8 +106,7 @@ def key_state(key: KeyView) -> KeyState:
 def version_wrapped(v: KeyVersion) -> WrappedKey:
     if v.wrapped_key is None or v.wrapping_key_id is None or v.wrapping_mechanism is None:
         raise Conflict(f"version {v.version} has no key material (destroyed)", code="key_destroyed")
-    return WrappedKey(wrapping_key_id=v.wrapping_key_id, mechanism=v.wrapping_mechanism,
-                      ciphertext=v.wrapped_key)
+    return WrappedKey(wrapping_key_id=v.wrapping_key_id, mechanism=v.wrapping_mechanism, ciphertext=v.wrapped_key)
 
 
 def validate_tags(tags: dict[str, str]) -> dict[str, str]:
@@ -233,6 +229,7 @@ class KeyService:
         self._policy.require(ctx, Permission.KEYS_CREATE, action="key.create",
                              object_type="key", object_id=spec.name)
         check_name(spec.name)
+        group = check_group(spec.kmip_group if ctx.principal.kmip_group is None else ctx.principal.kmip_group)
         if spec.rotation_period_days is not None and not 1 <= spec.rotation_period_days <= 3650:
             raise InvalidInput("rotation_period_days must be between 1 and 3650")
         now = self._now()
@@ -277,7 +274,7 @@ class KeyService:
                 owner=spec.owner or ctx.principal.name, tags=validate_tags(spec.tags or {}),
                 created_at=now, updated_at=now, rotation_period_days=spec.rotation_period_days,
                 algorithm=spec.algorithm, length_bits=spec.length_bits, exportable=spec.exportable,
-                kmip_attributes=dict(spec.kmip_attributes or {}),
+                kmip_attributes=dict(spec.kmip_attributes or {}), kmip_group=group,
                 next_rotation_at=(now + timedelta(days=spec.rotation_period_days)
                                   if spec.rotation_period_days and active_now and not deactivated else None),
             )
@@ -287,7 +284,7 @@ class KeyService:
                                               deactivation_date=spec.deactivation_date)]
             s.add(key)
             self._audit.add(s, ctx, action="key.create", object_type="key", object_id=str(key.id),
-                            details={"name": key.name, "version": 1, "state": state.value,
+                            details={"name": key.name, "version": 1, "state": state.value, "kmip_group": group,
                                      **({"imported": True} if spec.material is not None or spec.wrapped is not None
                                         else {}), **(spec.import_details or {})})
         return key
@@ -321,10 +318,12 @@ class KeyService:
         self, ctx: RequestContext, ref: str, *, description: str | None = None,
         tags: dict[str, str] | None = None, owner: str | None = None,
         rotation_period_days: int | None = None, clear_rotation: bool = False, exportable: bool | None = None,
-    ) -> ManagedKey:
+        set_kmip_group: bool = False, kmip_group: str | None = None) -> ManagedKey:
         self._policy.require(ctx, Permission.KEYS_UPDATE, action="key.update", object_type="key", object_id=ref)
         if rotation_period_days is not None and not 1 <= rotation_period_days <= 3650:
             raise InvalidInput("rotation_period_days must be between 1 and 3650")
+        if set_kmip_group:
+            check_group(kmip_group)
         now = self._now()
         with self._audit.transaction() as s:  # the refusal below is recorded though it rolls back
             key = self._load(s, ref, lock=True)
@@ -335,6 +334,10 @@ class KeyService:
                 key.tags, changed["tags"] = validate_tags(tags), True
             if owner is not None:
                 key.owner, changed["owner"] = owner, owner
+            if set_kmip_group and kmip_group != key.kmip_group:  # KMIP clients see it on their next request
+                changed.update(kmip_group=kmip_group, kmip_group_was=key.kmip_group)
+                key.kmip_group = kmip_group
+                self._notifier.publish(s, Topic.KEYS)
             if exportable is not None and exportable != key.exportable:
                 key.exportable, changed["exportable"] = exportable, exportable
                 self._notifier.publish(s, Topic.KEYS)  # Get's caches hold the policy: replicas drop them

@@ -33,6 +33,7 @@ from keyserver.core.kmip_model import (
     audit_identity,
     object_type_of,
 )
+from keyserver.core.kmip_tenancy import NOT_VISIBLE, KmipTenancy, Target, owns, right_for, scoped, target_of
 from keyserver.core.names import UUID_RE
 from keyserver.core.permissions import Permission
 from keyserver.core.policy import Policy
@@ -65,6 +66,7 @@ class KmipObjectBase:
         self._hsm = hsm
         self._audit = audit
         self._policy = policy
+        self._tenancy = KmipTenancy(self._read)
         self._now = now
         # Objects as Get needs them (state, wrapped material, length), per replica, the
         # way DataKeyService caches active versions (decision 0004): every change to a
@@ -119,12 +121,14 @@ class KmipObjectBase:
         return self._version(s, uid) or self._public_key(s, uid) or self._sealed(s, uid)
 
     def resolve(self, ctx: RequestContext, uid: str, *, action: str = "kmip.read",
-                permission: Permission = Permission.KEYS_READ) -> VersionObject | StandaloneObject:
-        """The object behind `uid`, once `ctx` may `permission` on it (a refusal is audited
-        under the object's one identity: audit_identity)."""
+                permission: Permission = Permission.KEYS_READ, right: str | None = None,
+                ) -> VersionObject | StandaloneObject:
+        """The object behind `uid`, once `ctx` may `permission` on it and has the tenancy
+        `right` (by default the permission's: kmip_tenancy.right_for) on it (a refusal is
+        audited under the object's one identity: audit_identity)."""
         with self._read() as s:
             found = self._find(s, uid)
-        self._require(ctx, permission, action, found, uid)
+        self._require(ctx, permission, action, found, uid, right)
         if found is None:
             raise NotFound(f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
         return found
@@ -134,18 +138,42 @@ class KmipObjectBase:
         read keys; None otherwise (not a key version, unknown, or a caller `resolve`
         must refuse and audit), and the caller then goes through `resolve`. Cheaper than
         `resolve` (which loads the key and all its versions) for operations that load
-        them again anyway, under the key's lock."""
+        them again anyway, under the key's lock. A KMIP client gets it only for a key of its
+        own (tenancy: any other goes through `resolve`, which looks up grants)."""
         if Permission.KEYS_READ not in ctx.principal.permissions or not UUID_RE.match(uid):
             return None
-        stmt = select(KeyVersion.key_id, KeyVersion.version).where(KeyVersion.id == uuid.UUID(uid))
+        stmt = select(KeyVersion.key_id, KeyVersion.version, ManagedKey.kmip_group, ManagedKey.owner).join(
+            ManagedKey).where(KeyVersion.id == uuid.UUID(uid))
         with self._read() as s:
             row = s.execute(stmt).first()
-        return None if row is None else VersionRef(key_id=row[0], version=row[1])
+        if row is None or (scoped(ctx.principal) and not owns(ctx.principal, Target("key", "", row[2], row[3]))):
+            return None
+        return VersionRef(key_id=row[0], version=row[1])
 
     def _require(self, ctx: RequestContext, permission: Permission, action: str,
-                 found: VersionObject | StandaloneObject | None, uid: str) -> None:
+                 found: VersionObject | StandaloneObject | None, uid: str, right: str | None = None) -> None:
         object_type, object_id = audit_identity(found) if found is not None else ("kmip_object", uid)
         self._policy.require(ctx, permission, action=action, object_type=object_type, object_id=object_id)
+        if found is None or not scoped(ctx.principal):
+            return
+        target = target_of(found)
+        if owns(ctx.principal, target):  # the hot path: no grant lookup
+            return
+        wanted = right or right_for(permission)
+        granted = self._tenancy.rights(ctx.principal, found)
+        if wanted in granted:
+            return
+        details: dict[str, object] = {"reason": NOT_VISIBLE, "right": wanted, "group": target.group}
+        if not granted:
+            self._policy.hide(ctx, action=action, object_type=object_type, object_id=object_id, details=details,
+                              message=f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
+        details["reason"], details["granted"] = f"the client's grants do not include '{wanted}'", sorted(granted)
+        self._policy.deny(ctx, action=action, object_type=object_type, object_id=object_id, details=details,
+                          message=(f"this client may {', '.join(sorted(granted))} the object, not {wanted}: "
+                                   "ask an administrator for a KMIP grant with that right" if wanted != "manage"
+                                   else "only clients of the object's own group change its lifecycle or "
+                                        "attributes; ask an administrator to assign it to this client's group"),
+                          code="kmip_right_missing")
 
     def uid_of(self, ref: str, version: int | None = None) -> str:
         """The object a REST caller names: a KMIP object's identifier as it is, or a
@@ -179,20 +207,22 @@ class KmipObjectBase:
         return found
 
     def resolve_for_export(self, ctx: RequestContext, uid: str, *, action: str = "kmip.read",
-                           permission: Permission = Permission.KEYS_READ) -> VersionObject | StandaloneObject:
+                           permission: Permission = Permission.KEYS_READ,
+                           right: str | None = None) -> VersionObject | StandaloneObject:
         """`resolve` for Get: state, material and lengths only, from the cache when the
-        notification listener guarantees it is current."""
+        notification listener guarantees it is current. The cache holds objects, not
+        decisions: tenancy (grants included) is decided on every call."""
         notifier = self._notifier
         if notifier is None or not notifier.healthy:
-            return self.resolve(ctx, uid, action=action, permission=permission)
+            return self.resolve(ctx, uid, action=action, permission=permission, right=right)
         hit = self._cache.get(uid)
         if hit is not None and time.monotonic() - hit[1] < self._cache_seconds:
-            self._require(ctx, permission, action, hit[0], uid)
+            self._require(ctx, permission, action, hit[0], uid, right)
             return hit[0]
         started, generation = time.monotonic(), self._generation
         with self._read() as s:
             found = self._find(s, uid)
-        self._require(ctx, permission, action, found, uid)
+        self._require(ctx, permission, action, found, uid, right)
         if found is None:
             raise NotFound(f"no KMIP object with unique identifier '{uid}'", code="object_not_found")
         with self._cache_lock:
@@ -202,8 +232,8 @@ class KmipObjectBase:
                 self._cache[uid] = (found, started)
         return found
 
-    def version_object(self, ctx: RequestContext, uid: str) -> VersionObject:
-        found = self.resolve(ctx, uid)
+    def version_object(self, ctx: RequestContext, uid: str, *, right: str | None = None) -> VersionObject:
+        found = self.resolve(ctx, uid, right=right)
         if not isinstance(found, VersionObject):
             raise Conflict(f"the object is a {object_type_of(found)}; this operation needs a symmetric key",
                            code="wrong_object_type")

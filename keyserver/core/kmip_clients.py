@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.ca import CertificateAuthority, fingerprint, serial_hex
 from keyserver.core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
+from keyserver.core.names import check_group
 from keyserver.core.permissions import Permission, Role, permissions_for
 from keyserver.core.policy import Policy
 from keyserver.core.principal import Principal, RequestContext
@@ -65,7 +66,8 @@ def check_key_export(value: str) -> str:
 
 def principal_for(client: KmipClient) -> Principal:
     return Principal(name=f"kmip:{client.name}", actor_type="host", role=client.role,
-                     permissions=permissions_for(client.role) - KEY_EXPORT[client.key_export])
+                     permissions=permissions_for(client.role) - KEY_EXPORT[client.key_export],
+                     kmip_group=client.group)
 
 
 class KmipClientService:
@@ -108,10 +110,12 @@ class KmipClientService:
             self._cache.clear()
 
     def create(self, ctx: RequestContext, *, name: str, role: str, csr_pem: str | None = None,
-               key_export: str = "plaintext") -> IssuedClient:
+               key_export: str = "plaintext", group: str | None = None) -> IssuedClient:
+        """`group`: its KMIP tenancy group (core/kmip_tenancy.py), by default its own name."""
         self._policy.require(ctx, Permission.KMIP_CLIENTS, action="kmip_client.create",
                              object_type="kmip_client", object_id=name)
         check_key_export(key_export)
+        check_group(group)
         if len(name) > 64 or not CLIENT_NAME_RE.match(name):
             raise InvalidInput("a KMIP client name is a DNS name (lower-case letters, digits, '-' "
                                "and '.'), at most 64 characters")
@@ -138,12 +142,13 @@ class KmipClientService:
         client = KmipClient(id=uuid.uuid4(), name=name, role=role, serial=serial_hex(cert),
                             fingerprint_sha256=fingerprint(cert), not_after=cert.not_valid_after_utc,
                             created_at=now, created_by=ctx.principal.name, revoked_at=None, key_export=key_export,
-                            group=name)
+                            group=group or name)
         with self._db.begin() as s:
             s.add(client)
             self._audit.add(s, ctx, action="kmip_client.create", object_type="kmip_client",
                             object_id=str(client.id),
                             details={"name": name, "role": role, "serial": client.serial, "key_export": key_export,
+                                     "group": client.group,
                                      "key_generated_by": "server" if csr_pem is None else "client"})
         return IssuedClient(client=client, certificate_pem=cert.public_bytes(serialization.Encoding.PEM).decode(),
                             ca_certificate_pem=self._ca.certificate_pem().decode(), private_key_pem=private_pem)
@@ -170,23 +175,33 @@ class KmipClientService:
         with self._db() as s:
             return list(s.execute(select(KmipClient).order_by(KmipClient.name)).scalars())
 
-    def update(self, ctx: RequestContext, client_id: uuid.UUID, *, key_export: str) -> KmipClient:
-        """Change what key material may leave to the client; every replica applies it to
-        the client's next request (its cached principal is dropped)."""
+    def update(self, ctx: RequestContext, client_id: uuid.UUID, *, key_export: str | None = None,
+               group: str | None = None) -> KmipClient:
+        """Change what key material may leave to the client and/or its tenancy group; every
+        replica applies it to the client's next request (its cached principal is dropped)."""
         self._policy.require(ctx, Permission.KMIP_CLIENTS, action="kmip_client.update",
                              object_type="kmip_client", object_id=str(client_id))
-        check_key_export(key_export)
+        if key_export is None and group is None:
+            raise InvalidInput("give key_export, group or both")
+        if key_export is not None:
+            check_key_export(key_export)
+        check_group(group)
         with self._db.begin() as s:
             client = s.get(KmipClient, client_id, with_for_update=True)
             if client is None:
                 raise NotFound(f"no KMIP client with id '{client_id}'", code="kmip_client_not_found")
-            if client.key_export != key_export:
-                before, client.key_export = client.key_export, key_export
+            details: dict[str, object] = {}
+            if key_export is not None and client.key_export != key_export:
+                details.update(key_export=key_export, was=client.key_export)
+                client.key_export = key_export
+            if group is not None and client.group != group:
+                details.update(group=group, group_was=client.group)
+                client.group = group
+            if details:
                 if self._notifier is not None:
                     self._notifier.publish(s, Topic.PRINCIPALS)
                 self._audit.add(s, ctx, action="kmip_client.update", object_type="kmip_client",
-                                object_id=str(client.id),
-                                details={"name": client.name, "key_export": key_export, "was": before})
+                                object_id=str(client.id), details={"name": client.name, **details})
         return client
 
     def revoke(self, ctx: RequestContext, client_id: uuid.UUID) -> KmipClient:

@@ -47,6 +47,7 @@ from keyserver.core.kmip_model import (
     use_refusal,
 )
 from keyserver.core.kmip_registry import KmipRegistry
+from keyserver.core.kmip_tenancy import scoped
 from keyserver.core.permissions import Permission
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import DESTROYED_STATES, RETRIEVABLE, KeyState
@@ -80,11 +81,14 @@ class KmipObjectService(KmipRegistry, KmipAttributeEdits):
         # (JSON containment differs between PostgreSQL and SQLite).
         limit = SCAN_LIMIT if by_attributes else end
         uids: list[str] = []
+        # Tenancy filters in SQL, before the limit: paging counts only what the caller sees.
+        readable = self._tenancy.readable(ctx.principal) if scoped(ctx.principal) else None
         with self._read() as s:
             if nothing:  # a criterion no object can meet (an unknown object type or algorithm)
                 pass
             elif q.object_type in (None, "symmetric-key") and q.certificate_type is None and q.algorithm != "RSA":
-                stmt: Select[Any] = select(KeyVersion.id, ManagedKey.kmip_attributes).join(ManagedKey)
+                stmt: Select[Any] = select(KeyVersion.id, ManagedKey.kmip_attributes).join(ManagedKey).where(
+                    self._tenancy.locate_filter(ctx.principal, readable, ManagedKey))
                 if q.name is not None:
                     stmt = stmt.where(ManagedKey.name == q.name)
                 if q.unique_identifier is not None:
@@ -100,7 +104,7 @@ class KmipObjectService(KmipRegistry, KmipAttributeEdits):
             if not nothing and q.object_type in (None, "public-key") and q.certificate_type is None \
                     and q.algorithm in (None, "RSA", "EC"):
                 pstmt: Select[Any] = select(KmipPublicKey.id, KmipPublicKey.kmip_attributes).order_by(
-                    KmipPublicKey.created_at)
+                    KmipPublicKey.created_at).where(self._tenancy.locate_filter(ctx.principal, readable, KmipPublicKey))
                 pstmt = pstmt.where(KmipPublicKey.state == q.state.value) if q.state is not None else \
                     pstmt.where(KmipPublicKey.state.not_in(hidden))
                 if q.name is not None:
@@ -115,7 +119,8 @@ class KmipObjectService(KmipRegistry, KmipAttributeEdits):
                 uids.extend(str(i) for i, attrs in s.execute(pstmt.limit(limit)) if wanted(attrs))
             if not nothing and (q.object_type is None or q.object_type in SEALED_TYPES):
                 sstmt: Select[Any] = select(KmipSealedObject.id, KmipSealedObject.kmip_attributes).order_by(
-                    KmipSealedObject.created_at)
+                    KmipSealedObject.created_at).where(
+                    self._tenancy.locate_filter(ctx.principal, readable, KmipSealedObject))
                 if q.object_type is not None:
                     sstmt = sstmt.where(KmipSealedObject.object_type == q.object_type)
                 if q.certificate_type is not None:
@@ -167,7 +172,7 @@ class KmipObjectService(KmipRegistry, KmipAttributeEdits):
             elif hmac:
                 raise InvalidInput("HMAC keys are delivered in plaintext (with keys:export) only, not wrapped")
             else:
-                target = self.resolve_for_export(ctx, wrap_under)
+                target = self.resolve_for_export(ctx, wrap_under, right="use")
                 if isinstance(target, VersionObject) and target.key.algorithm != "AES":
                     raise Conflict("an HMAC key cannot wrap keys", code="wrong_object_type")
                 refusal = use_refusal(target, "wrap", self._now())

@@ -88,7 +88,8 @@ class KmipRegistry(KmipObjectBase):
         spki = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
         now = self._now()
         state, activated = self._initial_state(now, activation_date, deactivation_date)
-        row = KmipPublicKey(id=uuid.uuid4(), name=name, owner=ctx.principal.name, der=spki,
+        row = KmipPublicKey(id=uuid.uuid4(), name=name, owner=ctx.principal.name, kmip_group=ctx.principal.kmip_group,
+                            der=spki,
                             length_bits=public_bits(public), state=state.value, created_at=now,
                             activation_date=activated, deactivation_date=deactivation_date,
                             kmip_attributes=dict(attributes or {}))
@@ -193,11 +194,11 @@ class KmipRegistry(KmipObjectBase):
             dek_wrapping_key_id=pair.dek.wrapping_key_id, dek_mechanism=pair.dek.mechanism,
             dek_ciphertext=pair.dek.ciphertext, mechanism=pair.mechanism, material=pair.private_key,
             created_at=now, updated_at=now, activation_date=activated, deactivation_date=deactivation_date,
-            kmip_attributes=dict(private_attributes or {}))
+            kmip_attributes=dict(private_attributes or {}), kmip_group=ctx.principal.kmip_group)
         public = KmipPublicKey(id=public_id, name=public_name, owner=ctx.principal.name, der=pair.public_key_der,
                                length_bits=bits, state=state.value, created_at=now, private_key_id=private_id,
                                activation_date=activated, deactivation_date=deactivation_date,
-                               kmip_attributes=dict(public_attributes or {}))
+                               kmip_attributes=dict(public_attributes or {}), kmip_group=ctx.principal.kmip_group)
         with self._db.begin() as s:
             s.add_all([private, public])
             self._audit.add(s, ctx, action="kmip.create_key_pair", object_type="private_key",
@@ -227,7 +228,8 @@ class KmipRegistry(KmipObjectBase):
         row = KmipSealedObject(id=uuid.uuid4(), object_type=object_type, name=name, owner=ctx.principal.name,
                                algorithm=algorithm, length_bits=length_bits, data_type=data_type,
                                state=state.value, created_at=now, updated_at=now, activation_date=activated,
-                               deactivation_date=deactivation_date, kmip_attributes=dict(attributes or {}))
+                               deactivation_date=deactivation_date, kmip_attributes=dict(attributes or {}),
+                               kmip_group=ctx.principal.kmip_group)
         if object_type == CERTIFICATE:
             row.material, row.mechanism = material, None  # public: kept as it is
         else:

@@ -32,3 +32,15 @@ def check_name(name: object) -> str:
             or not _PRINTABLE.match(name) or UUID_RE.match(name)):
         raise InvalidInput(RULE)
     return name
+
+
+# A KMIP tenancy group (core/kmip_tenancy.py): DNS-label-like, so it reads well in a grantee "group:<name>".
+GROUP_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+
+
+def check_group(group: str | None) -> str | None:
+    """`group` if it follows the rule (None passes: no group); InvalidInput otherwise."""
+    if group is not None and not GROUP_RE.match(group):
+        raise InvalidInput("a KMIP group is 1 to 64 characters: lower-case letters, digits, '.', '_' and '-', "
+                           "starting with a letter or digit", code="invalid_kmip_group")
+    return group

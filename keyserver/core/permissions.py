@@ -32,7 +32,10 @@ class Permission(StrEnum):
     TOKENS_ALL = "tokens:all"
     SYSTEM_READ = "system:read"
     SYSTEM_KEK = "system:kek"
-    KMIP_CLIENTS = "kmip:clients"  # issue and revoke KMIP client certificates
+    KMIP_CLIENTS = "kmip:clients"  # issue and revoke KMIP client certificates, their groups and grants
+    # A KMIP client whose role holds it sees every object, not only its group's and grants
+    # (core/kmip_tenancy.py): admin only, through "admin has every permission".
+    KMIP_ALL_OBJECTS = "kmip:all-objects"
     HOSTS_READ = "hosts:read"
     HOSTS_ENROLL = "hosts:enroll"  # create and revoke enrollment tokens
     HOSTS_REVOKE = "hosts:revoke"

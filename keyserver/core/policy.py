@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from keyserver.core.audit import AuditService
-from keyserver.core.errors import Forbidden, ServiceUnavailable
+from keyserver.core.errors import Forbidden, NotFound, ServiceUnavailable
 from keyserver.core.permissions import KEY_OPERATIONS, Permission
 from keyserver.core.principal import RequestContext
 
@@ -62,6 +62,15 @@ class Policy:
         self._audit.record_now(ctx, action=action, outcome="denied", object_type=object_type, object_id=object_id,
                                details=details)
         raise Forbidden(message, code=code)
+
+    def hide(self, ctx: RequestContext, *, action: str, object_type: str | None, object_id: str | None,
+             details: dict[str, object], message: str, code: str) -> None:
+        """Refuse an object the caller may not even see (KMIP tenancy): audited as denied,
+        answered exactly as for an object that does not exist, so that the answer tells
+        nothing of other tenants' objects."""
+        self._audit.record_now(ctx, action=action, outcome="denied", object_type=object_type, object_id=object_id,
+                               details=details)
+        raise NotFound(message, code=code)
 
     def gate(self, ctx: RequestContext, permission: Permission, *, action: str, object_type: str | None = None,
              object_id: str | None = None) -> None:

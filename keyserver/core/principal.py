@@ -20,6 +20,8 @@ class Principal:
     user_id: uuid.UUID | None = None
     token_id: uuid.UUID | None = None
     must_change_password: bool = False
+    # A KMIP client's tenancy group (core/kmip_tenancy.py); None: not a KMIP client, not scoped.
+    kmip_group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ export type Permission =
   | "keys:destroy" | "keys:encrypt" | "keys:decrypt" | "keys:verify" | "datakeys:generate" | "datakeys:decrypt" | "audit:read" | "audit:verify"
   | "users:read" | "users:manage" | "tokens:own" | "tokens:all" | "system:read" | "system:kek"
   | "keys:export" | "keys:export-wrapped" | "kmip:clients" | "hosts:read" | "hosts:enroll" | "hosts:revoke" | "guardpoints:manage" | "volumes:manage"
-  | "databases:read" | "databases:manage" | "xks:read" | "xks:manage";
+  | "databases:read" | "databases:manage" | "xks:read" | "xks:manage" | "kmip:all-objects";
 
 export interface AuthState {
   me: Me | null;

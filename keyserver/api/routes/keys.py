@@ -39,7 +39,7 @@ def key_public(k: KeyView) -> KeyPublic:
         algorithm=k.algorithm, length_bits=k.length_bits, state=key_state(k).value,
         current_version=k.versions[-1].version, created_at=k.created_at, updated_at=k.updated_at,
         rotation_period_days=k.rotation_period_days, next_rotation_at=k.next_rotation_at,
-        exportable=k.exportable, versions=versions,
+        exportable=k.exportable, kmip_group=k.kmip_group, versions=versions,
     )
 
 
@@ -74,7 +74,8 @@ def update_key(key_ref: KeyRef, body: KeyUpdate, ctx: Ctx, services: ServicesDep
     return key_public(services.keys.update(
         ctx, key_ref, description=body.description, tags=body.tags, owner=body.owner,
         rotation_period_days=body.rotation_period_days, clear_rotation=body.clear_rotation,
-        exportable=body.exportable))
+        exportable=body.exportable, set_kmip_group="kmip_group" in body.model_fields_set,
+        kmip_group=body.kmip_group))
 
 
 @router.post("/{key_ref}/rotate", operation_id="rotateKey", response_model=KeyPublic)

@@ -11,13 +11,16 @@ from datetime import datetime
 from typing import Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from keyserver.api.deps import Ctx, ServicesDep
+from keyserver.api.routes.kmip_grants import GROUP_PATTERN
 from keyserver.core.views import KmipClientView
 
 router = APIRouter(prefix="/kmip/clients", tags=["kmip"])
 KeyExport = Literal["plaintext", "wrapped", "none"]
+GROUP_HELP = ("its KMIP tenancy group (docs/kmip.md \"Tenancy\"): it sees the group's objects and those granted "
+              "to it; 1 to 64 of a-z 0-9 . _ -")
 KEY_EXPORT_HELP = ("what key material KMIP Get may deliver to this client, within its role: 'plaintext' "
                    "(KMIP's behaviour), 'wrapped' (only wrapped under another key, inside the HSM) or 'none'")
 
@@ -30,12 +33,20 @@ class KmipClientCreate(BaseModel):
     csr: str | None = Field(default=None, max_length=16384,
                             description="PEM PKCS#10 request; without it the server generates the key pair")
     key_export: KeyExport = Field(default="plaintext", description=KEY_EXPORT_HELP)
+    group: str | None = Field(default=None, pattern=GROUP_PATTERN, description=GROUP_HELP + "; default: its name")
 
 
 class KmipClientUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    key_export: KeyExport = Field(description=KEY_EXPORT_HELP)
+    key_export: KeyExport | None = Field(default=None, description=KEY_EXPORT_HELP)
+    group: str | None = Field(default=None, pattern=GROUP_PATTERN, description=GROUP_HELP)
+
+    @model_validator(mode="after")
+    def _something(self) -> KmipClientUpdate:
+        if self.key_export is None and self.group is None:
+            raise ValueError("give key_export, group or both")
+        return self
 
 
 class KmipClientPublic(BaseModel):
@@ -49,6 +60,7 @@ class KmipClientPublic(BaseModel):
     created_by: str
     revoked_at: datetime | None
     key_export: KeyExport
+    group: str
 
 
 class KmipClientIssued(BaseModel):
@@ -62,7 +74,7 @@ def client_public(c: KmipClientView) -> KmipClientPublic:
     return KmipClientPublic(id=c.id, name=c.name, role=c.role, serial=c.serial,
                             fingerprint_sha256=c.fingerprint_sha256, not_after=c.not_after,
                             created_at=c.created_at, created_by=c.created_by, revoked_at=c.revoked_at,
-                            key_export=c.key_export)  # type: ignore[arg-type]
+                            key_export=c.key_export, group=c.group)  # type: ignore[arg-type]
 
 
 @router.get("", operation_id="listKmipClients", response_model=list[KmipClientPublic])
@@ -73,7 +85,7 @@ def list_kmip_clients(ctx: Ctx, services: ServicesDep) -> list[KmipClientPublic]
 @router.post("", operation_id="createKmipClient", response_model=KmipClientIssued, status_code=201)
 def create_kmip_client(body: KmipClientCreate, ctx: Ctx, services: ServicesDep) -> KmipClientIssued:
     issued = services.kmip_clients.create(ctx, name=body.name, role=body.role, csr_pem=body.csr,
-                                          key_export=body.key_export)
+                                          key_export=body.key_export, group=body.group)
     return KmipClientIssued(client=client_public(issued.client), certificate_pem=issued.certificate_pem,
                             ca_certificate_pem=issued.ca_certificate_pem, private_key_pem=issued.private_key_pem)
 
@@ -82,7 +94,7 @@ def create_kmip_client(body: KmipClientCreate, ctx: Ctx, services: ServicesDep) 
 def update_kmip_client(client_id: uuid.UUID, body: KmipClientUpdate, ctx: Ctx,
                        services: ServicesDep) -> KmipClientPublic:
     """Takes effect on the client's next request, on every replica."""
-    return client_public(services.kmip_clients.update(ctx, client_id, key_export=body.key_export))
+    return client_public(services.kmip_clients.update(ctx, client_id, key_export=body.key_export, group=body.group))
 
 
 @router.delete("/{client_id}", operation_id="revokeKmipClient", response_model=KmipClientPublic)

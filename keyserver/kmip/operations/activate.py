@@ -22,7 +22,7 @@ def handle(call: Call, payload: Any) -> Any:
     if ref is not None:
         call.engine.keys.activate(call.ctx, str(ref.key_id), version=ref.version)
         return payloads.ActivateResponsePayload(unique_identifier=UniqueIdentifier(uid))
-    found = call.engine.objects.resolve(call.ctx, uid)
+    found = call.engine.objects.resolve(call.ctx, uid, right="manage")
     if isinstance(found, VersionObject):
         call.engine.keys.activate(call.ctx, str(found.key.id), version=found.version.version)
     else:

@@ -34,7 +34,7 @@ def _could_run(obj: VersionObject) -> None:
 
 def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
-    obj = call.engine.objects.resolve(call.ctx, uid)
+    obj = call.engine.objects.resolve(call.ctx, uid, right="destroy")
     if not isinstance(obj, VersionObject):
         call.engine.objects.transition(call.ctx, uid, operation="destroy")
         return payloads.DestroyResponsePayload(unique_identifier=UniqueIdentifier(uid))

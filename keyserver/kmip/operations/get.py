@@ -140,7 +140,7 @@ def handle(call: Call, payload: Any) -> Any:
     uid = request_uid(payload)
     spec = payload.key_wrapping_specification
     fmt = payload.key_format_type
-    found = call.engine.objects.resolve_for_export(call.ctx, uid)
+    found = call.engine.objects.resolve_for_export(call.ctx, uid, right="export")
     if not isinstance(found, VersionObject):
         if spec is not None:
             raise KmipFailure(R.FEATURE_NOT_SUPPORTED,
@@ -152,7 +152,7 @@ def handle(call: Call, payload: Any) -> Any:
         raise KmipFailure(R.KEY_FORMAT_TYPE_NOT_SUPPORTED, "symmetric keys are delivered in Raw format only")
     wrap_under = _wrapping_target(spec) if spec is not None else None
     if spec is not None and wrap_under is not None:
-        wrapping_key = call.engine.objects.resolve_for_export(call.ctx, wrap_under)
+        wrapping_key = call.engine.objects.resolve_for_export(call.ctx, wrap_under, right="use")
         _check_requested(spec.encryption_key_information.cryptographic_parameters,
                          symmetric=isinstance(wrapping_key, VersionObject),
                          rsa_mechanism=call.engine.objects.rsa_wrap_mechanism)

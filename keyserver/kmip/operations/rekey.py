@@ -24,7 +24,7 @@ def handle(call: Call, payload: Any) -> Any:
         raise KmipFailure(enums.ResultReason.FEATURE_NOT_SUPPORTED,
                           "ReKey with an Offset or a template is not supported")
     uid = request_uid(payload)
-    obj = call.engine.objects.version_object(call.ctx, uid)
+    obj = call.engine.objects.version_object(call.ctx, uid, right="manage")
     if not obj.is_newest:
         raise KmipFailure(enums.ResultReason.ILLEGAL_OPERATION,
                           f"object {uid} has been replaced already; re-key its replacement")

@@ -41,7 +41,7 @@ def handle(call: Call, payload: Any) -> Any:
         call.engine.keys.revoke(call.ctx, str(ref.key_id), reason=code, message=message[:1000],
                                 compromise_date=when, idempotent=True)
         return payloads.RevokeResponsePayload(unique_identifier=UniqueIdentifier(uid))
-    obj = call.engine.objects.resolve(call.ctx, uid)
+    obj = call.engine.objects.resolve(call.ctx, uid, right="destroy")
     if not isinstance(obj, VersionObject):
         call.engine.objects.transition(call.ctx, uid, operation="revoke", reason=code, message=message[:1000],
                                        compromise_date=when)

@@ -75,7 +75,7 @@ def register(call: Call, template: Any, block: Any, t: attributes.Template, name
     call.engine.objects.require(call.ctx, Permission.KEYS_CREATE, action="key.create")
     uid = unwrapping_key(block.key_wrapping_data)
     matches(t, algorithm, None)
-    target = call.engine.objects.resolve_for_export(call.ctx, uid)
+    target = call.engine.objects.resolve_for_export(call.ctx, uid, right="use")
     mechanism = mechanism_of(call, block.key_wrapping_data.encryption_key_information.cryptographic_parameters,
                              symmetric=isinstance(target, VersionObject))
     wrapped = bytes(block.key_value.key_material.value)

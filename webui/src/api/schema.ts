@@ -1301,6 +1301,68 @@ export interface paths {
         patch: operations["updateKmipClient"];
         trace?: never;
     };
+    "/api/v1/kmip/grants": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List Kmip Grants */
+        get: operations["listKmipGrants"];
+        put?: never;
+        /**
+         * Create Kmip Grant
+         * @description Takes effect on the grantee's next KMIP request. A grant adds visibility, never a
+         *     permission: the client's role and key-export setting still apply.
+         */
+        post: operations["createKmipGrant"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/kmip/grants/{grant_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Delete Kmip Grant
+         * @description Takes effect on the grantee's very next KMIP request, on every replica.
+         */
+        delete: operations["deleteKmipGrant"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/kmip/groups": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Kmip Groups
+         * @description Every group a KMIP client or an object is in.
+         */
+        get: operations["listKmipGroups"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/random": {
         parameters: {
             query?: never;
@@ -3161,6 +3223,11 @@ export interface components {
              */
             exportable?: boolean;
             /**
+             * Kmip Group
+             * @description the KMIP tenancy group whose clients see the key (docs/kmip.md "Tenancy"): 1 to 64 of a-z 0-9 . _ -; none: no KMIP client sees it until it is assigned or granted
+             */
+            kmip_group?: string | null;
+            /**
              * Name
              * @example payments-db
              */
@@ -3194,6 +3261,8 @@ export interface components {
              * Format: uuid
              */
             id: string;
+            /** Kmip Group */
+            kmip_group: string | null;
             /** Length Bits */
             length_bits: number;
             /** Name */
@@ -3232,6 +3301,11 @@ export interface components {
             description?: string | null;
             /** Exportable */
             exportable?: boolean | null;
+            /**
+             * Kmip Group
+             * @description the KMIP tenancy group whose clients see the key (docs/kmip.md "Tenancy"): 1 to 64 of a-z 0-9 . _ -; none: no KMIP client sees it until it is assigned or granted; null removes it from every group
+             */
+            kmip_group?: string | null;
             /** Owner */
             owner?: string | null;
             /**
@@ -3312,6 +3386,11 @@ export interface components {
              */
             csr?: string | null;
             /**
+             * Group
+             * @description its KMIP tenancy group (docs/kmip.md "Tenancy"): it sees the group's objects and those granted to it; 1 to 64 of a-z 0-9 . _ -; default: its name
+             */
+            group?: string | null;
+            /**
              * Key Export
              * @description what key material KMIP Get may deliver to this client, within its role: 'plaintext' (KMIP's behaviour), 'wrapped' (only wrapped under another key, inside the HSM) or 'none'
              * @default plaintext
@@ -3353,6 +3432,8 @@ export interface components {
             created_by: string;
             /** Fingerprint Sha256 */
             fingerprint_sha256: string;
+            /** Group */
+            group: string;
             /**
              * Id
              * Format: uuid
@@ -3380,11 +3461,90 @@ export interface components {
         /** KmipClientUpdate */
         KmipClientUpdate: {
             /**
+             * Group
+             * @description its KMIP tenancy group (docs/kmip.md "Tenancy"): it sees the group's objects and those granted to it; 1 to 64 of a-z 0-9 . _ -
+             */
+            group?: string | null;
+            /**
              * Key Export
              * @description what key material KMIP Get may deliver to this client, within its role: 'plaintext' (KMIP's behaviour), 'wrapped' (only wrapped under another key, inside the HSM) or 'none'
+             */
+            key_export?: ("plaintext" | "wrapped" | "none") | null;
+        };
+        /** KmipGrant */
+        KmipGrant: {
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /** Created By */
+            created_by: string;
+            /** Grantee */
+            grantee: string;
+            /**
+             * Id
+             * Format: uuid
+             */
+            id: string;
+            /** Rights */
+            rights: ("read" | "use" | "export" | "destroy")[];
+            /**
+             * Target
+             * @description the key's id, the object's unique identifier or the group's name
+             */
+            target: string;
+            /**
+             * Target Kind
              * @enum {string}
              */
-            key_export: "plaintext" | "wrapped" | "none";
+            target_kind: "key" | "object" | "group";
+            /** Target Name */
+            target_name: string;
+        };
+        /** KmipGrantCreate */
+        KmipGrantCreate: {
+            /**
+             * Grantee
+             * @description 'client:<client name>' or 'group:<group name>'
+             * @example client:veeam
+             */
+            grantee: string;
+            /**
+             * Group
+             * @description every object of this group
+             */
+            group?: string | null;
+            /**
+             * Key
+             * @description a managed key's name or id: the grant covers all its versions
+             */
+            key?: string | null;
+            /**
+             * Object
+             * @description a standalone KMIP object's unique identifier (public or private key, secret data, certificate)
+             */
+            object?: string | null;
+            /**
+             * Rights
+             * @description read: Locate, GetAttributes; use: Encrypt, Decrypt, Sign, MAC and their verification; export: Get (also needs keys:export of the granter); destroy: Revoke, Destroy
+             */
+            rights: ("read" | "use" | "export" | "destroy")[];
+        };
+        /** KmipGroup */
+        KmipGroup: {
+            /**
+             * Clients
+             * @description the unrevoked KMIP clients in the group, by name
+             */
+            clients: string[];
+            /** Name */
+            name: string;
+            /**
+             * Objects
+             * @description live objects in the group (a managed key counts once)
+             */
+            objects: number;
         };
         /** LoginRequest */
         LoginRequest: {
@@ -3510,7 +3670,7 @@ export interface components {
          * Permission
          * @enum {string}
          */
-        Permission: "keys:read" | "keys:create" | "keys:update" | "keys:rotate" | "keys:activate" | "keys:revoke" | "keys:destroy" | "keys:export" | "keys:export-wrapped" | "keys:encrypt" | "keys:decrypt" | "keys:verify" | "datakeys:generate" | "datakeys:decrypt" | "audit:read" | "audit:verify" | "users:read" | "users:manage" | "tokens:own" | "tokens:all" | "system:read" | "system:kek" | "kmip:clients" | "hosts:read" | "hosts:enroll" | "hosts:revoke" | "guardpoints:manage" | "volumes:manage" | "databases:read" | "databases:manage" | "xks:read" | "xks:manage";
+        Permission: "keys:read" | "keys:create" | "keys:update" | "keys:rotate" | "keys:activate" | "keys:revoke" | "keys:destroy" | "keys:export" | "keys:export-wrapped" | "keys:encrypt" | "keys:decrypt" | "keys:verify" | "datakeys:generate" | "datakeys:decrypt" | "audit:read" | "audit:verify" | "users:read" | "users:manage" | "tokens:own" | "tokens:all" | "system:read" | "system:kek" | "kmip:clients" | "kmip:all-objects" | "hosts:read" | "hosts:enroll" | "hosts:revoke" | "guardpoints:manage" | "volumes:manage" | "databases:read" | "databases:manage" | "xks:read" | "xks:manage";
         /** Problem */
         Problem: {
             /** Code */
@@ -11722,6 +11882,385 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["KmipClientPublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    listKmipGrants: {
+        parameters: {
+            query?: {
+                /** @description client:<name> or group:<name> */
+                grantee?: string | null;
+                /** @description grants on this whole group */
+                group?: string | null;
+                /** @description grants on this key (name or id) */
+                key?: string | null;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KmipGrant"][];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    createKmipGrant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["KmipGrantCreate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KmipGrant"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    deleteKmipGrant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                grant_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    listKmipGroups: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KmipGroup"][];
                 };
             };
             /** @description Bad request */
