@@ -176,25 +176,33 @@ def _write_items(payload: Any, output_buffer: Any, kmip_version: enums.KMIPVersi
     output_buffer.write(local.buffer)
 
 
-_MAC_VERIFY_REQUEST = (
-    ("unique_identifier", enums.Tags.UNIQUE_IDENTIFIER, primitives.TextString),
-    ("cryptographic_parameters", enums.Tags.CRYPTOGRAPHIC_PARAMETERS, attributes.CryptographicParameters),
-    ("data", enums.Tags.DATA, primitives.ByteString),
-    ("mac_data", enums.Tags.MAC_DATA, primitives.ByteString),
-)
+_Fields = tuple[tuple[str, enums.Tags, type], ...]
 
 
-class MACVerifyRequestPayload(base.RequestPayload):  # type: ignore[misc]
-    """Unique Identifier, Cryptographic Parameters, Data, MAC Data (no streaming)."""
+class _KeyedDataRequest(base.RequestPayload):  # type: ignore[misc]
+    """A request naming a key and the bytes to use it on: Unique Identifier, Cryptographic
+    Parameters and Data first, then the fields of its operation (`FIELDS`, in order, each
+    optional). MACVerify and Sign read and write through this one place."""
 
-    def __init__(self, unique_identifier: str | None = None, cryptographic_parameters: Any = None,
-                 data: bytes | None = None, mac_data: bytes | None = None) -> None:
+    FIELDS: _Fields = (
+        ("unique_identifier", enums.Tags.UNIQUE_IDENTIFIER, primitives.TextString),
+        ("cryptographic_parameters", enums.Tags.CRYPTOGRAPHIC_PARAMETERS, attributes.CryptographicParameters),
+        ("data", enums.Tags.DATA, primitives.ByteString),
+    )
+
+    def __init__(self, **values: Any) -> None:
         super().__init__()
-        self._unique_identifier = (primitives.TextString(unique_identifier, tag=enums.Tags.UNIQUE_IDENTIFIER)
-                                   if unique_identifier is not None else None)
-        self._cryptographic_parameters = cryptographic_parameters
-        self._data = primitives.ByteString(data, tag=enums.Tags.DATA) if data is not None else None
-        self._mac_data = primitives.ByteString(mac_data, tag=enums.Tags.MAC_DATA) if mac_data is not None else None
+        for name, tag, kind in self.FIELDS:
+            value = values.pop(name, None)
+            if value is not None and kind is not attributes.CryptographicParameters:
+                value = kind(value, tag=tag)
+            setattr(self, "_" + name, value)
+        if values:
+            raise TypeError(f"{type(self).__name__} has no field {', '.join(values)}")
+
+    def _bytes(self, name: str) -> bytes | None:
+        item = getattr(self, "_" + name)
+        return bytes(item.value) if item is not None else None
 
     @property
     def unique_identifier(self) -> str | None:
@@ -206,19 +214,30 @@ class MACVerifyRequestPayload(base.RequestPayload):  # type: ignore[misc]
 
     @property
     def data(self) -> bytes | None:
-        return bytes(self._data.value) if self._data is not None else None
-
-    @property
-    def mac_data(self) -> bytes | None:
-        return bytes(self._mac_data.value) if self._mac_data is not None else None
+        return self._bytes("data")
 
     def read(self, input_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
         super().read(input_buffer, kmip_version=kmip_version)
-        _read_items(self, input_buffer, kmip_version, _MAC_VERIFY_REQUEST)
+        _read_items(self, input_buffer, kmip_version, self.FIELDS)
 
     def write(self, output_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
         _write_items(self, output_buffer, kmip_version, base.RequestPayload,
-                     tuple(name for name, _, _ in _MAC_VERIFY_REQUEST))
+                     tuple(name for name, _, _ in self.FIELDS))
+
+
+class MACVerifyRequestPayload(_KeyedDataRequest):
+    """Unique Identifier, Cryptographic Parameters, Data, MAC Data (no streaming)."""
+
+    FIELDS = (*_KeyedDataRequest.FIELDS, ("mac_data", enums.Tags.MAC_DATA, primitives.ByteString))
+
+    def __init__(self, unique_identifier: str | None = None, cryptographic_parameters: Any = None,
+                 data: bytes | None = None, mac_data: bytes | None = None) -> None:
+        super().__init__(unique_identifier=unique_identifier, cryptographic_parameters=cryptographic_parameters,
+                         data=data, mac_data=mac_data)
+
+    @property
+    def mac_data(self) -> bytes | None:
+        return self._bytes("mac_data")
 
 
 class MACVerifyResponsePayload(base.ResponsePayload):  # type: ignore[misc]
@@ -305,54 +324,31 @@ _register_services()
 # PyKMIP 0.11's Sign request payload knows Data only (and refuses a request without it);
 # this one reads every field KMIP 1.4 defines, so that Sign can serve Digested Data and
 # refuse streaming by name. (PyKMIP's SignatureVerify request payload has them all.)
-_SIGN_REQUEST = (
-    ("unique_identifier", enums.Tags.UNIQUE_IDENTIFIER, primitives.TextString),
-    ("cryptographic_parameters", enums.Tags.CRYPTOGRAPHIC_PARAMETERS, attributes.CryptographicParameters),
-    ("data", enums.Tags.DATA, primitives.ByteString),
-    ("digested_data", enums.Tags.DIGESTED_DATA, primitives.ByteString),
-    ("correlation_value", enums.Tags.CORRELATION_VALUE, primitives.ByteString),
-    ("init_indicator", enums.Tags.INIT_INDICATOR, primitives.Boolean),
-    ("final_indicator", enums.Tags.FINAL_INDICATOR, primitives.Boolean),
-)
-
-
-class SignRequestPayload(base.RequestPayload):  # type: ignore[misc]
+class SignRequestPayload(_KeyedDataRequest):
     """Unique Identifier, Cryptographic Parameters, Data or Digested Data, and the
     streaming fields (Correlation Value, Init and Final Indicator: read, to be refused)."""
+
+    FIELDS = (
+        *_KeyedDataRequest.FIELDS,
+        ("digested_data", enums.Tags.DIGESTED_DATA, primitives.ByteString),
+        ("correlation_value", enums.Tags.CORRELATION_VALUE, primitives.ByteString),
+        ("init_indicator", enums.Tags.INIT_INDICATOR, primitives.Boolean),
+        ("final_indicator", enums.Tags.FINAL_INDICATOR, primitives.Boolean),
+    )
 
     def __init__(self, unique_identifier: str | None = None, cryptographic_parameters: Any = None,
                  data: bytes | None = None, digested_data: bytes | None = None,
                  correlation_value: bytes | None = None) -> None:
-        super().__init__()
-        self._unique_identifier = (primitives.TextString(unique_identifier, tag=enums.Tags.UNIQUE_IDENTIFIER)
-                                   if unique_identifier is not None else None)
-        self._cryptographic_parameters = cryptographic_parameters
-        self._data = primitives.ByteString(data, tag=enums.Tags.DATA) if data is not None else None
-        self._digested_data = (primitives.ByteString(digested_data, tag=enums.Tags.DIGESTED_DATA)
-                               if digested_data is not None else None)
-        self._correlation_value = (primitives.ByteString(correlation_value, tag=enums.Tags.CORRELATION_VALUE)
-                                   if correlation_value is not None else None)
-        self._init_indicator = self._final_indicator = None
-
-    @property
-    def unique_identifier(self) -> str | None:
-        return str(self._unique_identifier.value) if self._unique_identifier is not None else None
-
-    @property
-    def cryptographic_parameters(self) -> Any:
-        return self._cryptographic_parameters
-
-    @property
-    def data(self) -> bytes | None:
-        return bytes(self._data.value) if self._data is not None else None
+        super().__init__(unique_identifier=unique_identifier, cryptographic_parameters=cryptographic_parameters,
+                         data=data, digested_data=digested_data, correlation_value=correlation_value)
 
     @property
     def digested_data(self) -> bytes | None:
-        return bytes(self._digested_data.value) if self._digested_data is not None else None
+        return self._bytes("digested_data")
 
     @property
     def correlation_value(self) -> bytes | None:
-        return bytes(self._correlation_value.value) if self._correlation_value is not None else None
+        return self._bytes("correlation_value")
 
     @property
     def init_indicator(self) -> bool | None:
@@ -361,14 +357,6 @@ class SignRequestPayload(base.RequestPayload):  # type: ignore[misc]
     @property
     def final_indicator(self) -> bool | None:
         return bool(self._final_indicator.value) if self._final_indicator is not None else None
-
-    def read(self, input_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
-        super().read(input_buffer, kmip_version=kmip_version)
-        _read_items(self, input_buffer, kmip_version, _SIGN_REQUEST)
-
-    def write(self, output_buffer: Any, kmip_version: enums.KMIPVersion = enums.KMIPVersion.KMIP_1_0) -> None:
-        _write_items(self, output_buffer, kmip_version, base.RequestPayload,
-                     tuple(name for name, _, _ in _SIGN_REQUEST))
 
 
 def _register_sign() -> None:
