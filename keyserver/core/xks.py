@@ -24,6 +24,7 @@ metadata (principal ARN, KMS operation, request id, key ARN), never with the dat
 from __future__ import annotations
 
 import base64
+import enum
 import hashlib
 import re
 import secrets
@@ -67,6 +68,8 @@ NAME_RULE = ("a key store name is 1 to 64 lower-case letters, digits, '.', '_' o
              "with a letter or digit")
 REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]{1,2}$")
 EXTERNAL_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+# A required client certificate subject: a DNS name (AWS KMS's is cks.kms.<region>.amazonaws.com).
+SUBJECT_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
 MAX_PLAINTEXT = 4300  # the XKS API's cap on plaintext (and so on ciphertext)
 MAX_AAD = 8192
 METADATA_MAGIC = b"SRX1"
@@ -95,11 +98,18 @@ class XksStoreRecord:
     access_key_id: str
     credential_issued_at: datetime
     previous_access_key_id: str | None  # still accepted until retired
+    client_cert_subject: str | None  # required of every call's client certificate when set
     created_at: datetime
     created_by: str
     last_seen_at: datetime | None
     revoked_at: datetime | None
     keys: tuple[XksKeyRecord, ...]
+
+
+class Keep(enum.Enum):
+    """`XksService.update`: leave this field as it is."""
+
+    KEEP = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +147,20 @@ def _key_record(k: XksKey) -> XksKeyRecord:
 def store_record(r: XksStore) -> XksStoreRecord:
     return XksStoreRecord(id=r.id, name=r.name, description=r.description, region=r.region,
                           access_key_id=r.access_key_id, credential_issued_at=r.credential_issued_at,
-                          previous_access_key_id=r.previous_access_key_id, created_at=r.created_at,
+                          previous_access_key_id=r.previous_access_key_id,
+                          client_cert_subject=r.client_cert_subject, created_at=r.created_at,
                           created_by=r.created_by, last_seen_at=r.last_seen_at, revoked_at=r.revoked_at,
                           keys=tuple(_key_record(k) for k in r.keys))
+
+
+def normalise_subject(value: str | None) -> str | None:
+    """A required subject as stored (lower case: DNS names compare so), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not SUBJECT_RE.match(value.lower()):
+        raise InvalidInput("client_cert_subject is a DNS name without wildcards, such as "
+                           "cks.kms.eu-west-1.amazonaws.com (null: SigV4 alone)", code="invalid_client_cert_subject")
+    return value.lower()
 
 
 def xks_principal(name: str) -> Principal:
@@ -205,7 +226,8 @@ class XksService:
         row.secret_dek_mechanism, row.secret_dek, row.secret_sealed = dek.mechanism, dek.ciphertext, material
         row.credential_issued_at = now
 
-    def create(self, ctx: RequestContext, *, name: str, region: str, description: str = "") -> IssuedStore:
+    def create(self, ctx: RequestContext, *, name: str, region: str, description: str = "",
+               client_cert_subject: str | None = None) -> IssuedStore:
         self._policy.require(ctx, Permission.XKS_MANAGE, action="xks.create", object_type="xks_store",
                              object_id=name)
         if not NAME_RE.match(name):
@@ -214,6 +236,7 @@ class XksService:
             raise InvalidInput("region is an AWS region name such as eu-west-1", code="invalid_region")
         if len(description) > 1000:
             raise InvalidInput("a description is at most 1,000 characters")
+        subject = normalise_subject(client_cert_subject)
         access, secret, dek, material = self._credential()
         now = self._now()
         with self._db.begin() as s:
@@ -221,13 +244,36 @@ class XksService:
                 raise Conflict(f"an external key store named '{name}' exists (revoked ones keep their name)",
                                code="xks_store_exists")
             row = XksStore(id=uuid.uuid4(), name=name, description=description, region=region, created_at=now,
-                           created_by=ctx.principal.name, keys=[])
+                           created_by=ctx.principal.name, client_cert_subject=subject, keys=[])
             self._set_credential(row, access, dek, material, now)
             s.add(row)
             self._audit.add(s, ctx, action="xks.create", object_type="xks_store", object_id=name,
-                            details={"region": region, "access_key_id": access})
+                            details={"region": region, "access_key_id": access, "client_cert_subject": subject})
             s.flush()
             return IssuedStore(store_record(row), secret)
+
+    def update(self, ctx: RequestContext, name: str, *, description: str | Keep = Keep.KEEP,
+               client_cert_subject: str | Keep | None = Keep.KEEP) -> XksStoreRecord:
+        """Change a store's description or required client certificate subject (None:
+        SigV4 alone again); audited with the subject before and after."""
+        self._policy.require(ctx, Permission.XKS_MANAGE, action="xks.update", object_type="xks_store",
+                             object_id=name)
+        if not isinstance(description, Keep) and len(description) > 1000:
+            raise InvalidInput("a description is at most 1,000 characters")
+        subject = Keep.KEEP if isinstance(client_cert_subject, Keep) else normalise_subject(client_cert_subject)
+        with self._db.begin() as s:
+            row = self._load(s, name, lock=True)
+            if row.revoked_at is not None:
+                raise Conflict(f"external key store '{name}' is revoked; create a new one", code="xks_store_revoked")
+            details: dict[str, object] = {}
+            if not isinstance(description, Keep) and description != row.description:
+                row.description, details["description"] = description, description
+            if not isinstance(subject, Keep) and subject != row.client_cert_subject:
+                details["client_cert_subject"] = {"from": row.client_cert_subject, "to": subject}
+                row.client_cert_subject = subject
+            if details:
+                self._audit.add(s, ctx, action="xks.update", object_type="xks_store", object_id=name, details=details)
+            return store_record(row)
 
     def rotate_credential(self, ctx: RequestContext, name: str) -> IssuedStore:
         """A new access key id and secret. The pair it replaces stays accepted until
@@ -342,20 +388,35 @@ class XksService:
 
     def authenticate(self, store: str, call: XksCall, *, authorization: str | None, method: str, raw_path: str,
                      query: str, headers: dict[str, str], body: bytes, source_ip: str | None,
-                     request_id: str | None) -> RequestContext:
-        """The key store a SigV4-signed request comes from; every refusal audited."""
+                     request_id: str | None, client_names: frozenset[str] | None = None) -> RequestContext:
+        """The key store a SigV4-signed request comes from; every refusal audited.
+        `client_names`: the CN and DNS names of the client certificate the XKS port
+        verified, None without one. A store with a required subject refuses a call
+        without it before its signature is looked at (decision 0023)."""
         anon = RequestContext(ANONYMOUS, source_ip, request_id)
+        signed: sigv4.Signed | None = None
+        unsigned: sigv4.SigV4Error | None = None
         try:
             signed = sigv4.parse(authorization, headers, now=self._now())
         except sigv4.SigV4Error as exc:
-            self._refuse(anon, call, Unauthenticated(str(exc), code="signature_invalid"), object_type="xks_store",
-                         object_id=store)
-        access = signed.scope.access_key_id
+            unsigned = exc
+        access = signed.scope.access_key_id if signed is not None else ""
+        # One query for both: the store the path names (its certificate rule) and the
+        # credential's (usually the same row).
+        wanted = [XksStore.name == store]
+        if access:
+            wanted += [XksStore.access_key_id == access, XksStore.previous_access_key_id == access]
         with self._db() as s:
-            row = s.execute(select(XksStore).options(raiseload(XksStore.keys))
-                            .where(or_(XksStore.access_key_id == access, XksStore.previous_access_key_id == access))
-                            ).scalar_one_or_none()
+            rows = s.execute(select(XksStore).options(raiseload(XksStore.keys)).where(or_(*wanted))).scalars().all()
             s.expunge_all()
+        target = next((r for r in rows if r.name == store), None)
+        if target is not None and target.client_cert_subject is not None:
+            self._check_certificate(anon, call, target, client_names)
+        if signed is None:
+            assert unsigned is not None
+            self._refuse(anon, call, Unauthenticated(str(unsigned), code="signature_invalid"),
+                         object_type="xks_store", object_id=store)
+        row = next((r for r in rows if access and access in (r.access_key_id, r.previous_access_key_id)), None)
         if row is None or row.revoked_at is not None:
             self._refuse(anon, call, Unauthenticated("unknown or revoked access key id", code="credential_invalid"),
                          object_type="xks_store", object_id=store)
@@ -379,6 +440,24 @@ class XksService:
             with self._db.begin() as s:
                 s.execute(update(XksStore).where(XksStore.name == store).values(last_seen_at=now))
         return ctx
+
+    def _check_certificate(self, anon: RequestContext, call: XksCall, target: XksStore,
+                           client_names: frozenset[str] | None) -> None:
+        required = target.client_cert_subject
+        if client_names is None:
+            exc = Unauthenticated(f"key store '{target.name}' requires a client certificate (mutual TLS): AWS KMS "
+                                  "must call the XKS port with the key store's mTLS setting on",
+                                  code="client_certificate_required")
+        elif required not in {n.lower() for n in client_names}:
+            exc = Unauthenticated(f"the client certificate's subject is not the one key store '{target.name}' "
+                                  "requires", code="client_certificate_subject")
+        else:
+            return
+        self._audit.record_now(anon, action=f"xks.{call.operation}", outcome="denied", object_type="xks_store",
+                               object_id=target.name,
+                               details={**call.meta, "refused": exc.code, "required_subject": required,
+                                        "client_certificate": None if client_names is None else sorted(client_names)})
+        raise exc
 
     def _signing_key(self, access: str, row: XksStore, scope: sigv4.Scope) -> bytes:
         current = access == row.access_key_id

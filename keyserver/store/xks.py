@@ -42,6 +42,9 @@ class XksStore(Base):
     previous_dek: Mapped[bytes | None] = mapped_column(LargeBinary)
     previous_sealed: Mapped[bytes | None] = mapped_column(LargeBinary)
     previous_issued_at: Mapped[datetime | None]
+    # When set, every call must come over the XKS port with a verified client certificate
+    # whose CN or a DNS SAN is this name (decision 0023); else SigV4 alone.
+    client_cert_subject: Mapped[str | None] = mapped_column(String(253))
     created_at: Mapped[datetime]
     created_by: Mapped[str] = mapped_column(String(300))
     last_seen_at: Mapped[datetime | None]

@@ -24,8 +24,8 @@ from fastapi import FastAPI
 
 from keyserver.runtime.xksport import xks_sidecar
 from keyserver.services import Services
-from tests.conftest import _serving
-from tests.integrations.test_xks import REGION, Xks, _error, _key
+from tests.conftest import _serving, unique
+from tests.integrations.test_xks import REGION, Xks, _error, _events, _key
 
 AWS_NAME = f"cks.kms.{REGION}.amazonaws.com"
 
@@ -192,3 +192,104 @@ def test_unreadable_bundle_leaves_the_rest_port_up(services: Services, app: Fast
                                                                "xks_client_ca_file": tmp_path / "missing.pem"})
     assert start_xks_sidecar(configured, app, {}) == []
     assert "XKS port not started" in caplog.text and "STRONGROOM_XKS_CLIENT_CA_FILE" in caplog.text
+
+
+def mtls_store(admin: httpx.Client, base_url: str, tls: Any, subject: str = AWS_NAME) -> Xks:
+    xks = Xks(admin, base_url, tls)
+    r = admin.patch(f"/api/v1/xks/stores/{xks.name}", json={"client_cert_subject": subject})
+    assert r.status_code == 200, r.text
+    assert r.json()["client_cert_subject"] == subject.lower()
+    return xks
+
+
+def refusals(services: Services, admin: httpx.Client, store: str) -> list[dict[str, Any]]:
+    return [e for e in _events(services, admin, object_id=store) if e["outcome"] == "denied"]
+
+
+def test_required_subject_right_certificate_works(admin: httpx.Client, base_url: str, tls: Any, xks_url: str,
+                                                  ca_file: Path, aws_ca: Ca, services: Services) -> None:
+    xks = mtls_store(admin, base_url, tls)
+    external = xks.grant(admin, _key(admin))
+    aws = on(xks, xks_url, ca_file, aws_ca.client(AWS_NAME))
+    assert health(aws).status_code == 200
+    r = aws.encrypt(external, b"data key", b"context")
+    assert r.status_code == 200, r.text
+    r = aws.decrypt(external, r.json(), b"context")
+    assert r.status_code == 200 and r.json()["plaintext"] == "ZGF0YSBrZXk=", r.text
+    # A DNS name in the subject alternative names counts as the CN does.
+    by_san = on(xks, xks_url, ca_file, aws_ca.client("another name", dns=("x.example", AWS_NAME)))
+    assert health(by_san).status_code == 200
+    assert not refusals(services, admin, xks.name)
+
+
+def test_required_subject_refuses_without_it_and_audits(admin: httpx.Client, base_url: str, tls: Any, xks_url: str,
+                                                        ca_file: Path, aws_ca: Ca, services: Services) -> None:
+    xks = mtls_store(admin, base_url, tls)
+    external = xks.grant(admin, _key(admin))
+    # No certificate: on the XKS port, and on the REST port (which never asks for one).
+    _error(health(on(xks, xks_url, ca_file, None)), 401, "AuthenticationFailedException")
+    _error(xks.encrypt(external, b"data key"), 401, "AuthenticationFailedException")
+    # A certificate of the right CA for another subject (another region's AWS KMS).
+    wrong = on(xks, xks_url, ca_file, aws_ca.client("cks.kms.us-east-1.amazonaws.com",
+                                                    dns=("cks.kms.us-east-1.amazonaws.com",)))
+    r = wrong.encrypt(external, b"data key")
+    _error(r, 401, "AuthenticationFailedException")
+    assert "requires" in r.json()["errorMessage"] and AWS_NAME not in r.json()["errorMessage"]
+    # The certificate is checked before the signature: a bad one changes nothing.
+    _error(on(xks, xks_url, ca_file, None).encrypt(external, b"data key", secret="wrong" * 8), 401,
+           "AuthenticationFailedException")
+    denied = refusals(services, admin, xks.name)
+    reasons = [(e["action"], e["details"]["refused"]) for e in denied]
+    assert reasons.count(("xks.health", "client_certificate_required")) == 1, reasons
+    assert reasons.count(("xks.encrypt", "client_certificate_required")) == 2, reasons
+    assert reasons.count(("xks.encrypt", "client_certificate_subject")) == 1, reasons
+    subject = next(e for e in denied if e["details"]["refused"] == "client_certificate_subject")
+    assert subject["details"]["client_certificate"] == ["cks.kms.us-east-1.amazonaws.com"]
+    assert subject["details"]["required_subject"] == AWS_NAME and subject["actor"] != f"xks:{xks.name}"
+    assert "data key" not in str(denied)
+
+
+def test_right_certificate_still_needs_sigv4(admin: httpx.Client, base_url: str, tls: Any, xks_url: str,
+                                            ca_file: Path, aws_ca: Ca, services: Services) -> None:
+    xks = mtls_store(admin, base_url, tls)
+    aws = on(xks, xks_url, ca_file, aws_ca.client(AWS_NAME))
+    _error(aws.call("/health", {"requestMetadata": {"kmsRequestId": "h", "kmsOperation": "KmsHealthCheck"}},
+                    secret="wrong" * 8), 401, "AuthenticationFailedException")
+    r = aws.http.post(f"{xks_url}{xks.path}/health", json={"requestMetadata": {}})
+    _error(r, 401, "AuthenticationFailedException")
+    assert {e["details"]["refused"] for e in refusals(services, admin, xks.name)} == {"signature_invalid"}
+
+
+def test_subject_set_shown_changed_and_cleared(admin: httpx.Client, base_url: str, tls: Any, xks_url: str,
+                                              ca_file: Path, services: Services) -> None:
+    r = admin.post("/api/v1/xks/stores", json={"name": unique("xks"), "region": REGION,
+                                               "client_cert_subject": "CKS.KMS.EU-WEST-1.AMAZONAWS.COM"})
+    assert r.status_code == 201, r.text
+    name = r.json()["store"]["name"]
+    assert r.json()["store"]["client_cert_subject"] == AWS_NAME
+    for bad in ("*.amazonaws.com", "cks kms", "-x.example", "a" * 254):
+        r = admin.patch(f"/api/v1/xks/stores/{name}", json={"client_cert_subject": bad})
+        assert r.status_code in (400, 422) and "client_cert_subject" in r.text, r.text
+    r = admin.patch(f"/api/v1/xks/stores/{name}", json={"description": "AWS prod"})
+    assert r.status_code == 200 and r.json()["client_cert_subject"] == AWS_NAME, r.text
+    r = admin.patch(f"/api/v1/xks/stores/{name}", json={"client_cert_subject": None})
+    assert r.status_code == 200 and r.json()["client_cert_subject"] is None, r.text
+    assert admin.get(f"/api/v1/xks/stores/{name}").json()["client_cert_subject"] is None
+    updates = [e["details"] for e in _events(services, admin, action="xks.update", object_id=name)]
+    assert {"client_cert_subject": {"from": AWS_NAME, "to": None}} in updates
+    assert {"description": "AWS prod"} in updates
+    created = _events(services, admin, action="xks.create", object_id=name)
+    assert created[0]["details"]["client_cert_subject"] == AWS_NAME
+
+
+def test_update_refusals(admin: httpx.Client, actors: dict[str, Any], base_url: str, tls: Any) -> None:
+    xks = Xks(admin, base_url, tls)
+    r = actors["operator"].client.patch(f"/api/v1/xks/stores/{xks.name}", json={"client_cert_subject": AWS_NAME})
+    assert r.status_code == 403, r.text
+    r = admin.patch(f"/api/v1/xks/stores/{xks.name}", json={"client_cert_subject": AWS_NAME, "x": 1})
+    assert r.status_code == 422, r.text
+    r = admin.patch("/api/v1/xks/stores/no-such-store", json={"client_cert_subject": AWS_NAME})
+    assert r.status_code == 404, r.text
+    assert admin.post(f"/api/v1/xks/stores/{xks.name}/revoke").status_code == 200
+    r = admin.patch(f"/api/v1/xks/stores/{xks.name}", json={"client_cert_subject": AWS_NAME})
+    assert r.status_code == 409 and r.json()["code"] == "xks_store_revoked", r.text

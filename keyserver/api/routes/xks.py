@@ -13,13 +13,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from keyserver.api.deps import Ctx, ServicesDep
 from keyserver.api.schemas import Page
-from keyserver.core.xks import IssuedStore, XksKeyRecord, XksStoreRecord
+from keyserver.core.errors import InvalidInput
+from keyserver.core.xks import IssuedStore, Keep, XksKeyRecord, XksStoreRecord
 from keyserver.services import Services
 
 router = APIRouter(tags=["xks"])
 StoreName = Annotated[str, Path(max_length=64, description="the external key store's name")]
 ExternalId = Annotated[str, Path(max_length=128, description="the external key id AWS KMS asks for")]
 PREFIX = "/xks/{name}"  # the URI path prefix of a key store's proxy API (routes/xks_proxy.py)
+SUBJECT_HELP = ("when set, every call must come over the XKS port (mutual TLS) with a client certificate whose CN "
+                "or a DNS name is exactly this, e.g. cks.kms.eu-west-1.amazonaws.com; null: SigV4 alone")
 
 
 class XksKeyPublic(BaseModel):
@@ -40,6 +43,7 @@ class XksStorePublic(BaseModel):
     credential_issued_at: datetime
     previous_access_key_id: str | None = Field(description="the credential the last re-issue replaced, accepted "
                                                            "until retired")
+    client_cert_subject: str | None = Field(description=SUBJECT_HELP)
     created_at: datetime
     created_by: str
     last_seen_at: datetime | None
@@ -56,6 +60,16 @@ class XksStoreCreate(BaseModel):
                                   "the URI path prefix /xks/<name>")
     region: str = Field(min_length=1, max_length=32, description="the AWS region of the key store (SigV4 scope)")
     description: str = Field(default="", max_length=1000)
+    client_cert_subject: str | None = Field(default=None, min_length=1, max_length=253, description=SUBJECT_HELP)
+
+
+class XksStoreUpdate(BaseModel):
+    """Only the fields given change; `client_cert_subject: null` turns the requirement off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    description: str | None = Field(default=None, max_length=1000)
+    client_cert_subject: str | None = Field(default=None, min_length=1, max_length=253, description=SUBJECT_HELP)
 
 
 class XksStoreIssued(BaseModel):
@@ -82,7 +96,8 @@ def key_public(k: XksKeyRecord) -> XksKeyPublic:
 def store_public(r: XksStoreRecord) -> XksStorePublic:
     return XksStorePublic(id=r.id, name=r.name, description=r.description, region=r.region,
                           access_key_id=r.access_key_id, credential_issued_at=r.credential_issued_at,
-                          previous_access_key_id=r.previous_access_key_id, created_at=r.created_at,
+                          previous_access_key_id=r.previous_access_key_id,
+                          client_cert_subject=r.client_cert_subject, created_at=r.created_at,
                           created_by=r.created_by, last_seen_at=r.last_seen_at, revoked_at=r.revoked_at,
                           uri_path_prefix=PREFIX.format(name=r.name),
                           keys=[key_public(k) for k in r.keys])
@@ -105,12 +120,24 @@ def list_xks_stores(ctx: Ctx, services: ServicesDep) -> Page[XksStorePublic]:
 def create_xks_store(body: XksStoreCreate, ctx: Ctx, services: ServicesDep) -> XksStoreIssued:
     """An external key store and its SigV4 credential (the secret shown once)."""
     return issued(services, services.xks.create(ctx, name=body.name, region=body.region,
-                                                description=body.description))
+                                                description=body.description,
+                                                client_cert_subject=body.client_cert_subject))
 
 
 @router.get("/xks/stores/{name}", operation_id="getXksStore", response_model=XksStorePublic)
 def get_xks_store(name: StoreName, ctx: Ctx, services: ServicesDep) -> XksStorePublic:
     return store_public(services.xks.get(ctx, name))
+
+
+@router.patch("/xks/stores/{name}", operation_id="updateXksStore", response_model=XksStorePublic)
+def update_xks_store(name: StoreName, body: XksStoreUpdate, ctx: Ctx, services: ServicesDep) -> XksStorePublic:
+    """Change the description or the required client certificate subject (mutual TLS)."""
+    given = body.model_fields_set
+    if "description" in given and body.description is None:
+        raise InvalidInput("description is a string (\"\" for none)", code="invalid_description")
+    return store_public(services.xks.update(
+        ctx, name, description=body.description if body.description is not None else Keep.KEEP,
+        client_cert_subject=body.client_cert_subject if "client_cert_subject" in given else Keep.KEEP))
 
 
 @router.post("/xks/stores/{name}/credential", operation_id="rotateXksCredential", response_model=XksStoreIssued)

@@ -3,7 +3,9 @@ specification), under each key store's URI path prefix: `/xks/<store>/kms/xks/v1
 
 Only what AWS KMS calls: `POST keys/{keyId}/metadata` (GetKeyMetadata), `keys/{keyId}/
 encrypt`, `keys/{keyId}/decrypt` and `health` (GetHealthStatus), JSON in and out,
-authenticated by SigV4 alone (service `kms-xks-proxy`; no session, no CSRF). Errors in
+authenticated by SigV4 (service `kms-xks-proxy`; no session, no CSRF) and, for a key
+store that requires one, the client certificate the XKS port verified (runtime/
+xksport.py; decision 0023). Errors in
 the API's shape, `{"errorName", "errorMessage"}`, with its HTTP statuses. Translation
 only: authentication, rules and audit are in core/xks.py and core/sigv4.py.
 """
@@ -12,15 +14,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 from typing import Any
 
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from keyserver import product_version
-from keyserver.api.deps import ServicesDep, client_ip
+from keyserver.api.deps import ServicesDep, client_cert_chain, client_ip
 from keyserver.core.errors import (
     Conflict,
     CoreError,
@@ -119,6 +124,20 @@ def _meta(body: dict[str, Any], operation: str) -> dict[str, str]:
     return out
 
 
+def client_names(request: Request) -> frozenset[str] | None:
+    """The CN and DNS SANs of the client certificate the XKS port verified against its
+    CA bundle, None without one (any other port: its certificates vouch for nothing here)."""
+    chain = client_cert_chain(request, "xks")
+    if not chain:
+        return None
+    cert = x509.load_pem_x509_certificate(chain[0].encode())
+    names = {a.value for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME) if isinstance(a.value, str)}
+    with contextlib.suppress(x509.ExtensionNotFound):
+        names |= set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+                     .get_values_for_type(x509.DNSName))
+    return frozenset(names)
+
+
 def _parse(body: bytes) -> dict[str, Any]:
     if len(body) > MAX_REQUEST:
         raise XksFailure("ValidationException", f"the request is over {MAX_REQUEST} bytes")
@@ -150,12 +169,13 @@ async def _serve(request: Request, services: ServicesDep, store: str, operation:
     headers = header_map(request.scope["headers"])
     raw_path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path
     query = request.scope.get("query_string", b"").decode("latin-1")
+    presented = client_names(request)
 
     def run() -> dict[str, Any]:
         ctx = services.xks.authenticate(
             store, call, authorization=headers.get("authorization"), method=request.method,
             raw_path=raw_path.partition("?")[0], query=query, headers=headers, body=body,
-            source_ip=client_ip(request), request_id=request_id_var.get())
+            source_ip=client_ip(request), request_id=request_id_var.get(), client_names=presented)
         try:
             if malformed is not None:
                 raise malformed
@@ -214,7 +234,8 @@ def _s(data: bytes) -> str:
 
 @router.post("/keys/{key_id}/{operation}", operation_id="xksKeyOperation", response_model=dict[str, Any],
              responses={400: {"description": "ValidationException, InvalidStateException, InvalidCiphertextException"},
-                        401: {"description": "AuthenticationFailedException (SigV4)"},
+                        401: {"description": "AuthenticationFailedException (SigV4, or the "
+                                                    "key store's required client certificate)"},
                         403: {"description": "AccessDeniedException"},
                         404: {"description": "KeyNotFoundException, InvalidUriPathException"}})
 async def xks_key_operation(store: str, key_id: str, operation: str, request: Request,
@@ -226,7 +247,8 @@ async def xks_key_operation(store: str, key_id: str, operation: str, request: Re
 
 
 @router.post("/health", operation_id="xksHealth", response_model=dict[str, Any],
-             responses={401: {"description": "AuthenticationFailedException (SigV4)"}})
+             responses={401: {"description": "AuthenticationFailedException (SigV4, or the key store's required "
+                                              "client certificate)"}})
 async def xks_health(store: str, request: Request, services: ServicesDep) -> JSONResponse:
     """GetHealthStatus of the XKS Proxy API v1: the HSM's state."""
     return await _serve(request, services, store, "health", None)

@@ -1719,7 +1719,11 @@ export interface paths {
         delete?: never;
         options?: never;
         head?: never;
-        patch?: never;
+        /**
+         * Update Xks Store
+         * @description Change the description or the required client certificate subject (mutual TLS).
+         */
+        patch: operations["updateXksStore"];
         trace?: never;
     };
     "/api/v1/xks/stores/{name}/credential": {
@@ -4408,6 +4412,11 @@ export interface components {
         /** XksStoreCreate */
         XksStoreCreate: {
             /**
+             * Client Cert Subject
+             * @description when set, every call must come over the XKS port (mutual TLS) with a client certificate whose CN or a DNS name is exactly this, e.g. cks.kms.eu-west-1.amazonaws.com; null: SigV4 alone
+             */
+            client_cert_subject?: string | null;
+            /**
              * Description
              * @default
              */
@@ -4452,6 +4461,11 @@ export interface components {
             /** Access Key Id */
             access_key_id: string;
             /**
+             * Client Cert Subject
+             * @description when set, every call must come over the XKS port (mutual TLS) with a client certificate whose CN or a DNS name is exactly this, e.g. cks.kms.eu-west-1.amazonaws.com; null: SigV4 alone
+             */
+            client_cert_subject: string | null;
+            /**
              * Created At
              * Format: date-time
              */
@@ -4490,6 +4504,19 @@ export interface components {
              * @description the XKS proxy URI path prefix to enter in AWS KMS
              */
             uri_path_prefix: string;
+        };
+        /**
+         * XksStoreUpdate
+         * @description Only the fields given change; `client_cert_subject: null` turns the requirement off.
+         */
+        XksStoreUpdate: {
+            /**
+             * Client Cert Subject
+             * @description when set, every call must come over the XKS port (mutual TLS) with a client certificate whose CN or a DNS name is exactly this, e.g. cks.kms.eu-west-1.amazonaws.com; null: SigV4 alone
+             */
+            client_cert_subject?: string | null;
+            /** Description */
+            description?: string | null;
         };
     };
     responses: never;
@@ -14509,6 +14536,105 @@ export interface operations {
             };
         };
     };
+    updateXksStore: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the external key store's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["XksStoreUpdate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["XksStorePublic"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     rotateXksCredential: {
         parameters: {
             query?: never;
@@ -15766,7 +15892,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description AuthenticationFailedException (SigV4) */
+            /** @description AuthenticationFailedException (SigV4, or the key store's required client certificate) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -15860,7 +15986,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description AuthenticationFailedException (SigV4) */
+            /** @description AuthenticationFailedException (SigV4, or the key store's required client certificate) */
             401: {
                 headers: {
                     [name: string]: unknown;
