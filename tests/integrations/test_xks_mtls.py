@@ -5,6 +5,7 @@ mTLS; every call is still signed by botocore's SigV4Auth. The REST port never as
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ssl
 import subprocess
@@ -293,3 +294,32 @@ def test_update_refusals(admin: httpx.Client, actors: dict[str, Any], base_url: 
     assert admin.post(f"/api/v1/xks/stores/{xks.name}/revoke").status_code == 200
     r = admin.patch(f"/api/v1/xks/stores/{xks.name}", json={"client_cert_subject": AWS_NAME})
     assert r.status_code == 409 and r.json()["code"] == "xks_store_revoked", r.text
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_keyserver_serve_opens_the_xks_port(tmp_path: Path, aws_ca: Ca, workers: int) -> None:
+    """`keyserver serve` as an operator runs it: one process, or workers (PostgreSQL),
+    each serving the XKS port beside the REST port."""
+    from tests.pg import scratch_database
+    from tests.serve import Server, eventually, free_port
+
+    port = free_port()
+    env = {"STRONGROOM_XKS_PORT": str(port), "STRONGROOM_XKS_CLIENT_CA_FILE": str(aws_ca.pem_file)}
+    with contextlib.ExitStack() as stack:
+        if workers > 1:
+            env.update(STRONGROOM_WORKERS=str(workers), STRONGROOM_DATABASE_URL=stack.enter_context(scratch_database()))
+        server = stack.enter_context(Server(tmp_path / "data", **env))
+        xks_url = f"https://127.0.0.1:{port}"
+        ctx = client_context(server.data / "ca.pem", aws_ca.client(AWS_NAME))
+
+        def answers() -> bool:
+            try:
+                return httpx.get(f"{xks_url}/healthz", verify=ctx, timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        eventually(answers, "the XKS port")
+        assert "CertificateRequest" in handshake_messages(xks_url)
+        assert "CertificateRequest" not in handshake_messages(server.url)
+        r = httpx.get(f"{xks_url}/api/v1/keys", verify=ctx, timeout=5)
+        assert r.status_code == 404 and r.json()["code"] == "not_on_xks_port", r.text
