@@ -52,6 +52,7 @@ from typing import Any
 from rich.console import Console
 
 from kmsbench import xks_sender
+from kmsbench.drill import _interruptible
 from kmsbench.drill_load import _pct
 from kmsbench.keyserver_load import _free_port, _med, _settle, _spread, machine
 from kmsbench.sections import write_section
@@ -377,7 +378,7 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
     if failures:
         reasons.append(f"{failures:,} of {sum(r['scheduled'] for r in runs):,} requests failed or timed out")
     if med["p99_ms"] > WELL_INSIDE_MS:
-        reasons.append("median p99 " + ("a miss" if math.isinf(med["p99_ms"]) else f"{med['p99_ms']:.1f} ms"))
+        reasons.append("median p99 " + ("a miss" if math.isinf(med["p99_ms"]) else f"{med['p99_ms']:,.1f} ms"))
     return {"median": {k: _ms(v) for k, v in med.items()}, "failures": failures,
             "target": {"rate": TARGET_RATE, "budget_ms": BUDGET_MS, "p99_at_most_ms": WELL_INSIDE_MS,
                        "met": not reasons, "missed_because": reasons}}
@@ -510,9 +511,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.from_json is not None:
         result = json.loads(args.from_json.read_text())
     else:
-        result = run(postgres=None if args.postgres == "embedded" else args.postgres, rate=args.rate,
-                     seconds=args.seconds, senders=args.senders, workers=args.workers, runs=args.runs,
-                     connections=args.connections, timeout=args.timeout, mix=args.mix)
+        with _interruptible():  # SIGTERM unwinds like Ctrl-C: senders, server and scratch database go
+            result = run(postgres=None if args.postgres == "embedded" else args.postgres, rate=args.rate,
+                         seconds=args.seconds, senders=args.senders, workers=args.workers, runs=args.runs,
+                         connections=args.connections, timeout=args.timeout, mix=args.mix)
         out = args.json or Path(f"kms-bench-xks-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}.json")
         out.write_text(json.dumps(result, indent=1) + "\n")
         console.print(f"results: {out}")
