@@ -25,6 +25,11 @@ class NotFound(CoreError):
     code = "not_found"
 
 
+class Hidden(NotFound):
+    """Not found as far as the caller may know, though it exists (KMIP tenancy): the policy
+    layer has audited the refusal already (Policy.hide)."""
+
+
 class Conflict(CoreError):
     """The request is valid but the object's state forbids it (e.g. rotating a destroyed key)."""
 

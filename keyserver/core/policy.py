@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from keyserver.core.audit import AuditService
-from keyserver.core.errors import Forbidden, NotFound, ServiceUnavailable
+from keyserver.core.errors import Forbidden, Hidden, ServiceUnavailable
 from keyserver.core.permissions import KEY_OPERATIONS, Permission
 from keyserver.core.principal import RequestContext
 
@@ -70,7 +70,7 @@ class Policy:
         nothing of other tenants' objects."""
         self._audit.record_now(ctx, action=action, outcome="denied", object_type=object_type, object_id=object_id,
                                details=details)
-        raise NotFound(message, code=code)
+        raise Hidden(message, code=code)
 
     def gate(self, ctx: RequestContext, permission: Permission, *, action: str, object_type: str | None = None,
              object_id: str | None = None) -> None:

@@ -20,7 +20,7 @@ from kmip.core.messages import contents, messages
 from kmip.core.utils import BytearrayStream
 
 from keyserver.core.audit import PendingRecord
-from keyserver.core.errors import Forbidden
+from keyserver.core.errors import Forbidden, Hidden
 from keyserver.core.principal import Principal, RequestContext
 from keyserver.kmip import codec  # noqa: F401  (installs the whole-slice Byte String codec)
 from keyserver.kmip.context import Call, Engine
@@ -221,7 +221,7 @@ class Dispatcher:
             except Exception as exc:
                 reason, message = translate(exc)
                 # The policy layer audits its own refusals (with the object); the rest here.
-                if not isinstance(exc, Forbidden):
+                if not isinstance(exc, Forbidden | Hidden):
                     self._refused(ctx, op, reason, message, uid=_uid_of(item.request_payload))
                 items.append(self._item(operation=op, batch_id=batch_id, reason=reason, message=message))
                 if option == enums.BatchErrorContinuationOption.STOP:

@@ -27,18 +27,21 @@ class ClientFiles:
     cert: Path
     key: Path
     ca: Path
+    group: str = ""  # its KMIP tenancy group (docs/kmip.md "Tenancy")
 
 
-def issue_client(services: Services, directory: Path, role: str) -> ClientFiles:
+def issue_client(services: Services, directory: Path, role: str, group: str | None = None) -> ClientFiles:
+    """A client of `role` in `group` (by default a group of its own, as the server makes it):
+    clients that must see each other's objects share a group, as an operator sets them up."""
     name = f"{role.replace('-', '')}-{uuid.uuid4().hex[:8]}"
-    issued = services.kmip_clients.create(system_context("tests"), name=name, role=role)
+    issued = services.kmip_clients.create(system_context("tests"), name=name, role=role, group=group)
     assert issued.private_key_pem is not None
     d = directory / name
     d.mkdir()
     (d / "cert.pem").write_text(issued.certificate_pem)
     (d / "key.pem").write_text(issued.private_key_pem)
     (d / "ca.pem").write_text(issued.ca_certificate_pem)
-    return ClientFiles(name, str(issued.client.id), d / "cert.pem", d / "key.pem", d / "ca.pem")
+    return ClientFiles(name, str(issued.client.id), d / "cert.pem", d / "key.pem", d / "ca.pem", issued.client.group)
 
 
 def verifying_context(files: ClientFiles) -> ssl.SSLContext:
@@ -71,17 +74,17 @@ def kmip_listener(services: Services) -> Iterator[KmipListener]:
 
 
 @pytest.fixture(scope="session")
-def kmip_files(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], ClientFiles]:
+def kmip_files(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., ClientFiles]:
     directory = tmp_path_factory.mktemp("kmip-clients")
 
-    def make(role: str) -> ClientFiles:
-        return issue_client(services, directory, role)
+    def make(role: str, group: str | None = None) -> ClientFiles:
+        return issue_client(services, directory, role, group)
 
     return make
 
 
 @pytest.fixture(scope="session")
-def officer_files(kmip_files: Callable[[str], ClientFiles]) -> ClientFiles:
+def officer_files(kmip_files: Callable[..., ClientFiles]) -> ClientFiles:
     return kmip_files("key-officer")
 
 

@@ -23,10 +23,12 @@ from tests.kmip.conftest import ClientFiles, make_client
 from tests.kmip.raw import connect, decode, query_request, read_response, roundtrip
 
 
-def test_auditor_may_read_but_not_create_or_destroy(kmip_files: Callable[[str], ClientFiles],
-                                                    kmip_listener: KmipListener, kmip: Any) -> None:
+def test_auditor_may_read_but_not_create_or_destroy(kmip_files: Callable[..., ClientFiles],
+                                                    kmip_listener: KmipListener, kmip: Any,
+                                                    officer_files: ClientFiles) -> None:
     uid = kmip.create(enums.CryptographicAlgorithm.AES, 256, name=unique("forauditor"))
-    auditor = make_client(kmip_files("auditor"), kmip_listener.port)
+    # In the officer's group (KMIP tenancy): what is tested here is the role.
+    auditor = make_client(kmip_files("auditor", officer_files.group), kmip_listener.port)
     with auditor:
         assert auditor.get_attributes(uid)[0] == uid
         for call in (lambda: auditor.create(enums.CryptographicAlgorithm.AES, 256, name=unique("no")),
@@ -40,11 +42,12 @@ def test_auditor_may_read_but_not_create_or_destroy(kmip_files: Callable[[str], 
     assert e.value.reason == enums.ResultReason.PERMISSION_DENIED
 
 
-def test_operator_may_rekey_but_not_export_in_plaintext_nor_destroy(kmip_files: Callable[[str], ClientFiles],
-                                                                    kmip_listener: KmipListener, kmip: Any) -> None:
+def test_operator_may_rekey_but_not_export_in_plaintext_nor_destroy(kmip_files: Callable[..., ClientFiles],
+                                                                    kmip_listener: KmipListener, kmip: Any,
+                                                                    officer_files: ClientFiles) -> None:
     uid = kmip.create(enums.CryptographicAlgorithm.AES, 256, name=unique("foroperator"))
     kmip.activate(uid)
-    with make_client(kmip_files("operator"), kmip_listener.port) as operator:
+    with make_client(kmip_files("operator", officer_files.group), kmip_listener.port) as operator:
         with pytest.raises(KmipOperationFailure) as e:
             operator.get(uid)  # plaintext is for key officers and programs (kmip-client)
         assert e.value.reason == enums.ResultReason.PERMISSION_DENIED
@@ -169,7 +172,7 @@ def _issued(admin: httpx.Client, tmp_path: Any, **body: Any) -> ClientFiles:
 
 def test_a_client_limited_to_wrapped_export_gets_keys_only_wrapped(
         actors: dict[str, Actor], kmip_listener: KmipListener, kmip: Any, tmp_path: Any,
-        services: Any) -> None:
+        services: Any, officer_files: ClientFiles) -> None:
     """The per-client key-export setting: KMIP's behaviour (plaintext) by default; a
     client set to "wrapped" receives keys only wrapped under another key inside the HSM,
     one set to "none" no material at all; each refusal is Permission Denied, audited, and
@@ -177,7 +180,7 @@ def test_a_client_limited_to_wrapped_export_gets_keys_only_wrapped(
     from cryptography.hazmat.primitives.asymmetric import padding
 
     admin: httpx.Client = actors["admin"].client
-    files = _issued(admin, tmp_path, role="key-officer", key_export="wrapped")
+    files = _issued(admin, tmp_path, role="key-officer", key_export="wrapped", group=officer_files.group)
     assert admin.get("/api/v1/kmip/clients").json()[-1]["key_export"] in ("plaintext", "wrapped", "none")
     wrapper, spec = _rsa_wrapping(kmip)
     uid = kmip.create(enums.CryptographicAlgorithm.AES, 256, name=unique("exportable"))
@@ -229,8 +232,8 @@ def test_the_key_export_setting_is_validated_and_needs_kmip_clients(actors: dict
 
 
 def test_roles_for_programs_and_storage_and_a_key_kept_from_plaintext_export(
-        kmip_files: Callable[[str], ClientFiles], kmip_listener: KmipListener, kmip: Any,
-        actors: dict[str, Actor], services: Any) -> None:
+        kmip_files: Callable[..., ClientFiles], kmip_listener: KmipListener, kmip: Any,
+        actors: dict[str, Actor], services: Any, officer_files: ClientFiles) -> None:
     """kmip-client (a program) takes keys in plaintext; an operator only wrapped; a
     storage-admin not at all; and a key marked not exportable leaves in plaintext to
     nobody, on the very next request after the change, with the refusal audited."""
@@ -244,9 +247,10 @@ def test_roles_for_programs_and_storage_and_a_key_kept_from_plaintext_export(
             client.get(uid, **kw)
         return e.value.reason
 
-    with make_client(kmip_files("kmip-client"), kmip_listener.port) as program, \
-            make_client(kmip_files("operator"), kmip_listener.port) as operator, \
-            make_client(kmip_files("storage-admin"), kmip_listener.port) as storage:
+    group = officer_files.group  # the roles are tested here, not tenancy: one group
+    with make_client(kmip_files("kmip-client", group), kmip_listener.port) as program, \
+            make_client(kmip_files("operator", group), kmip_listener.port) as operator, \
+            make_client(kmip_files("storage-admin", group), kmip_listener.port) as storage:
         assert len(program.get(uid).value) == 32
         assert reason(operator) == enums.ResultReason.PERMISSION_DENIED
         assert operator.get(uid, key_wrapping_specification=spec).value  # wrapped: yes

@@ -62,7 +62,8 @@ def test_kmip_key_visible_over_rest_and_rest_key_over_kmip(kmip: Any, admin: htt
     assert admin.post(f"/api/v1/keys/{name}/activate").status_code == 200
     assert attrs_of(kmip, uid)["State"].value == enums.State.ACTIVE
 
-    rest = admin.post("/api/v1/keys", json={"name": unique("fromrest")}).json()
+    # A REST key is seen by the KMIP clients of its group (KMIP tenancy).
+    rest = admin.post("/api/v1/keys", json={"name": unique("fromrest"), "kmip_group": officer_files.group}).json()
     [found] = kmip.locate(attributes=[name_attr(rest["name"])])
     assert attrs_of(kmip, found)["x-strongroom-key-id"].value == rest["id"]
     assert len(kmip.get(found).value) == 32
@@ -201,7 +202,8 @@ def test_register_symmetric_key_becomes_a_managed_key(kmip: Any, admin: httpx.Cl
 def test_custom_attributes_are_key_tags(kmip: Any, admin: httpx.Client, officer_files: ClientFiles,
                                         kmip_listener: KmipListener) -> None:
     name = unique("tagged")
-    key = admin.post("/api/v1/keys", json={"name": name, "tags": {"env": "test", "team": "a"}}).json()
+    key = admin.post("/api/v1/keys", json={"name": name, "tags": {"env": "test", "team": "a"},
+                                           "kmip_group": officer_files.group}).json()
     [uid] = kmip.locate(attributes=[name_attr(name)])
     assert attrs_of(kmip, uid)["x-env"].value == "test"
     modify = payloads.ModifyAttributeRequestPayload(

@@ -159,12 +159,13 @@ def test_key_pair_lifecycle_revoke_and_destroy(kmip: Any, services: Services) ->
     assert _audited(services, "kmip.destroy", private_uid)
 
 
-def test_auditor_may_read_the_public_half_only(kmip: Any, kmip_files: Callable[[str], ClientFiles],
-                                               kmip_listener: KmipListener, services: Services) -> None:
+def test_auditor_may_read_the_public_half_only(kmip: Any, kmip_files: Callable[..., ClientFiles],
+                                               kmip_listener: KmipListener, services: Services,
+                                               officer_files: ClientFiles) -> None:
     public_uid, private_uid = kmip.create_key_pair(enums.CryptographicAlgorithm.RSA, 2048)
     kmip.activate(public_uid)
     kmip.activate(private_uid)
-    files = kmip_files("auditor")
+    files = kmip_files("auditor", officer_files.group)  # the role is tested, not tenancy: one group
     with make_client(files, kmip_listener.port) as auditor:
         assert auditor.get(public_uid).key_format_type == enums.KeyFormatType.X_509
         assert auditor.get_attributes(private_uid)[0] == private_uid
@@ -231,11 +232,11 @@ def test_register_refuses_what_it_cannot_keep(kmip: Any) -> None:
         enums.ResultReason.INVALID_FIELD
 
 
-def test_secret_data_needs_export_permission(kmip: Any, kmip_files: Callable[[str], ClientFiles],
-                                             kmip_listener: KmipListener) -> None:
+def test_secret_data_needs_export_permission(kmip: Any, kmip_files: Callable[..., ClientFiles],
+                                             kmip_listener: KmipListener, officer_files: ClientFiles) -> None:
     sid = kmip.register(pie.SecretData(b"hunter2-but-longer", enums.SecretDataType.PASSWORD))
     kmip.activate(sid)
-    with make_client(kmip_files("auditor"), kmip_listener.port) as auditor:
+    with make_client(kmip_files("auditor", officer_files.group), kmip_listener.port) as auditor:
         assert failure(lambda: auditor.get(sid)) == enums.ResultReason.PERMISSION_DENIED
         assert failure(lambda: auditor.register(pie.SecretData(b"x" * 8, enums.SecretDataType.PASSWORD))) == \
             enums.ResultReason.PERMISSION_DENIED
@@ -243,10 +244,11 @@ def test_secret_data_needs_export_permission(kmip: Any, kmip_files: Callable[[st
 
 # --- AddAttribute (raw TTLV: PyKMIP's client has no call for it) ---------------------
 def test_add_attribute_adds_a_key_tag(admin: httpx.Client, officer_files: ClientFiles,
-                                      kmip_files: Callable[[str], ClientFiles], kmip_listener: KmipListener,
+                                      kmip_files: Callable[..., ClientFiles], kmip_listener: KmipListener,
                                       kmip: Any, services: Services) -> None:
     name = unique("addattr")
-    key = admin.post("/api/v1/keys", json={"name": name, "tags": {"env": "test"}}).json()
+    key = admin.post("/api/v1/keys", json={"name": name, "tags": {"env": "test"},
+                                           "kmip_group": officer_files.group}).json()
     [uid] = kmip.locate(attributes=[_attrs.create_attribute(enums.AttributeType.NAME, name)])
 
     def add(attr: str, value: Any, target: str = uid) -> Any:
@@ -268,7 +270,7 @@ def test_add_attribute_adds_a_key_tag(admin: httpx.Client, officer_files: Client
     assert admin.get(f"/api/v1/keys/{key['id']}").json()["tags"] == {"env": "test", "owner": "team-b"}
     assert attrs_of(kmip, uid)["x-owner"].value == "team-b"
 
-    auditor = kmip_files("auditor")
+    auditor = kmip_files("auditor", officer_files.group)  # sees the key; its role may not change it
     with connect(auditor, kmip_listener.port) as conn:
         r = roundtrip(conn, request([add("x-other", "no")]))
     assert r.batch_items[0].result_reason.value == enums.ResultReason.PERMISSION_DENIED
