@@ -1,6 +1,6 @@
 """`kms-bench xks`: issue 28's external key store target — AWS KMS's default of 1,800
 requests/s per key store offered to a throwaway `keyserver serve`, p99 well inside AWS's
-250 ms budget per call (at most 125 ms).
+250 ms budget per call (BENCHMARKS.md: p99 at most 100 ms, no error).
 
 The load is open-loop: each request has a scheduled time (rate x seconds of them, evenly
 spaced and interleaved over `--senders` processes) and its latency runs from that time,
@@ -62,7 +62,7 @@ SECTION = "xks-bench"  # its marked section of docs/benchmarks.md
 HEADING = "## AWS KMS external key store (XKS) proxy (issue 28)"
 TARGET_RATE = 1800  # AWS KMS's default request quota per external key store
 BUDGET_MS = 250.0  # AWS KMS's timeout for one call to the proxy
-WELL_INSIDE_MS = BUDGET_MS / 2  # "well inside": p99 at most half the budget
+WELL_INSIDE_MS = 100.0  # "well inside": the benchmark sheet's p99 target (AWS allows 250 ms)
 REGION = "eu-west-1"
 MAX_SECONDS = 240  # SigV4 signatures are accepted for five minutes
 MAX_PER_SOURCE = 64  # the server's http_max_connections_per_source: one sender is one source address
