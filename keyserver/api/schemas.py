@@ -87,6 +87,7 @@ KeyStateName = Literal["pre-active", "active", "deactivated", "compromised", "de
                        "destroyed-compromised"]
 
 
+KMIP_GROUP_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"  # core/names.py GROUP_RE
 KMIP_GROUP_HELP = ("the KMIP tenancy group whose clients see the key (docs/kmip.md \"Tenancy\"): 1 to 64 of "
                    "a-z 0-9 . _ -; none: no KMIP client sees it until it is assigned or granted")
 
@@ -102,7 +103,7 @@ class KeyCreate(Strict):
     rotation_period_days: int | None = Field(default=None, ge=1, le=3650)
     exportable: bool = Field(default=True, description="false: the material never leaves in plaintext (KMIP "
                                                         "Get), only wrapped under another key")
-    kmip_group: str | None = Field(default=None, min_length=1, max_length=64, description=KMIP_GROUP_HELP)
+    kmip_group: str | None = Field(default=None, pattern=KMIP_GROUP_PATTERN, description=KMIP_GROUP_HELP)
 
 
 class KeyUpdate(Strict):
@@ -113,7 +114,7 @@ class KeyUpdate(Strict):
                                              description="null together with clear_rotation to stop")
     clear_rotation: bool = False
     exportable: bool | None = None
-    kmip_group: str | None = Field(default=None, min_length=1, max_length=64,
+    kmip_group: str | None = Field(default=None, pattern=KMIP_GROUP_PATTERN,
                                    description=KMIP_GROUP_HELP + "; null removes it from every group")
 
 

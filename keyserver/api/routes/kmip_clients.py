@@ -14,7 +14,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from keyserver.api.deps import Ctx, ServicesDep
-from keyserver.api.routes.kmip_grants import GROUP_PATTERN
+from keyserver.api.schemas import KMIP_GROUP_PATTERN as GROUP_PATTERN
 from keyserver.core.views import KmipClientView
 
 router = APIRouter(prefix="/kmip/clients", tags=["kmip"])

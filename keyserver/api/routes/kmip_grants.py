@@ -11,11 +11,11 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from keyserver.api.deps import Ctx, ServicesDep
+from keyserver.api.schemas import KMIP_GROUP_PATTERN as GROUP_PATTERN
 from keyserver.core.kmip_grants import GrantRecord
 
 router = APIRouter(prefix="/kmip", tags=["kmip"])
 Right = Literal["read", "use", "export", "destroy"]
-GROUP_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 
 
 class KmipGroup(BaseModel):
