@@ -42,6 +42,9 @@ PIN = "correct horse battery staple"
 CONF_ENV = "STRONGROOM_PKCS11_CONF"
 
 
+APP_GROUP = "pkcs11-app"  # the KMIP tenancy group of the session's PKCS#11 identities
+
+
 def make(*targets: str) -> None:
     done = subprocess.run(["make", "-s", "-C", str(MODULE_DIR), *targets], capture_output=True, text=True,
                           check=False)
@@ -121,12 +124,13 @@ def p11(services: Services, kmip_listener: KmipListener, module_path: Path,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[P11]:
     directory = tmp_path_factory.mktemp("pkcs11")
     ctx = system_context("tests")
-    user = issue_client(services, directory, "kmip-client")
-    noexport = issue_client(services, directory, "kmip-client")
+    # One application's identities: one KMIP tenancy group, which make_key's keys are in.
+    user = issue_client(services, directory, "kmip-client", APP_GROUP)
+    noexport = issue_client(services, directory, "kmip-client", APP_GROUP)
     services.kmip_clients.update(ctx, uuid.UUID(noexport.client_id), key_export="none")
-    plain_locked = issue_client(services, directory, "kmip-client")
+    plain_locked = issue_client(services, directory, "kmip-client", APP_GROUP)
     locked = encrypt_key_file(plain_locked, directory / plain_locked.name / "enc", PIN)
-    outage_files = issue_client(services, directory, "kmip-client")
+    outage_files = issue_client(services, directory, "kmip-client", APP_GROUP)
     outage_listener = build_listener(services, port=0)
     outage_listener.start()
     tokens = {"user": Token("strongroom app", user, None), "locked": Token("strongroom locked", locked, PIN),
@@ -177,11 +181,12 @@ def session(lib: Any, p11: P11) -> Iterator[Any]:
 
 @pytest.fixture
 def make_key(services: Services) -> Callable[..., str]:
-    """A managed AES key created in Strongroom (as an operator would), by name."""
+    """A managed AES key created in Strongroom (as an operator would, for the application's
+    KMIP group), by name."""
 
     def create(prefix: str, **spec: Any) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        services.keys.create(system_context("tests"), KeySpec(name=name, **spec))
+        services.keys.create(system_context("tests"), KeySpec(name=name, **{"kmip_group": APP_GROUP, **spec}))
         return name
 
     return create

@@ -22,7 +22,7 @@ from keyserver.core.keys import KeySpec
 from keyserver.core.principal import system_context
 from keyserver.services import Services
 from tests.kmip.conftest import make_client
-from tests.pkcs11.conftest import P11, run
+from tests.pkcs11.conftest import APP_GROUP, P11, run
 
 SOURCE = Path(__file__).parent / "java" / "StrongroomP11.java"
 
@@ -41,7 +41,7 @@ def java_run(p11: P11, services: Services, java_classes: Path, conf_for: Callabl
              tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, str]]:
     """One run of the program: the alias of the AES key it used, and its result lines."""
     alias = f"java-aes-{uuid.uuid4().hex[:8]}"
-    services.keys.create(system_context("tests"), KeySpec(name=alias))
+    services.keys.create(system_context("tests"), KeySpec(name=alias, kmip_group=APP_GROUP))  # the app's group
     java_conf = tmp_path_factory.mktemp("sunpkcs11") / "sunpkcs11.cfg"
     java_conf.write_text(f"name = Strongroom\nlibrary = {p11.module}\nslotListIndex = 0\n")
     done = run(["java", "-cp", str(java_classes), "StrongroomP11", str(java_conf), str(p11.locked.pin), alias],
