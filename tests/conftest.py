@@ -175,11 +175,10 @@ def tls(ca_file: Path) -> ssl.SSLContext:
     return https.trust(ca_file)
 
 
-@pytest.fixture(scope="session")
-def base_url(app: FastAPI, services: Services, tls: ssl.SSLContext) -> Iterator[str]:
-    """A real HTTPS server on loopback, with its certificate from the internal CA as by
-    default, in this process so tests can also reach the services directly (e.g. to
-    flush the audit chain)."""
+@contextlib.contextmanager
+def serving_https(app: FastAPI, services: Services) -> Iterator[str]:
+    """`app` on a real HTTPS server on loopback, its certificate from the internal CA of
+    `services` as by default; yields its URL."""
     port = _free_port()
     tls = uvicorn_tls(rest_tls_context(services.settings, services.ca))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
@@ -188,15 +187,29 @@ def base_url(app: FastAPI, services: Services, tls: ssl.SSLContext) -> Iterator[
         yield f"https://127.0.0.1:{port}"
 
 
-@pytest.fixture(scope="session")
-def agent_url(services: Services, app: FastAPI, base_url: str) -> Iterator[str]:
+@contextlib.contextmanager
+def serving_agent_port(services: Services, app: FastAPI) -> Iterator[str]:
     """The agent port (HTTPS, client certificates from the internal CA) on the same
-    application, as `keyserver serve` runs it."""
+    application, as `keyserver serve` runs it; yields its URL."""
     sidecar = agent_sidecar(services, app, {"log_config": None, "access_log": False})
     assert sidecar is not None and services.agent_url
     server, sock = sidecar
     with _serving(server, [sock]):
         yield services.agent_url
+
+
+@pytest.fixture(scope="session")
+def base_url(app: FastAPI, services: Services, tls: ssl.SSLContext) -> Iterator[str]:
+    """A real HTTPS server on loopback, in this process so tests can also reach the
+    services directly (e.g. to flush the audit chain)."""
+    with serving_https(app, services) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def agent_url(services: Services, app: FastAPI, base_url: str) -> Iterator[str]:
+    with serving_agent_port(services, app) as url:
+        yield url
 
 
 def unique(prefix: str) -> str:

@@ -40,9 +40,9 @@ def post(url: str, *, ca_file: Path | None = None, **kwargs: Any) -> httpx.Respo
     return httpx.post(url, verify=_verify(ca_file), **kwargs)
 
 
-def server_spki_pin(url: str) -> str:
+def server_spki_pin(url: str, *, ca_file: Path | None = None) -> str:
     """Base64 SHA-256 of the SubjectPublicKeyInfo the HTTPS server at `url` presents,
-    after checking its chain against the trusted CA: the pin Chromium's
+    after checking its chain against the trusted CA (or `ca_file`'s): the pin Chromium's
     --ignore-certificate-errors-spki-list takes."""
     import base64
     import hashlib
@@ -55,7 +55,7 @@ def server_spki_pin(url: str) -> str:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 443
     with socket.create_connection((host, port), timeout=10) as raw, \
-            _verify(None).wrap_socket(raw, server_hostname=host) as tls:
+            _verify(ca_file).wrap_socket(raw, server_hostname=host) as tls:
         der = tls.getpeercert(binary_form=True)
     assert der is not None
     spki = x509.load_der_x509_certificate(der).public_key().public_bytes(

@@ -1,8 +1,10 @@
 """The web console end to end: Debian's Chromium (driven by playwright-core, no browser
-download) against the real keyserver of the test session (PostgreSQL + SoftHSM2).
+download) against a real keyserver of its own, on a fresh store of the session's kind
+(PostgreSQL or the embedded default) with the session's SoftHSM2 token: a new
+installation's first hour, whatever other tests left on the session's server.
 
 Builds nothing: it needs webui/dist (scripts/test runs `npm run build` before pytest;
-the `base_url` server mounts the console only if dist existed when it was created)
+a server mounts the console only if dist existed when it was created)
 and webui/node_modules. Set STRONGROOM_UPDATE_SCREENSHOTS=1 to refresh the screenshots
 in docs/screenshots/ (otherwise they go to a temporary directory).
 
@@ -41,6 +43,7 @@ from keyserver.store.models import ApprovalRequest
 from tests import https
 from tests.conftest import REPO
 from tests.https import server_spki_pin
+from tests.webui.conftest import Installation
 
 WEBUI = REPO / "webui"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -71,7 +74,7 @@ def _kmip_files_work(services: Services, out: Path, good: str, revoked: str) -> 
         listener.stop()
 
 
-def _require_prerequisites(base_url: str) -> str:
+def _require_prerequisites(base_url: str, ca_file: Path) -> str:
     node = shutil.which("node")
     missing = []
     if not node:
@@ -83,9 +86,9 @@ def _require_prerequisites(base_url: str) -> str:
     if not (WEBUI / "dist" / "index.html").exists():
         missing.append("webui/dist (cd webui && npm run build)")
     assert not missing, "scripts/test prepares these; missing: " + "; ".join(missing)
-    page = https.get(base_url + "/", timeout=10).text
+    page = https.get(base_url + "/", ca_file=ca_file, timeout=10).text
     assert '<div id="root">' in page, ("the test server does not serve the console: webui/dist did not exist "
-                                       "when the session's server started")
+                                       "when the test's server started")
     assert node
     return node
 
@@ -124,11 +127,12 @@ def _token(admin: httpx.Client, group: str, max_uses: int) -> str:
     return str(r.json()["secret"])
 
 
-def _prepare_hosts(tmp_path: Path, base_url: str, agent_url: str, admin: httpx.Client) -> dict[str, FakeHost]:
+def _prepare_hosts(tmp_path: Path, base_url: str, agent_url: str, admin: httpx.Client,
+                   trusted: Path) -> dict[str, FakeHost]:
     """Two online database hosts (one with a guard point in error), a web host that never
     sent a heartbeat, and one to revoke from the console; keys for the database group."""
     ca_file = tmp_path / "ca.pem"
-    ca_file.write_bytes(https.get(f"{base_url}/ca.pem").content)
+    ca_file.write_bytes(https.get(f"{base_url}/ca.pem", ca_file=trusted).content)
     for name in ("pg-main", "pg-wal"):
         r = admin.post("/api/v1/keys", json={"name": name, "description": f"PostgreSQL {name[3:]} volume",
                                              "tags": {"host-group": GROUP, "env": "prod"}})
@@ -177,9 +181,9 @@ def _prepare_hosts(tmp_path: Path, base_url: str, agent_url: str, admin: httpx.C
 @contextmanager
 def _pending_approval(services: Services, requested_by: str) -> Iterator[str]:
     """A key's destruction that another person asked for and that waits for approval, as
-    core/approvals.py records one where the two-person rule holds key.destroy (this
-    session's server holds nothing): the console's Approve dialog opens on it. Rejected
-    afterwards, so no other test finds it pending."""
+    core/approvals.py records one where the two-person rule holds key.destroy (the test's
+    server holds nothing): the console's Approve dialog opens on it. Rejected afterwards,
+    so nothing is left pending."""
     target = f"approval-target-{uuid.uuid4().hex[:6]}"
     now = utcnow()
     request = ApprovalRequest(id=uuid.uuid4(), action="key.destroy", target=target, params={},
@@ -215,13 +219,15 @@ def _heartbeating(hosts: list[FakeHost], every: float = 5.0) -> Iterator[None]:
 
 
 @pytest.mark.slow
+@pytest.mark.store  # a server of its own on the session's kind of store (tests/webui/conftest.py)
 @pytest.mark.timeout(1200)  # the browser run's own bound is 1100 s; on a loaded machine it needs many minutes
-def test_console_end_to_end(base_url: str, agent_url: str, services: Services, admin: httpx.Client,
-                            ca_file: Path, tmp_path: Path) -> None:
-    node = _require_prerequisites(base_url)
-    hosts = _prepare_hosts(tmp_path, base_url, agent_url, admin)
+def test_console_end_to_end(fresh_installation: Installation, tmp_path: Path) -> None:
+    it = fresh_installation
+    base_url, agent_url, services, admin, ca_file = it.base_url, it.agent_url, it.services, it.admin, it.ca_file
+    node = _require_prerequisites(base_url, ca_file)
+    hosts = _prepare_hosts(tmp_path, base_url, agent_url, admin, ca_file)
     spare = _token(admin, "web", 5)  # revoked in the console
-    ca = x509.load_pem_x509_certificate(https.get(f"{base_url}/ca.pem").content)
+    ca = x509.load_pem_x509_certificate(https.get(f"{base_url}/ca.pem", ca_file=ca_file).content)
     out = tmp_path / "e2e-out"
     out.mkdir()
     ctx = system_context("tests")
@@ -237,7 +243,7 @@ def test_console_end_to_end(base_url: str, agent_url: str, services: Services, a
         "PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path),
         "BASE_URL": base_url, "CHROMIUM": CHROMIUM, "SCREENSHOT_DIR": str(shots),
         # The browser pins the server's key; the test's own API calls (Node) trust the CA.
-        "TRUST_SPKI": server_spki_pin(base_url), "NODE_EXTRA_CA_CERTS": str(ca_file),
+        "TRUST_SPKI": server_spki_pin(base_url, ca_file=ca_file), "NODE_EXTRA_CA_CERTS": str(ca_file),
         "ADMIN_USER": admin_user, "ADMIN_OTP": otp,
         "AUDITOR_USER": auditor_user, "AUDITOR_PASSWORD": auditor_password,
         "AGENT_URL": agent_url, "CA_FINGERPRINT": ca.fingerprint(hashes.SHA256()).hex(":").upper(),
