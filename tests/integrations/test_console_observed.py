@@ -113,12 +113,16 @@ class Pkcs11Consumer:
         self.proc.wait(timeout=30)
 
 
+# The KMIP tenancy group of the application's PKCS#11 and MongoDB identities, which the key is made for.
+APP_GROUP = "console-observed"
+
+
 @pytest.fixture
 def pkcs11_consumer(services: Services, tmp_path: Path) -> Iterator[Pkcs11Consumer]:
     make()
     listener = build_listener(services, port=0)
     listener.start()
-    token = Token("strongroom console-observed", issue_client(services, tmp_path, "kmip-client"), None)
+    token = Token("strongroom console-observed", issue_client(services, tmp_path, "kmip-client", APP_GROUP), None)
     conf = write_conf(tmp_path / "strongroom-pkcs11.conf", [(token, listener.port)])
     consumer = Pkcs11Consumer(BUILD / "libstrongroom-pkcs11.so", conf, token.label, f"kmip:{token.files.name}")
     try:
@@ -133,7 +137,7 @@ def mongo_app(services: Services, tmp_path: Path) -> Iterator[tuple[Any, Any]]:
     """An application's identity and a KMIP listener, for MongoDB clients made on demand."""
     listener = build_listener(services, port=0)
     listener.start()
-    files = issue_client(services, tmp_path, "kmip-client")
+    files = issue_client(services, tmp_path, "kmip-client", APP_GROUP)
     made: list[Mongo] = []
 
     def client(keys: list[dict[str, Any]]) -> Mongo:
@@ -148,10 +152,10 @@ def mongo_app(services: Services, tmp_path: Path) -> Iterator[tuple[Any, Any]]:
         listener.stop()
 
 
-def in_console(action: str, *, base_url: str, username: str, password: str, key: str,
+def in_console(action: str, *, base_url: str, ca_file: Path, username: str, password: str, key: str,
                database: str = "") -> dict[str, Any]:
     """`action` done in Chromium on the key's page (console_actions.mjs); what it showed."""
-    node = _require_prerequisites(base_url)
+    node = _require_prerequisites(base_url, ca_file)
     env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "BASE_URL": base_url,
            "TRUST_SPKI": server_spki_pin(base_url), "WEBUI": str(WEBUI), "CHROMIUM": CHROMIUM,
            "USERNAME": username, "PASSWORD": password, "KEY": key, "ACTION": action, "DATABASE": database}
@@ -170,16 +174,17 @@ def key_uses(services: Services, since: int, actor: str, key_id: str) -> list[tu
 def test_a_rotation_and_a_revocation_in_the_console_are_observed_by_every_consumer(
         services: Services, admin: httpx.Client, base_url: str, ca_file: Path, mariadb: MariaDB,  # noqa: F811
         pkcs11_consumer: Pkcs11Consumer, mongo_app: tuple[Any, Any]) -> None:
-    _require_prerequisites(base_url)
+    _require_prerequisites(base_url, ca_file)
     ctx = system_context("tests")
     tag = uuid.uuid4().hex[:8]
     name = f"console-observed-{tag}"
-    created = admin.post("/api/v1/keys", json={"name": name, "description": "issue 27: seen by every consumer"})
+    created = admin.post("/api/v1/keys", json={"name": name, "description": "issue 27: seen by every consumer",
+                                               "kmip_group": APP_GROUP})
     assert created.status_code == 201, created.text
     key_id = created.json()["id"]
     username, password = f"console-{tag}", f"console-observed-{uuid.uuid4().hex}"
     services.identity.create_user(ctx, username=username, role="admin", password=password)
-    console = {"base_url": base_url, "username": username, "password": password, "key": name}
+    console = {"base_url": base_url, "ca_file": ca_file, "username": username, "password": password, "key": name}
 
     def versions() -> dict[int, str]:
         """The key's versions: number → KMIP Unique Identifier."""

@@ -206,11 +206,15 @@ def kmip_listener(services: Services) -> Iterator[KmipListener]:
     listener.stop()
 
 
+APP_GROUP = "mongo-app"  # the KMIP tenancy group of the application and its key officer
+
+
 @pytest.fixture(scope="module")
 def kmip_files(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], ClientFiles]:
-    """Client identities issued by Strongroom's CA, as `keyserver kmip-client create` issues them."""
+    """Client identities issued by Strongroom's CA, as `keyserver kmip-client create` issues them,
+    in the application's KMIP group (the officer administers the application's keys)."""
     directory = tmp_path_factory.mktemp("mongocrypt-clients")
-    return lambda role: issue_client(services, directory, role)
+    return lambda role: issue_client(services, directory, role, APP_GROUP)
 
 
 @pytest.fixture(scope="module")
@@ -335,7 +339,8 @@ def test_create_data_key_under_a_secret_registered_in_strongroom(
 def new_master_key(services: Services) -> tuple[str, str]:
     """A managed AES-256 key made in Strongroom (as REST and the console make it): its
     name, and its current version's KMIP Unique Identifier."""
-    key = services.keys.create(system_context("tests"), KeySpec(name=f"mongo-cmk-{uuid.uuid4().hex[:8]}"))
+    key = services.keys.create(system_context("tests"), KeySpec(name=f"mongo-cmk-{uuid.uuid4().hex[:8]}",
+                                                                kmip_group=APP_GROUP))
     return key.name, str(max(key.versions, key=lambda v: v.version).id)
 
 
@@ -385,7 +390,7 @@ def test_an_identity_without_key_export_serves_delegated_mode_only(
     cannot Get any key material (libmongocrypt's default mode is refused, Permission
     Denied, audited), and needs none: the HSM encrypts and decrypts its data keys."""
     issued = services.kmip_clients.create(system_context("tests"), name=f"mongo-{uuid.uuid4().hex[:8]}",
-                                          role="kmip-client", key_export="none")
+                                          role="kmip-client", key_export="none", group=APP_GROUP)
     assert issued.private_key_pem is not None
     (tmp_path / "cert.pem").write_text(issued.certificate_pem)
     (tmp_path / "key.pem").write_text(issued.private_key_pem)
