@@ -357,13 +357,16 @@ def kmip_client_create(
     out: Annotated[Path, typer.Option(help="directory for cert.pem, key.pem and ca.pem")] = Path("."),
     key_export: Annotated[str, typer.Option(help="key material Get may deliver: plaintext (KMIP's default), "
                                             "wrapped (only under another key) or none")] = "plaintext",
+    group: Annotated[str | None, typer.Option(help="KMIP tenancy group: it sees this group's objects "
+                                                   "(docs/kmip.md \"Tenancy\"); default: its name")] = None,
 ) -> None:
     """Issue a KMIP client certificate mapped to a role."""
     services = _existing_services()
     try:
         _initialize(services)
         issued = services.kmip_clients.create(system_context("cli"), name=name, role=role,
-                                              csr_pem=csr.read_text() if csr else None, key_export=key_export)
+                                              csr_pem=csr.read_text() if csr else None, key_export=key_export,
+                                              group=group)
         services.audit.flush()
         out.mkdir(parents=True, exist_ok=True)
         (out / "cert.pem").write_text(issued.certificate_pem)
@@ -372,7 +375,8 @@ def kmip_client_create(
             fd = os.open(out / "key.pem", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(issued.private_key_pem)
-        console.print(f"[green]issued[/green] KMIP client '{name}' ({role}, key export: {key_export}), "
+        console.print(f"[green]issued[/green] KMIP client '{name}' ({role}, key export: {key_export}, "
+                      f"group: {issued.client.group}), "
                       f"serial {issued.client.serial}, files in {out.resolve()}")
     except CoreError as exc:
         console.print(f"[red]{exc.message}[/red]")
