@@ -331,7 +331,7 @@ class ApprovalService:
             return Principal(name=req.requested_by, actor_type="host", role=client.role,
                              permissions=permissions_for(client.role) - {Permission.KEYS_EXPORT,
                                                                          Permission.KEYS_EXPORT_WRAPPED},
-                             kmip_group=client.group)
+                             kmip_group=client.group or client.name)  # kmip_clients.client_group
         if req.requester_user_id is None:
             raise Conflict("the requester is not a user any more; ask again", code="approval_requester_gone")
         with self._db() as s:

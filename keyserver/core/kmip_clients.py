@@ -21,7 +21,7 @@ from datetime import datetime
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from keyserver.core.audit import AuditService, utcnow
@@ -64,10 +64,21 @@ def check_key_export(value: str) -> str:
     return value
 
 
+def client_group(client: KmipClient) -> str:
+    """Its KMIP tenancy group: NULL is its own name (a client issued by the previous release
+    during a rolling upgrade, migration 0026)."""
+    return client.group or client.name
+
+
+def group_column() -> ColumnElement[str]:
+    """`client_group` in SQL."""
+    return func.coalesce(KmipClient.group, KmipClient.name)
+
+
 def principal_for(client: KmipClient) -> Principal:
     return Principal(name=f"kmip:{client.name}", actor_type="host", role=client.role,
                      permissions=permissions_for(client.role) - KEY_EXPORT[client.key_export],
-                     kmip_group=client.group)
+                     kmip_group=client_group(client))
 
 
 class KmipClientService:
@@ -194,8 +205,8 @@ class KmipClientService:
             if key_export is not None and client.key_export != key_export:
                 details.update(key_export=key_export, was=client.key_export)
                 client.key_export = key_export
-            if group is not None and client.group != group:
-                details.update(group=group, group_was=client.group)
+            if group is not None and client_group(client) != group:
+                details.update(group=group, group_was=client_group(client))
                 client.group = group
             if details:
                 if self._notifier is not None:

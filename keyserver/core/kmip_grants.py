@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, InvalidInput, NotFound
 from keyserver.core.keys import key_filter
+from keyserver.core.kmip_clients import group_column
 from keyserver.core.kmip_tenancy import CLIENT, EXPORT, GROUP, RIGHTS
 from keyserver.core.names import GROUP_RE, UUID_RE
 from keyserver.core.permissions import Permission
@@ -68,7 +69,7 @@ class KmipGrantService:
         v = aliased(KeyVersion)
         live_key = exists().where(v.key_id == ManagedKey.id, v.state.not_in(_GONE))
         with self._db() as s:
-            for name, group in s.execute(select(KmipClient.name, KmipClient.group)
+            for name, group in s.execute(select(KmipClient.name, group_column())
                                          .where(KmipClient.revoked_at.is_(None)).order_by(KmipClient.name)):
                 clients.setdefault(group, []).append(name)
             for stmt in (
@@ -168,7 +169,7 @@ class KmipGrantService:
                                code="kmip_client_not_found")
         elif grantee.startswith(GROUP) and GROUP_RE.match(grantee[len(GROUP):]):
             name = grantee[len(GROUP):]
-            if s.execute(select(KmipClient.id).where(KmipClient.group == name,
+            if s.execute(select(KmipClient.id).where(group_column() == name,
                                                      KmipClient.revoked_at.is_(None))).first() is None:
                 raise NotFound(f"no unrevoked KMIP client is in group '{name}'; set a client's group first "
                                "(PATCH /api/v1/kmip/clients/{id})", code="kmip_group_not_found")
@@ -192,7 +193,7 @@ class KmipGrantService:
                 raise NotFound(f"no standalone KMIP object '{object}'{hint}", code="object_not_found")
             return "object", str(row.id), row.name or str(row.id)
         assert group is not None
-        known = (s.execute(select(KmipClient.id).where(KmipClient.group == group)).first()
+        known = (s.execute(select(KmipClient.id).where(group_column() == group)).first()
                  or any(s.execute(select(t.id).where(t.kmip_group == group).limit(1)).first()
                         for t in (ManagedKey, KmipPublicKey, KmipSealedObject)))
         if not known:

@@ -189,7 +189,7 @@ class KmipClientView(Protocol):
     @property
     def key_export(self) -> str: ...
     @property
-    def group(self) -> str: ...
+    def group(self) -> str | None: ...  # None: its name (migration 0026)
 
 
 class ApprovalView(Protocol):

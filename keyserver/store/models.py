@@ -420,7 +420,7 @@ class KmipClient(Base):
     # What key material may leave to this client (core/kmip_clients.py KEY_EXPORT):
     # "plaintext" (KMIP's behaviour), "wrapped" (only under another key) or "none".
     key_export: Mapped[str] = mapped_column(String(16), default="plaintext", server_default="plaintext")
-    group: Mapped[str] = mapped_column(String(64), index=True)  # KMIP tenancy (0026): it sees this group's objects
+    group: Mapped[str | None] = mapped_column(String(64), index=True)  # KMIP tenancy (0026); None: its name
 
 
 class KmipPublicKey(Base):

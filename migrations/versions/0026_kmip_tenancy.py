@@ -30,12 +30,12 @@ ALL_RIGHTS = ['read', 'use', 'export', 'destroy']
 
 
 def upgrade() -> None:
+    # Nullable, NULL meaning "its own name": a replica of the previous release, still
+    # serving through a rolling upgrade (docs/operations.md), issues clients without one.
     with op.batch_alter_table('kmip_clients') as batch:
         batch.add_column(sa.Column('group', sa.String(length=64), nullable=True))
-    op.execute('UPDATE kmip_clients SET "group" = name')
-    with op.batch_alter_table('kmip_clients') as batch:
-        batch.alter_column('group', existing_type=sa.String(length=64), nullable=False)
         batch.create_index('ix_kmip_clients_group', ['group'])
+    op.execute('UPDATE kmip_clients SET "group" = name')
     for table in OBJECT_TABLES:
         with op.batch_alter_table(table) as batch:
             batch.add_column(sa.Column('kmip_group', sa.String(length=64), nullable=True))

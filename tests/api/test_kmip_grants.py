@@ -150,3 +150,23 @@ def test_groups_list_clients_and_live_objects(actors: dict[str, Actor]) -> None:
     assert listed[group]["objects"] == 1
     assert listed[only_keys] == {"name": only_keys, "clients": [], "objects": 1}
     assert actors["auditor"].client.get("/api/v1/kmip/groups").status_code == 200  # keys:read
+
+
+def test_a_client_without_a_group_is_its_own_group(actors: dict[str, Actor], services: Services) -> None:
+    """What a replica of the previous release issues during a rolling upgrade (no group
+    column known to it, migration 0026): the client's group is its name."""
+    from sqlalchemy import update
+
+    from keyserver.store.models import KmipClient
+
+    admin = actors["admin"].client
+    client = _client(admin, group=unique("before"))
+    with services.db() as s, s.begin():
+        s.execute(update(KmipClient).where(KmipClient.id == uuid.UUID(client["id"])).values(group=None))
+    [listed] = [c for c in admin.get("/api/v1/kmip/clients").json() if c["id"] == client["id"]]
+    assert listed["group"] == client["name"]
+    groups = {g["name"]: g for g in admin.get("/api/v1/kmip/groups").json()}
+    assert groups[client["name"]]["clients"] == [client["name"]]
+    r = admin.post("/api/v1/kmip/grants", json={"grantee": f"group:{client['name']}", "key": _key(admin)["id"],
+                                                "rights": ["read"]})
+    assert r.status_code == 201, r.text
