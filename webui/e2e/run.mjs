@@ -141,7 +141,12 @@ async function dialogFixture(context, tag) {
   const database = `dlg-${tag}`;
   await post("/api/v1/databases", { name: database });
   await post(`/api/v1/databases/${database}/grants`, { key, key_id: 1 });
-  return { tag, key, token, database, enrollPrefix: enrollment.secret.split("_").slice(0, 2).join("_") };
+  await post("/api/v1/kmip/grants", { grantee: `client:${KMIP_CLIENT}`, key, rights: ["read"] });
+  const xks = `dlg-${tag}`; // an AWS key store with the key granted and a credential re-issued (so one to retire)
+  await post("/api/v1/xks/stores", { name: xks, region: "eu-west-1" });
+  await post(`/api/v1/xks/stores/${xks}/keys`, { key });
+  await post(`/api/v1/xks/stores/${xks}/credential`);
+  return { tag, key, token, database, xks, enrollPrefix: enrollment.secret.split("_").slice(0, 2).join("_") };
 }
 
 const volumePage = (name) => async (p) => {
@@ -214,6 +219,11 @@ const dialogs = (f) => [
     open: (p) => p.getByRole("button", { name: `Revoke KMIP client ${KMIP_CLIENT}` }).click() },
   { src: "Kmip.tsx", name: `Key export of ${KMIP_CLIENT}`, path: "/kmip-clients",
     open: (p) => p.getByRole("button", { name: `Change key export of ${KMIP_CLIENT}` }).click() },
+  { src: "Kmip.tsx", name: `Group of ${KMIP_CLIENT}`, path: "/kmip-clients",
+    open: (p) => p.getByRole("button", { name: `Change group of ${KMIP_CLIENT}` }).click() },
+  { src: "KmipAccess.tsx", name: "Grant KMIP access", path: "/kmip-clients?view=grants", open: (p) => p.getByTestId("grant-kmip-access").click() },
+  { src: "KmipAccess.tsx", name: `Revoke the grant of ${f.key} to ${KMIP_CLIENT}`, path: "/kmip-clients?view=grants",
+    open: (p) => p.getByRole("button", { name: `Revoke the grant of ${f.key} to ${KMIP_CLIENT}` }).click() },
   { src: "Kmip.tsx", name: "KMIP client created", path: "/kmip-clients", close: (p) => p.getByTestId("kmip-issued-done").click(),
     open: async (p) => {
       await p.getByTestId("create-kmip-client").click();
@@ -237,6 +247,24 @@ const dialogs = (f) => [
     open: (p) => p.getByTestId("reissue-token").click() },
   { src: "DatabaseDetail.tsx", name: `Revoke ${f.database}`, path: `/databases/${f.database}`,
     open: (p) => p.getByTestId("revoke-database").click() },
+  { src: "XksStores.tsx", name: "Connect a key store", path: "/aws-key-stores", open: (p) => p.getByTestId("connect-xks").click() },
+  { src: "XksStores.tsx", name: /^xks-dlg-.* connected$/, path: "/aws-key-stores", close: (p) => p.getByTestId("xks-credential-done").click(),
+    open: async (p) => {
+      await p.getByTestId("connect-xks").click();
+      const form = p.getByRole("form", { name: "Connect a key store" });
+      await form.getByRole("textbox", { name: /^Name/ }).fill(`xks-dlg-${f.tag}-${Date.now().toString(36)}`);
+      await form.getByRole("textbox", { name: /AWS region/ }).fill("eu-west-1");
+      await form.getByTestId("connect-xks-submit").click();
+    } },
+  { src: "XksStoreDetail.tsx", name: `Grant a key to ${f.xks}`, path: `/aws-key-stores/${f.xks}`, open: (p) => p.getByTestId("xks-grant-key").click() },
+  { src: "XksStoreDetail.tsx", name: `Remove ${f.key} from ${f.xks}`, path: `/aws-key-stores/${f.xks}`,
+    open: (p) => p.getByRole("button", { name: `Remove ${f.key} (${f.key}) from ${f.xks}` }).click() },
+  { src: "XksStoreDetail.tsx", name: `Issue a new credential for ${f.xks}`, path: `/aws-key-stores/${f.xks}`,
+    open: (p) => p.getByTestId("rotate-xks-credential").click() },
+  { src: "XksStoreDetail.tsx", name: `Retire the previous credential of ${f.xks}`, path: `/aws-key-stores/${f.xks}`,
+    open: (p) => p.getByTestId("retire-xks-previous").click() },
+  { src: "XksStoreDetail.tsx", name: `Mutual TLS for ${f.xks}`, path: `/aws-key-stores/${f.xks}`, open: (p) => p.getByTestId("xks-mtls-change").click() },
+  { src: "XksStoreDetail.tsx", name: `Revoke ${f.xks}`, path: `/aws-key-stores/${f.xks}`, open: (p) => p.getByTestId("revoke-xks").click() },
   { src: "Approvals.tsx", name: "Approve: Destroy a key", path: "/approvals",
     open: (p) => p.getByRole("button", { name: `Approve: Destroy a key, ${APPROVAL_TARGET}` }).click() },
   { src: "GlobalSearch.tsx", name: "Search", path: "/", open: (p) => p.keyboard.press("Control+K") },
@@ -951,8 +979,8 @@ for (const colorScheme of ["light", "dark"]) {
     }
     await post(`/api/v1/keys/${batch}-destroyed/destroy`, { version: 1 });
     for (const path of ["/", "/keys", `/keys?q=${batch}`, `/keys/${batch}-destroyed`, `/keys/${KEY}`, "/hosts", `/hosts?group=${HOST_GROUP}`, "/guard-points", "/volumes", "/audit",
-                        "/users", "/tokens", "/system", "/kmip-clients", "/databases", `/databases/${DATABASE}`, "/approvals",
-                        "/account"]) {
+                        "/users", "/tokens", "/system", "/kmip-clients", "/kmip-clients?view=groups", "/kmip-clients?view=grants", "/databases",
+                        `/databases/${DATABASE}`, "/aws-key-stores", "/approvals", "/account"]) {
       await page.goto(`/#${path}`);
       await page.locator("#main-content h1").first().waitFor();
       problems.push(...(await axeViolations(page)).map((v) => `${path}: ${v}`));
@@ -992,8 +1020,8 @@ for (const [width, height] of [[375, 812], [768, 1024], [1440, 900]]) {
       if (cut.length) wide.push(`${what} at ${width} px cuts badges: ${cut.slice(0, 5).join(", ")}`);
     };
     for (const path of ["/", "/keys", `/keys/${key}`, `/keys/${KEY}`, "/hosts", `/hosts?group=${HOST_GROUP}`, "/guard-points",
-                        "/volumes", "/audit", "/users", "/tokens", "/system", "/kmip-clients", "/databases",
-                        `/databases/${DATABASE}`, "/approvals", "/account"]) {
+                        "/volumes", "/audit", "/users", "/tokens", "/system", "/kmip-clients", "/kmip-clients?view=groups",
+                        "/kmip-clients?view=grants", "/databases", `/databases/${DATABASE}`, "/aws-key-stores", "/approvals", "/account"]) {
       await page.goto(`/#${path}`);
       await page.locator("#main-content h1").first().waitFor();
       await page.waitForLoadState("networkidle");

@@ -7,7 +7,7 @@ import { IconRotateClockwise } from "@tabler/icons-react";
 import { useMutation, useQueries, useQueryClient } from "@tanstack/react-query";
 import { useEffect, useState } from "react";
 import { Link, useParams } from "react-router";
-import { api, call, type Key, type RevokeReason } from "../api/client";
+import { api, call, fieldError, type Key, type RevokeReason } from "../api/client";
 import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
 import { GuardedButton } from "../components/Guarded";
@@ -19,6 +19,8 @@ import { HOST_GROUP_TAG } from "../hosts";
 import { qk, useKey } from "../queries";
 import { useKeyConsumers } from "../databases";
 import { KeyConsumersPanel } from "./KeyConsumers";
+import { KeyKmipPanel } from "./KeyKmip";
+import { groupError } from "../kmip";
 import { KeyCryptoPanel } from "./KeyCrypto";
 import { KeyUsagePanel } from "./Usage";
 import { TagList, parseTags } from "./Keys";
@@ -105,6 +107,7 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
               <Prop label="Algorithm">{k.algorithm}-{k.length_bits}</Prop>
               <Prop label="Current version">v{k.current_version}</Prop>
               <Prop label="Owner">{k.owner || "—"}</Prop>
+              <Prop label="KMIP group">{k.kmip_group ? <Text span size="sm" ff="monospace">{k.kmip_group}</Text> : "—"}</Prop>
               <Prop label="Rotation">{k.rotation_period_days ? `every ${k.rotation_period_days} days` : "manual only"}</Prop>
               <Prop label="Next rotation">{k.next_rotation_at ? `${fmtTime(k.next_rotation_at)} (${fmtRelative(k.next_rotation_at)})` : "—"}</Prop>
               <Prop label="Created">{fmtTime(k.created_at)}</Prop>
@@ -127,6 +130,7 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
         </Grid.Col>
       </Grid>
       <KeyConsumersPanel k={k} />
+      <KeyKmipPanel k={k} onEdit={() => setDialog("edit")} />
       <KeyCryptoPanel k={k} />
       {can("audit:read") && <KeyUsagePanel keyId={k.id} />}
       {can("audit:read") && <KeyUsage k={k} />}
@@ -238,19 +242,22 @@ export function tagChanges(before: Record<string, string>, after: Record<string,
 function EditDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; opened: boolean; onClose: () => void }) {
   const [description, setDescription] = useState(k.description);
   const [owner, setOwner] = useState(k.owner);
+  const [kmipGroup, setKmipGroup] = useState(k.kmip_group ?? "");
   const [tags, setTags] = useState<string[]>(tagEntries(k.tags));
   const action = useKeyAction(k, keyRef);
   const parsed = parseTags(tags);
   const changes = tagChanges(k.tags, parsed);
-  const body: { description?: string; owner?: string; tags?: Record<string, string> } = {};
+  const body: { description?: string; owner?: string; tags?: Record<string, string>; kmip_group?: string | null } = {};
   if (description !== k.description) body.description = description;
   if (owner.trim() !== k.owner) body.owner = owner.trim();
+  // Empty clears it (null): then no KMIP client sees the key except through a grant.
+  if ((kmipGroup.trim() || null) !== (k.kmip_group ?? null)) body.kmip_group = kmipGroup.trim() || null;
   if (changes.length) body.tags = parsed;
   const save = useMutation(action("Details saved", () => call(api.PATCH("/api/v1/keys/{key_ref}", {
     params: { path: { key_ref: k.id } }, body }))));
   // Each opening starts from the key as it is now (it may have changed since the last one).
   useEffect(() => {
-    if (opened) { setDescription(k.description); setOwner(k.owner); setTags(tagEntries(k.tags)); save.reset(); }
+    if (opened) { setDescription(k.description); setOwner(k.owner); setKmipGroup(k.kmip_group ?? ""); setTags(tagEntries(k.tags)); save.reset(); }
     // On opening only: while the dialog is open a refetched key must not overwrite what is being typed.
     // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [opened]);
@@ -258,7 +265,8 @@ function EditDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; op
   const groupBefore = k.tags[HOST_GROUP_TAG], groupAfter = parsed[HOST_GROUP_TAG];
   const descriptionError = lengthError(description, LIMITS.keyDescription, save.error, "description");
   const ownerError = lengthError(owner.trim(), LIMITS.keyOwner, save.error, "owner");
-  const tooLongNow = !!tooLong(description, LIMITS.keyDescription) || !!tooLong(owner.trim(), LIMITS.keyOwner);
+  const kmipGroupError = groupError(kmipGroup) ?? fieldError(save.error, "kmip_group");
+  const tooLongNow = !!tooLong(description, LIMITS.keyDescription) || !!tooLong(owner.trim(), LIMITS.keyOwner) || !!groupError(kmipGroup);
   const badTag = Object.keys(parsed).find((n) => n.length < 1 || n.length > 64) ?? Object.entries(parsed).find(([, v]) => v.length > 256)?.[0];
   return (
     <Modal opened={opened} onClose={close} title={`Edit ${k.name}`} centered size="lg">
@@ -271,6 +279,16 @@ function EditDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; op
                     onChange={(e) => setDescription(e.currentTarget.value)} data-autofocus />
           <TextInput label="Owner" description="The person or team answerable for this key" value={owner} error={ownerError}
                      onChange={(e) => setOwner(e.currentTarget.value)} />
+          <TextInput label="KMIP group" value={kmipGroup} error={kmipGroupError} onChange={(e) => setKmipGroup(e.currentTarget.value)}
+                     description="KMIP clients of this group see and use the key; empty: none does, except through a grant" />
+          {"kmip_group" in body && (
+            <Alert color="orange" variant="light" data-testid="kmip-group-change">
+              {k.kmip_group && <>KMIP clients of group <b>{k.kmip_group}</b> no longer see this key from their next request,
+                unless a grant gives it to them. </>}
+              {body.kmip_group ? <>Clients of group <b>{body.kmip_group}</b> see it from their next request.</>
+                : <>No KMIP client sees it except through a grant.</>}
+            </Alert>
+          )}
           <TagsInput label="Tags" description="name=value, press Enter after each; at most 50" value={tags} onChange={setTags}
                      error={badTag !== undefined ? `Tag ${badTag || "(empty)"}: names are 1-64 characters, values at most 256` : undefined} />
           {changes.length > 0 && <Text size="sm" data-testid="tag-changes">This {changes.join(", ")}.</Text>}

@@ -1,5 +1,5 @@
 import {
-  Alert, Anchor, Button, Checkbox, Group, List, Modal, NumberInput, Pagination, Paper, Progress, Select, Stack, Switch,
+  Alert, Anchor, Autocomplete, Button, Checkbox, Group, List, Modal, NumberInput, Pagination, Paper, Progress, Select, Stack, Switch,
   Table, TagsInput, Text, TextInput, Textarea,
 } from "@mantine/core";
 import { useDebouncedValue } from "@mantine/hooks";
@@ -8,13 +8,14 @@ import { IconPlus, IconSearch } from "@tabler/icons-react";
 import { useMutation, useQueryClient } from "@tanstack/react-query";
 import { useEffect, useState } from "react";
 import { Link, useNavigate, useSearchParams } from "react-router";
-import { ApiError, KEY_STATES, api, call, type Key, type KeyState, type RevokeReason } from "../api/client";
+import { ApiError, KEY_STATES, api, call, fieldError, type Key, type KeyState, type RevokeReason } from "../api/client";
 import { useAuth } from "../auth";
 import { GuardedButton } from "../components/Guarded";
 import { ErrorAlert } from "../components/ErrorAlert";
 import { EmptyState, Loading, StateBadge, fmtRelative, fmtTime } from "../components/bits";
 import { PageHeader } from "../components/PageHeader";
 import { qk, useKeys, type KeySort } from "../queries";
+import { groupError, useKmipGroups } from "../kmip";
 import { SortHeader } from "../components/SortHeader";
 import { LIMITS, lengthError, tooLong } from "../textLimits";
 
@@ -274,11 +275,14 @@ function CreateKeyDialog({ opened, onClose }: { opened: boolean; onClose: () => 
   const [tags, setTags] = useState<string[]>([]);
   const [period, setPeriod] = useState<number | string>("");
   const [activate, setActivate] = useState(true);
-  const reset = () => { setName(""); setDescription(""); setTags([]); setPeriod(""); setActivate(true); create.reset(); };
+  const [kmipGroup, setKmipGroup] = useState("");
+  const groups = useKmipGroups(opened);
+  const reset = () => { setName(""); setDescription(""); setTags([]); setPeriod(""); setActivate(true); setKmipGroup(""); create.reset(); };
   const create = useMutation({
     mutationFn: () => call(api.POST("/api/v1/keys", { body: {
       name: name.trim(), description, tags: parseTags(tags), activate,
       rotation_period_days: typeof period === "number" ? period : null,
+      ...(kmipGroup.trim() ? { kmip_group: kmipGroup.trim() } : {}),
     } })),
     onSuccess: (key) => {
       void qc.invalidateQueries({ queryKey: qk.keysAll });
@@ -290,7 +294,9 @@ function CreateKeyDialog({ opened, onClose }: { opened: boolean; onClose: () => 
   });
   const nameError = lengthError(name.trim(), LIMITS.keyName, create.error, "name");
   const descriptionError = lengthError(description, LIMITS.keyDescription, create.error, "description");
-  const invalid = !name.trim() || !!tooLong(name.trim(), LIMITS.keyName) || !!tooLong(description, LIMITS.keyDescription);
+  const kmipGroupError = groupError(kmipGroup) ?? fieldError(create.error, "kmip_group");
+  const invalid = !name.trim() || !!tooLong(name.trim(), LIMITS.keyName) || !!tooLong(description, LIMITS.keyDescription)
+    || !!groupError(kmipGroup);
   return (
     <Modal opened={opened} onClose={() => { reset(); onClose(); }} title="Create key" centered size="lg">
       <form onSubmit={(e) => { e.preventDefault(); if (!invalid) create.mutate(); }} aria-label="Create key">
@@ -303,6 +309,10 @@ function CreateKeyDialog({ opened, onClose }: { opened: boolean; onClose: () => 
                      placeholder="env=prod" clearable />
           <NumberInput label="Rotation period (days)" description="Leave empty for manual rotation only"
                        min={1} max={3650} value={period} onChange={setPeriod} allowDecimal={false} w={260} />
+          <Autocomplete label="KMIP group (optional)" data={(groups.data ?? []).map((g) => g.name).sort()} value={kmipGroup}
+                        onChange={setKmipGroup} error={kmipGroupError} comboboxProps={{ withinPortal: true }} w={{ base: "100%", sm: 360 }}
+                        description="KMIP clients of this group see and use the key; empty: none does until it is assigned or granted"
+                        data-testid="create-key-kmip-group" />
           <Switch label="Activate now" description="Otherwise the key is created Pre-Active"
                   checked={activate} onChange={(e) => setActivate(e.currentTarget.checked)} />
           <ErrorAlert error={create.error} title="Key not created" />

@@ -1,10 +1,11 @@
 import {
-  Alert, Badge, Button, Code, Group, Modal, Paper, Radio, Select, Stack, Table, Text, TextInput, Textarea, Tooltip,
+  Alert, Autocomplete, Badge, Button, Code, Group, Modal, Paper, Radio, Select, Stack, Table, Tabs, Text, TextInput, Textarea, Tooltip,
 } from "@mantine/core";
 import { notifications } from "@mantine/notifications";
 import { IconDownload, IconPlus } from "@tabler/icons-react";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState } from "react";
+import { useSearchParams } from "react-router";
 import { api, call, fieldError, type Schemas } from "../api/client";
 import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
@@ -12,6 +13,8 @@ import { PageHeader } from "../components/PageHeader";
 import { LIMITS, tooLong } from "../textLimits";
 import { TypedConfirmDialog } from "../components/TypedConfirmDialog";
 import { CopyValue, EmptyState, Loading, fmtRelative, fmtTime } from "../components/bits";
+import { groupError, kq, useKmipGroups, type KmipGrant } from "../kmip";
+import { GrantDialog, GrantsView, GroupsView, RevokeGrantDialog, type GrantPreset } from "./KmipAccess";
 
 type Client = Schemas["KmipClientPublic"];
 type Issued = Schemas["KmipClientIssued"];
@@ -49,7 +52,44 @@ function download(name: string, text: string) {
   setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
 
+type View = "clients" | "groups" | "grants";
+const VIEWS: View[] = ["clients", "groups", "grants"];
+
+/** Clients, their groups and the grants between groups, one view at a time (`?view=`); a key's
+ *  page links here with `?view=grants&grant_key=<key>` to open the grant dialog on that key. */
 export function KmipClientsPage() {
+  const [params, setParams] = useSearchParams();
+  const view: View = VIEWS.find((v) => v === params.get("view")) ?? "clients";
+  const [grantPreset, setGrantPreset] = useState<GrantPreset | null>(null);
+  const linkedKey = params.get("grant_key");
+  const preset = grantPreset ?? (linkedKey ? { key: linkedKey } : null);
+  const [revokingGrant, setRevokingGrant] = useState<KmipGrant | null>(null);
+  const setView = (v: string | null) => setParams(v && v !== "clients" ? { view: v } : {}, { replace: true });
+  const closeGrant = () => {
+    setGrantPreset(null);
+    if (linkedKey) setParams({ view: "grants" }, { replace: true });
+  };
+  return (
+    <Stack gap="md">
+      <PageHeader title="KMIP clients"
+        subtitle="Programs that speak KMIP over mutual TLS, each with a certificate from the server's internal CA. Each sees the objects of its own group and what a grant gives it. Revoking one refuses it at once, on every replica." />
+      <Tabs value={view} onChange={setView} keepMounted={false}>
+        <Tabs.List mb="sm">
+          <Tabs.Tab value="clients">Clients</Tabs.Tab>
+          <Tabs.Tab value="groups" data-testid="kmip-groups-tab">Groups</Tabs.Tab>
+          <Tabs.Tab value="grants" data-testid="kmip-grants-tab">Grants</Tabs.Tab>
+        </Tabs.List>
+        <Tabs.Panel value="clients"><ClientsView /></Tabs.Panel>
+        <Tabs.Panel value="groups"><GroupsView onGrant={(group) => setGrantPreset({ group })} /></Tabs.Panel>
+        <Tabs.Panel value="grants"><GrantsView onGrant={() => setGrantPreset({})} onRevoke={setRevokingGrant} /></Tabs.Panel>
+      </Tabs>
+      <GrantDialog opened={!!preset} preset={preset ?? {}} onClose={closeGrant} />
+      <RevokeGrantDialog grant={revokingGrant} onClose={() => setRevokingGrant(null)} />
+    </Stack>
+  );
+}
+
+function ClientsView() {
   const { can } = useAuth();
   const qc = useQueryClient();
   const clients = useQuery({ queryKey: QK, queryFn: () => call(api.GET("/api/v1/kmip/clients")) });
@@ -57,6 +97,7 @@ export function KmipClientsPage() {
   const [issued, setIssued] = useState<Issued | null>(null);
   const [revoking, setRevoking] = useState<Client | null>(null);
   const [exportOf, setExportOf] = useState<Client | null>(null);
+  const [groupOf, setGroupOf] = useState<Client | null>(null);
   const revoke = useMutation({
     mutationFn: (c: Client) => call(api.DELETE("/api/v1/kmip/clients/{client_id}", { params: { path: { client_id: c.id } } })),
     onSuccess: (c) => {
@@ -68,18 +109,20 @@ export function KmipClientsPage() {
   const manage = can("kmip:clients");
   return (
     <Stack gap="md">
-      <PageHeader title="KMIP clients"
-        subtitle="Programs that speak KMIP over mutual TLS, each with a certificate from the server's internal CA. Revoking one refuses it at once, on every replica."
-        actions={manage && <Button color="ink" leftSection={<IconPlus size={16} />} onClick={() => setCreating(true)}
-                                   data-testid="create-kmip-client">Create KMIP client</Button>} />
+      {manage && (
+        <Group justify="flex-end">
+          <Button color="ink" leftSection={<IconPlus size={16} />} onClick={() => setCreating(true)}
+                  data-testid="create-kmip-client">Create KMIP client</Button>
+        </Group>
+      )}
       <Paper withBorder radius="md">
         {clients.error ? <ErrorAlert error={clients.error} /> : clients.isPending ? <Loading /> : clients.data.length === 0 ? (
           <EmptyState title="No KMIP clients">Create one for each program that uses keys over KMIP (a database's TDE, a backup appliance, a storage array).</EmptyState>
         ) : (
-          <Table.ScrollContainer minWidth={960}>
+          <Table.ScrollContainer minWidth={1120}>
             <Table fz="sm" verticalSpacing={8} highlightOnHover data-testid="kmip-clients-table">
               <Table.Thead><Table.Tr>
-                <Table.Th>Name</Table.Th><Table.Th>Role</Table.Th><Table.Th>Key export</Table.Th><Table.Th>Certificate</Table.Th>
+                <Table.Th>Name</Table.Th><Table.Th>Group</Table.Th><Table.Th>Role</Table.Th><Table.Th>Key export</Table.Th><Table.Th>Certificate</Table.Th>
                 <Table.Th>Expires</Table.Th><Table.Th>Created</Table.Th><Table.Th>Status</Table.Th><Table.Th />
               </Table.Tr></Table.Thead>
               <Table.Tbody>
@@ -89,6 +132,7 @@ export function KmipClientsPage() {
                   return (
                     <Table.Tr key={c.id} data-client={c.name}>
                       <Table.Td><Text size="sm" fw={600} ff="monospace">{c.name}</Text></Table.Td>
+                      <Table.Td><Text size="sm" ff="monospace" data-testid="kmip-client-group">{c.group}</Text></Table.Td>
                       <Table.Td>{c.role}</Table.Td>
                       <Table.Td>
                         <Tooltip label={KEY_EXPORT[c.key_export].help} multiline w={280} withArrow>
@@ -112,6 +156,8 @@ export function KmipClientsPage() {
                       <Table.Td>
                         {manage && !c.revoked_at && (
                           <Group gap={4} wrap="nowrap">
+                            <Button size="compact-sm" variant="subtle" color="gray" onClick={() => setGroupOf(c)}
+                                    aria-label={`Change group of ${c.name}`}>Group</Button>
                             <Button size="compact-sm" variant="subtle" color="gray" onClick={() => setExportOf(c)}
                                     aria-label={`Change key export of ${c.name}`}>Key export</Button>
                             <Button size="compact-sm" variant="subtle" color="red" onClick={() => { revoke.reset(); setRevoking(c); }}
@@ -130,6 +176,7 @@ export function KmipClientsPage() {
       <CreateDialog opened={creating} onClose={() => setCreating(false)} onIssued={(i) => { setCreating(false); setIssued(i); }} />
       <IssuedDialog issued={issued} onClose={() => setIssued(null)} />
       <KeyExportDialog client={exportOf} onClose={() => setExportOf(null)} />
+      <GroupDialog client={groupOf} onClose={() => setGroupOf(null)} />
       <TypedConfirmDialog opened={!!revoking} onClose={() => setRevoking(null)} title={`Revoke ${revoking?.name ?? ""}`}
         phrase={revoking?.name ?? ""} actionLabel="Revoke KMIP client" busy={revoke.isPending} error={revoke.error}
         onConfirm={() => revoking && revoke.mutate(revoking)}>
@@ -146,24 +193,38 @@ function CreateDialog({ opened, onClose, onIssued }: { opened: boolean; onClose:
   const [role, setRole] = useState("kmip-client");
   const [keyExport, setKeyExport] = useState<KeyExport>("plaintext");
   const [csr, setCsr] = useState("");
+  const [group, setGroup] = useState("");
+  const groups = useKmipGroups(opened);
   const nameError = tooLong(name.trim(), LIMITS.kmipClientName) ?? (name && !DNS_NAME.test(name.trim()) ? "A DNS name in lower case, such as backup-01.example.com (letters, digits, hyphens, dots)" : null);
   const csrError = csr.trim() && !csr.includes("BEGIN CERTIFICATE REQUEST") ? "A PEM certificate request (-----BEGIN CERTIFICATE REQUEST-----)" : null;
   const create = useMutation({
     mutationFn: () => call(api.POST("/api/v1/kmip/clients", { body: {
-      name: name.trim(), role, key_export: keyExport, csr: csr.trim() || null } })),
-    onSuccess: (r) => { void qc.invalidateQueries({ queryKey: QK }); reset(); onIssued(r); },
+      name: name.trim(), role, key_export: keyExport, csr: csr.trim() || null, ...(group.trim() ? { group: group.trim() } : {}) } })),
+    onSuccess: (r) => {
+      void qc.invalidateQueries({ queryKey: QK });
+      void qc.invalidateQueries({ queryKey: kq.groups });
+      reset();
+      onIssued(r);
+    },
   });
-  const reset = () => { setName(""); setRole("kmip-client"); setKeyExport("plaintext"); setCsr(""); create.reset(); };
+  const groupErr = groupError(group) ?? fieldError(create.error, "group");
+  const sharing = groups.data?.find((g) => g.name === group.trim())?.clients ?? [];
+  const reset = () => { setName(""); setRole("kmip-client"); setKeyExport("plaintext"); setCsr(""); setGroup(""); create.reset(); };
   const close = () => { reset(); onClose(); };
   return (
     <Modal opened={opened} onClose={close} title="Create KMIP client" centered size="lg">
-      <form aria-label="Create KMIP client" onSubmit={(e) => { e.preventDefault(); if (!nameError && !csrError) create.mutate(); }}>
+      <form aria-label="Create KMIP client" onSubmit={(e) => { e.preventDefault(); if (!nameError && !csrError && !groupErr) create.mutate(); }}>
         <Stack gap="sm">
           <TextInput label="Name" description="The client's DNS name: its certificate's subject and SAN" required data-autofocus
                      placeholder="backup-01.example.com" value={name} error={nameError ?? fieldError(create.error, "name")}
                      onChange={(e) => setName(e.currentTarget.value)} />
           <Select label="Role" description="What it may do; kmip-client is made for programs (use, export and retire keys)"
                   data={ROLES} value={role} onChange={(v) => setRole(v ?? "kmip-client")} allowDeselect={false} />
+          <Autocomplete label="Group (optional)" data={(groups.data ?? []).map((g) => g.name).sort()} value={group} onChange={setGroup}
+                        placeholder={name.trim() || "the client's name"} error={groupErr} comboboxProps={{ withinPortal: true }}
+                        description={sharing.length ? `Shares the objects of this group with ${sharing.join(", ")}`
+                          : "Clients of one group share its objects (the certificates of one cluster). Empty: a group of its own, named after it."}
+                        data-testid="create-kmip-client-group" />
           <Select label="Key export" description={KEY_EXPORT[keyExport].help} allowDeselect={false}
                   data={(Object.keys(KEY_EXPORT) as KeyExport[]).map((k) => ({ value: k, label: KEY_EXPORT[k].label }))}
                   value={keyExport} onChange={(v) => setKeyExport((v ?? "plaintext") as KeyExport)} />
@@ -173,7 +234,7 @@ function CreateDialog({ opened, onClose, onIssued }: { opened: boolean; onClose:
           <ErrorAlert error={create.error} title="KMIP client not created" />
           <Group justify="flex-end">
             <Button variant="default" onClick={close}>Cancel</Button>
-            <Button type="submit" color="ink" loading={create.isPending} disabled={!name.trim() || !!nameError || !!csrError}
+            <Button type="submit" color="ink" loading={create.isPending} disabled={!name.trim() || !!nameError || !!csrError || !!groupErr}
                     data-testid="create-kmip-client-submit">Create</Button>
           </Group>
         </Stack>
@@ -256,6 +317,55 @@ function KeyExportDialog({ client, onClose }: { client: Client | null; onClose: 
                   data-testid="key-export-save">Save</Button>
         </Group>
       </Stack>
+    </Modal>
+  );
+}
+
+/** Move a client to another group: from its next request it sees that group's objects. What it
+ *  created stays in its old group (objects never follow their creator). */
+function GroupDialog({ client, onClose }: { client: Client | null; onClose: () => void }) {
+  const qc = useQueryClient();
+  const [value, setValue] = useState<string | null>(null);
+  const groups = useKmipGroups(!!client);
+  const typed = value ?? client?.group ?? "";
+  const next = typed.trim();
+  const changed = !!client && next !== client.group;
+  const save = useMutation({
+    mutationFn: () => call(api.PATCH("/api/v1/kmip/clients/{client_id}", {
+      params: { path: { client_id: client?.id ?? "" } }, body: { group: next } })),
+    onSuccess: (c) => {
+      void qc.invalidateQueries({ queryKey: QK });
+      void qc.invalidateQueries({ queryKey: kq.groups });
+      notifications.show({ color: "teal", title: "Group changed", message: `${c.name}: group ${c.group}` });
+      close();
+    },
+  });
+  const error = next ? groupError(next) ?? fieldError(save.error, "group") : "Required: the group whose objects it sees";
+  const close = () => { setValue(null); save.reset(); onClose(); };
+  const others = (groups.data?.find((g) => g.name === next)?.clients ?? []).filter((n) => n !== client?.name);
+  return (
+    <Modal opened={!!client} onClose={close} title={`Group of ${client?.name ?? ""}`} centered>
+      <form aria-label={`Group of ${client?.name ?? ""}`} onSubmit={(e) => { e.preventDefault(); if (changed && !error) save.mutate(); }}>
+        <Stack gap="sm">
+          <Autocomplete label="Group" required data={(groups.data ?? []).map((g) => g.name).sort()} value={typed}
+                        onChange={setValue} error={error} comboboxProps={{ withinPortal: true }}
+                        description="1-64 characters: lower-case letters, digits, dots, hyphens, underscores"
+                        data-testid="kmip-group-input" />
+          {client && changed && !error && (
+            <Text size="sm" data-testid="kmip-group-change">
+              From its next request, {client.name} sees the objects of group <b>{next}</b>
+              {others.length ? ` (with ${others.join(", ")})` : " (a group of its own)"} and no longer those
+              of <b>{client.group}</b>, unless a grant gives them. The objects it created stay in {client.group}.
+            </Text>
+          )}
+          <ErrorAlert error={save.error} title="Group not changed" />
+          <Group justify="flex-end">
+            <Button variant="default" onClick={close}>Cancel</Button>
+            <Button type="submit" color="ink" loading={save.isPending} disabled={!changed || !!error}
+                    data-testid="kmip-group-save">Save</Button>
+          </Group>
+        </Stack>
+      </form>
     </Modal>
   );
 }

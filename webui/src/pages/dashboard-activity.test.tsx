@@ -25,7 +25,7 @@ const key = (over: Partial<Key>): Key => ({
   id: "6603c18c-39c3-4619-bb48-e05423636617", name: "payments-db", description: "", owner: "admin", tags: {},
   algorithm: "AES", length_bits: 256, state: "active", current_version: 1, created_at: "2026-11-01T00:00:00Z",
   updated_at: "2026-11-01T00:00:00Z", rotation_period_days: 30, next_rotation_at: "2026-11-30T00:00:00Z",
-  exportable: true, versions: [], ...over,
+  exportable: true, kmip_group: null, versions: [], ...over,
 });
 
 describe("attention: what the dashboard raises", () => {

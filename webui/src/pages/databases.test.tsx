@@ -33,7 +33,7 @@ const issued = (d: Database) => ({ database: d, token: "srdb_abc_SECRET", vault_
 const key = (over: Partial<Key>): Key => ({
   id: KEY_UUID, name: "payments-tde", description: "", owner: "dba", tags: {}, algorithm: "AES", length_bits: 256,
   state: "active", current_version: 3, created_at: ago(900), updated_at: ago(60), rotation_period_days: 90,
-  next_rotation_at: null, exportable: true, versions: [], ...over,
+  next_rotation_at: null, exportable: true, kmip_group: null, versions: [], ...over,
 });
 const KEYS = [key({}), key({ id: "7703c18c-39c3-4619-bb48-e05423636617", name: "reports-tde", current_version: 1 }),
               key({ id: "8803c18c-39c3-4619-bb48-e05423636617", name: "signing-rsa", algorithm: "RSA", length_bits: 3072 }),

@@ -64,7 +64,7 @@ function key(name: string, over: Partial<Key> = {}): Key {
   return {
     id: `${name}-id`, name, description: "", owner: "admin", tags: { "host-group": "db" }, algorithm: "AES",
     length_bits: 256, state: "active", current_version: 2, created_at: ago(86_400), updated_at: ago(3600),
-    rotation_period_days: null, next_rotation_at: null, exportable: true, versions: [], ...over,
+    rotation_period_days: null, next_rotation_at: null, exportable: true, kmip_group: null, versions: [], ...over,
   };
 }
 

@@ -9,7 +9,7 @@ import { KeyCryptoPanel, MAX_BYTES, asText, parseEnvelope, toBase64, toBytes } f
 const key = (over: Partial<Key> = {}): Key => ({
   id: "6603c18c-39c3-4619-bb48-e05423636617", name: "payments-db", description: "", owner: "alice", tags: {},
   algorithm: "AES", length_bits: 256, state: "active", current_version: 2, created_at: "2026-11-22T00:00:00Z",
-  updated_at: "2026-11-22T00:01:00Z", rotation_period_days: null, next_rotation_at: null, exportable: true,
+  updated_at: "2026-11-22T00:01:00Z", rotation_period_days: null, next_rotation_at: null, exportable: true, kmip_group: null,
   versions: [], ...over,
 });
 const b64 = (s: string) => toBase64(new TextEncoder().encode(s));

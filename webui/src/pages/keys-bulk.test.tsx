@@ -9,7 +9,7 @@ import { KeysPage } from "./Keys";
 const key = (name: string, over: Partial<Key> = {}): Key => ({
   id: `id-${name}`, name, description: "", owner: "admin", tags: {}, algorithm: "AES", length_bits: 256, state: "active",
   current_version: 1, created_at: "2026-11-01T00:00:00Z", updated_at: "2026-11-01T00:00:00Z", rotation_period_days: null,
-  next_rotation_at: null, exportable: true, versions: [], ...over,
+  next_rotation_at: null, exportable: true, kmip_group: null, versions: [], ...over,
 });
 const KEYS = [key("alpha"), key("bravo"), key("charlie")];
 

@@ -22,7 +22,7 @@ const paste = (field: HTMLElement, text: string) => {
 const key: Key = {
   id: "6603c18c-39c3-4619-bb48-e05423636617", name: "payments-db", description: "", owner: "alice", tags: {},
   algorithm: "AES", length_bits: 256, state: "active", current_version: 1, created_at: "2026-11-22T00:00:00Z",
-  updated_at: "2026-11-22T00:01:00Z", rotation_period_days: null, next_rotation_at: null, exportable: true,
+  updated_at: "2026-11-22T00:01:00Z", rotation_period_days: null, next_rotation_at: null, exportable: true, kmip_group: null,
   versions: [{
     version: 1, state: "active", created_at: "2026-11-22T00:00:00Z", activation_date: "2026-11-22T00:00:00Z",
     deactivation_date: null, compromise_date: null, destroy_date: null, revocation_reason: null, revocation_message: null,

@@ -9,7 +9,7 @@ import { parseTags } from "./Keys";
 const key: Key = {
   id: "6603c18c-39c3-4619-bb48-e05423636617", name: "payments-db", description: "", owner: "admin", tags: {},
   algorithm: "AES", length_bits: 256, state: "active", current_version: 2, created_at: "2026-11-22T00:00:00Z",
-  updated_at: "2026-11-22T00:01:00Z", rotation_period_days: null, next_rotation_at: null, exportable: true,
+  updated_at: "2026-11-22T00:01:00Z", rotation_period_days: null, next_rotation_at: null, exportable: true, kmip_group: null,
   versions: [1, 2].map((v) => ({
     version: v, state: v === 2 ? "active" : "deactivated", created_at: "2026-11-22T00:00:00Z",
     activation_date: "2026-11-22T00:00:00Z", deactivation_date: v === 1 ? "2026-11-22T00:01:00Z" : null,
