@@ -1,4 +1,4 @@
-import { IconChecklist, IconCpu, IconDashboard, IconDatabase, IconDatabaseCog, IconPlugConnected, IconKey, IconListDetails, IconServer2, IconShieldLock, IconTicket, IconUsers } from "@tabler/icons-react";
+import { IconChecklist, IconCloudLock, IconCpu, IconDashboard, IconDatabase, IconDatabaseCog, IconPlugConnected, IconKey, IconListDetails, IconServer2, IconShieldLock, IconTicket, IconUsers } from "@tabler/icons-react";
 import type { ComponentType } from "react";
 import type { Permission } from "./auth";
 
@@ -26,6 +26,7 @@ export const NAV: NavItem[] = [
   { to: "/tokens", label: "API tokens", icon: IconTicket, perm: "tokens:own" },
   { to: "/kmip-clients", label: "KMIP clients", icon: IconPlugConnected, perm: "kmip:clients" },
   { to: "/databases", label: "Databases", icon: IconDatabaseCog, perm: "databases:read" },
+  { to: "/aws-key-stores", label: "AWS key stores", icon: IconCloudLock, perm: "xks:read" },
   { to: "/approvals", label: "Approvals", icon: IconChecklist,
     anyOf: ["keys:destroy", "system:kek", "users:manage", "keys:export", "audit:read"] },
   { to: "/system", label: "System", icon: IconCpu, perm: "system:read" },

@@ -30,6 +30,8 @@ const SystemPage = lazyPage(() => import("./pages/System"), "SystemPage");
 const KmipClientsPage = lazyPage(() => import("./pages/Kmip"), "KmipClientsPage");
 const DatabasesPage = lazyPage(() => import("./pages/Databases"), "DatabasesPage");
 const DatabaseDetailPage = lazyPage(() => import("./pages/DatabaseDetail"), "DatabaseDetailPage");
+const XksStoresPage = lazyPage(() => import("./pages/XksStores"), "XksStoresPage");
+const XksStoreDetailPage = lazyPage(() => import("./pages/XksStoreDetail"), "XksStoreDetailPage");
 const ApprovalsPage = lazyPage(() => import("./pages/Approvals"), "ApprovalsPage");
 const AccountPage = lazyPage(() => import("./pages/Account"), "AccountPage");
 
@@ -64,6 +66,8 @@ export const router = createHashRouter([
       { path: "kmip-clients", element: <Need perm="kmip:clients"><KmipClientsPage /></Need> },
       { path: "databases", element: <Need perm="databases:read"><DatabasesPage /></Need> },
       { path: "databases/:name", element: <Need perm="databases:read"><DatabaseDetailPage /></Need> },
+      { path: "aws-key-stores", element: <Need perm="xks:read"><XksStoresPage /></Need> },
+      { path: "aws-key-stores/:name", element: <Need perm="xks:read"><XksStoreDetailPage /></Need> },
       { path: "approvals", element: <ApprovalsPage /> },
       { path: "account", element: <AccountPage /> },
       { path: "*", element: <Navigate to="/" replace /> },

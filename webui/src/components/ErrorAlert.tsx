@@ -30,6 +30,14 @@ export function hintFor(err: ApiError): string | null {
       return "Choose another name: names are unique, and a revoked database keeps its name.";
     case "database_revoked":
       return "A revoked database stays revoked: connect it again under a new name.";
+    case "xks_store_exists":
+      return "Choose another name: names are unique, and a revoked key store keeps its name.";
+    case "xks_store_revoked":
+      return "A revoked key store stays revoked: connect a new one and grant its keys there.";
+    case "external_id_in_use":
+      return "Remove the key with that external key id first, or choose another external key id.";
+    case "no_previous_credential":
+      return "Nothing to retire: reload the page to see the key store's credentials.";
     case "key_id_in_use":
       return "Remove the grant with that key id first, or choose another key id.";
     case "key_not_active":
@@ -37,7 +45,8 @@ export function hintFor(err: ApiError): string | null {
     case "key_not_exportable":
       return "Grant a key whose policy lets its material leave: a database reads the key itself.";
     case "wrong_key_algorithm":
-      return "Grant an AES key: databases encrypt with AES.";
+      return err.detail.includes("external key store") ? "Grant an AES-256 key: AWS KMS's external keys are AES-256."
+        : "Grant an AES key: databases encrypt with AES.";
     case "invalid_search":
       return "Search for words of letters or digits (at most eight); end one with * for a prefix.";
     case "last_admin":

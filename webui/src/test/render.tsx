@@ -12,15 +12,15 @@ export const ROLE_PERMS: Record<string, string[]> = {
   admin: ["keys:read", "keys:create", "keys:update", "keys:rotate", "keys:activate", "keys:revoke", "keys:destroy",
           "keys:encrypt", "keys:decrypt", "keys:verify", "keys:export", "keys:export-wrapped", "datakeys:generate", "datakeys:decrypt", "audit:read", "audit:verify", "users:read",
           "users:manage", "tokens:own", "tokens:all", "system:read", "system:kek", "kmip:clients", "hosts:read",
-          "hosts:enroll", "hosts:revoke", "guardpoints:manage", "volumes:manage", "databases:read", "databases:manage"],
+          "hosts:enroll", "hosts:revoke", "guardpoints:manage", "volumes:manage", "databases:read", "databases:manage", "xks:read", "xks:manage"],
   "key-officer": ["keys:read", "keys:create", "keys:update", "keys:rotate", "keys:activate", "keys:revoke",
                   "keys:destroy", "keys:encrypt", "keys:decrypt", "keys:verify", "keys:export", "keys:export-wrapped", "datakeys:generate", "datakeys:decrypt", "audit:read",
                   "audit:verify", "tokens:own", "system:read", "hosts:read", "guardpoints:manage", "volumes:manage",
-                  "databases:read", "databases:manage"],
+                  "databases:read", "databases:manage", "xks:read", "xks:manage"],
   operator: ["keys:read", "keys:rotate", "keys:encrypt", "keys:decrypt", "keys:verify", "keys:export", "keys:export-wrapped", "datakeys:generate", "datakeys:decrypt", "tokens:own",
              "system:read", "hosts:read", "hosts:enroll", "hosts:revoke"],
   auditor: ["keys:read", "keys:verify", "audit:read", "audit:verify", "users:read", "tokens:own", "system:read", "hosts:read",
-            "databases:read"],
+            "databases:read", "xks:read"],
 };
 
 export function meAs(role: keyof typeof ROLE_PERMS): Me {
