@@ -8,7 +8,7 @@ import { notifications } from "@mantine/notifications";
 import { IconKey, IconPlus } from "@tabler/icons-react";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState } from "react";
-import { Link } from "react-router";
+import { Link, useSearchParams } from "react-router";
 import { api, call } from "../api/client";
 import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
@@ -136,21 +136,47 @@ export function GrantsTable({ grants, onRevoke, showTarget = true }: {
   );
 }
 
+/** Every grant, or those of one grantee (`?grantee=client:<name>` or `group:<name>`): after an
+ *  upgrade each client holds one on group `shared` (docs/kmip.md "Upgrading"). */
 export function GrantsView({ onGrant, onRevoke }: { onGrant: () => void; onRevoke: (g: KmipGrant) => void }) {
   const { can } = useAuth();
-  const grants = useKmipGrants();
+  const [params, setParams] = useSearchParams();
+  const grantee = params.get("grantee") ?? "";
+  const grants = useKmipGrants({ grantee });
+  const groups = useKmipGroups();
   const manage = can("kmip:clients");
+  const clients = [...new Set((groups.data ?? []).flatMap((g) => g.clients))].sort();
+  const options = [
+    { group: "Clients", items: clients.map((n) => ({ value: `client:${n}`, label: n })) },
+    { group: "Groups", items: (groups.data ?? []).map((g) => g.name).sort().map((n) => ({ value: `group:${n}`, label: n })) },
+  ];
+  // A grantee named in the link stays choosable even when the lists do not hold it.
+  if (grantee && !options.some((o) => o.items.some((i) => i.value === grantee))) {
+    options[0].items.unshift({ value: grantee, label: parseGrantee(grantee).name });
+  }
+  const filter = (v: string | null) => setParams((p) => {
+    const next = new URLSearchParams(p);
+    if (v) next.set("grantee", v); else next.delete("grantee");
+    return next;
+  }, { replace: true });
   return (
     <Paper withBorder radius="md">
-      <Group justify="space-between" p="md" pb={0} wrap="wrap">
-        <Text size="sm" c="dimmed" maw={720}>A grant lets a client, or every client of a group, reach a key or a group's
-          objects beyond its own group. It never adds to what the client's role and key export setting allow.</Text>
+      <Group justify="space-between" p="md" pb={0} wrap="wrap" align="flex-end">
+        <Stack gap="xs" maw={720}>
+          <Text size="sm" c="dimmed">A grant lets a client, or every client of a group, reach a key or a group's objects
+            beyond its own group. It never adds to what the client's role and key export setting allow.</Text>
+          <Select label="Grantee" placeholder="Every client and group" data={options} value={grantee || null} onChange={filter}
+                  searchable clearable w={{ base: "100%", xs: 320 }} comboboxProps={{ withinPortal: true }}
+                  nothingFoundMessage="No client or group by that name" data-testid="grants-filter" />
+        </Stack>
         {manage && <Button color="ink" leftSection={<IconPlus size={16} />} onClick={onGrant}
                            data-testid="grant-kmip-access">Grant access</Button>}
       </Group>
       {grants.error ? <ErrorAlert error={grants.error} title="Grants could not be loaded" />
         : grants.isPending ? <Loading label="Loading grants…" /> : grants.data.length === 0 ? (
-          <EmptyState title="No grants">Each client sees only the objects of its own group.</EmptyState>
+          <EmptyState title={grantee ? `No grant to ${parseGrantee(grantee).name}` : "No grants"}>
+            {grantee ? "Nothing beyond its own group's objects." : "Each client sees only the objects of its own group."}
+          </EmptyState>
         ) : <GrantsTable grants={grants.data} onRevoke={manage ? onRevoke : undefined} />}
     </Paper>
   );
