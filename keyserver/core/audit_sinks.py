@@ -257,6 +257,11 @@ class AuditSinks:
         self._threads: list[threading.Thread] = []
         self._failing: dict[str, str] = {}  # this replica's view: sink → last error
         self._lock = threading.Lock()
+        # One delivery at a time per sink in this replica: flush() (shutdown, tests) and the
+        # sink's thread would otherwise both send what follows the same cursor, and the
+        # receiver would see a batch again after later records. Replicas may still race
+        # (documented above); within one, the stream stays in order.
+        self._delivering = {sink.name: threading.Lock() for sink in sinks}
 
     @property
     def configured(self) -> bool:
@@ -278,6 +283,10 @@ class AuditSinks:
     def deliver_once(self, sink: Sink) -> int:
         """Deliver what follows the sink's cursor (one batch); how many items went out.
         Raises when the sink refused: the cursor stays, the next try resends."""
+        with self._delivering[sink.name]:
+            return self._deliver_locked(sink)
+
+    def _deliver_locked(self, sink: Sink) -> int:
         seq, cp = self._cursor(sink.name)
         with self._db() as s:
             records = list(s.execute(select(AuditEvent).where(AuditEvent.seq > seq)

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from hsm import HsmBackend
-from keyserver.core.audit_sinks import SyslogSink, WebhookSink
+from keyserver.core.audit_sinks import AuditSinks, FileSink, SyslogSink, WebhookSink
 from keyserver.core.errors import ServiceUnavailable
 from keyserver.core.keys import KeySpec
 from keyserver.core.principal import system_context
@@ -97,6 +97,47 @@ def test_file_sink_rotates_resumes_after_a_restart_and_is_an_outside_copy(
             checkpoints = [i for i in items if i["type"] == "checkpoint"]
             assert len(checkpoints) >= 5
             assert svc.audit.verify(outside=checkpoints).ok
+
+
+class _SlowFileSink(FileSink):
+    """A file sink whose first send waits until the test lets it go: the window in which
+    a second delivery in the same replica (flush() beside the sink's thread) could read
+    the same cursor and send the same batch again."""
+
+    def __init__(self, name: str, path: Path) -> None:
+        super().__init__(name, path)
+        self.inside, self.go, self.sends = threading.Event(), threading.Event(), 0
+
+    def send(self, items: list[dict[str, Any]]) -> None:
+        self.sends += 1
+        if self.sends == 1:
+            self.inside.set()
+            assert self.go.wait(60)
+        super().send(items)
+
+
+def test_deliveries_in_one_replica_do_not_overlap(services: Services, hsm_backend: HsmBackend,
+                                                  tmp_path: Path) -> None:
+    """Seen on a loaded machine: flush() and the sink's thread both sent what followed one
+    cursor, and the file read 1..5 then 3..5 again. Within one replica the stream stays in
+    order and each batch goes once."""
+    out = tmp_path / "sink" / "audit.jsonl"
+    with _store(tmp_path, hsm_backend) as svc:
+        _records(svc, 3)
+        slow = _SlowFileSink("slow", out)
+        sinks = AuditSinks(svc.db, [slow])
+        first = threading.Thread(target=sinks.deliver_once, args=(slow,))
+        first.start()
+        assert slow.inside.wait(60)
+        second = threading.Thread(target=sinks.deliver_once, args=(slow,))
+        second.start()
+        second.join(1.0)  # without the per-sink lock it would send the same batch meanwhile
+        slow.go.set()
+        first.join(60)
+        second.join(60)
+        sinks.flush()
+        seqs = [i["seq"] for i in _lines(out) if i["type"] == "record"]
+        assert seqs == sorted(set(seqs)) == list(range(1, svc.audit.status()["head_seq"] + 1))
 
 
 def test_a_failing_sink_is_reported_and_fail_closed_refuses_key_operations_until_it_recovers(
