@@ -49,8 +49,8 @@ export function KeyConsumersPanel({ k }: { k: Key }) {
         : items.length === 0 ? (
           <EmptyState title="No database or application uses this key">
             A database reads it once it is granted on the database's page (Databases → a database → Grant a key, as a
-            MariaDB key id). A KMIP client or PKCS#11 application uses the keys it creates or is given. Hosts receive it
-            through their group tag, shown under Properties.
+            MariaDB key id). A KMIP client or PKCS#11 application uses the keys of its KMIP group and those granted to
+            it (KMIP access, below). Hosts receive it through their group tag, shown under Properties.
           </EmptyState>
         ) : (
           <Table.ScrollContainer minWidth={560}>

@@ -43,6 +43,7 @@ describe("a key's Used by panel", () => {
     renderWith(<KeyConsumersPanel k={key} />, { me: meAs("admin") });
     expect(await screen.findByText("No database or application uses this key")).toBeInTheDocument();
     expect(screen.getByTestId("key-consumers")).toHaveTextContent("Grant a key, as a MariaDB key id");
+    expect(screen.getByTestId("key-consumers")).toHaveTextContent("uses the keys of its KMIP group and those granted to it");
   });
 
   it("says what went wrong when it cannot be loaded", async () => {
