@@ -174,7 +174,10 @@ class RevocationLedger:
             return
         if self._grace.is_dir():
             for kept in self._grace.iterdir():
-                if kept.name != KNOWN_FILE:  # every passphrase, and any half-written one
+                # Every passphrase, and any half-written one; not the list of volumes (no
+                # secret) nor the new copy of it a beat may be writing this very moment:
+                # taking that away made the write, and with it the daemon, fail.
+                if kept.name != KNOWN_FILE and not kept.name.endswith(f"-{KNOWN_FILE}"):
                     kept.unlink(missing_ok=True)
             _fsync_dir(self._grace)
 
