@@ -297,7 +297,9 @@ def run() -> None:
         try:
             code = daemon.run(stop)
         finally:
-            manager.stop_all()
+            # However the daemon ended (a failed beat too), a revocation on record is what
+            # each guard point's status says, not what its process last wrote.
+            manager.stop_all(host_revocation(config.state_dir))
             daemon.ship_events()
     raise typer.Exit(code)
 

@@ -66,8 +66,8 @@ class AgentDaemon:
         reports = self._manager.reports() if self._manager else None
         try:
             answer = self._client.heartbeat(os_name=os_description(), guard_points=reports)
-        except HostRevoked:
-            self._stand_down()
+        except HostRevoked as exc:
+            self._stand_down(self._host_refusal() or exc.describe())
             raise
         self.interval = float(answer.get("heartbeat_seconds", self.interval))
         skew = clock_skew(answer["server_time"])
@@ -93,10 +93,10 @@ class AgentDaemon:
             log.info("shipped %d events", sent)
         return answer
 
-    def _stand_down(self) -> None:
+    def _stand_down(self, refused: str) -> None:
         self._keyring.cache.drop_all()
         if self._manager:
-            self._manager.stop_all()  # their processes hold keys too
+            self._manager.stop_all(refused)  # their processes hold keys too; each status says why
         self.revoked = True
 
     def _host_refusal(self) -> str | None:
@@ -118,7 +118,7 @@ class AgentDaemon:
         while not stop.is_set():
             refused = self._host_refusal()  # seen by another process, perhaps while the server is away
             if refused is not None:
-                self._stand_down()
+                self._stand_down(refused)
                 log.error("%s", refused)
                 return 6
             try:

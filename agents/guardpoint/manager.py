@@ -196,11 +196,21 @@ class GuardPointManager:
             running.process.join(timeout=5)
         return running.path
 
-    def stop_all(self) -> None:
+    def stop_all(self, refused: str | None = None) -> None:
+        """Stop every guard point, each path left on its shield. `refused`: why the host may
+        serve none (its revocation), written into every guard point's status after its
+        process is gone. Without it the status would keep whatever the process wrote last
+        ("mounted", or a data plane's crash when the revocation and a kill -9 come
+        together), and the daemon stands down before its crash watcher ever says why."""
         self._stopping.set()
         with self._lock:
+            definitions = dict(self._definitions)
             for gp_id in list(self._running):
                 self._stop(gp_id, deleted=False)
+            if refused is not None:
+                for gp_id, d in definitions.items():
+                    write_json(self._dir / f"{gp_id}.status.json", {"revision": d.get("revision"), "state": "error",
+                                                                    "detail": refused})
 
 
 def local_reports(state_dir: Path) -> list[dict[str, Any]]:
