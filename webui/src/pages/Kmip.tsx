@@ -119,10 +119,10 @@ function ClientsView() {
         {clients.error ? <ErrorAlert error={clients.error} /> : clients.isPending ? <Loading /> : clients.data.length === 0 ? (
           <EmptyState title="No KMIP clients">Create one for each program that uses keys over KMIP (a database's TDE, a backup appliance, a storage array).</EmptyState>
         ) : (
-          <Table.ScrollContainer minWidth={1120}>
+          <Table.ScrollContainer minWidth={940}>
             <Table fz="sm" verticalSpacing={8} highlightOnHover data-testid="kmip-clients-table">
               <Table.Thead><Table.Tr>
-                <Table.Th>Name</Table.Th><Table.Th>Group</Table.Th><Table.Th>Role</Table.Th><Table.Th>Key export</Table.Th><Table.Th>Certificate</Table.Th>
+                <Table.Th>Name and group</Table.Th><Table.Th>Role</Table.Th><Table.Th>Key export</Table.Th><Table.Th>Certificate</Table.Th>
                 <Table.Th>Expires</Table.Th><Table.Th>Created</Table.Th><Table.Th>Status</Table.Th><Table.Th />
               </Table.Tr></Table.Thead>
               <Table.Tbody>
@@ -131,8 +131,10 @@ function ClientsView() {
                   const daysLeft = (new Date(c.not_after).getTime() - Date.now()) / 86_400_000;
                   return (
                     <Table.Tr key={c.id} data-client={c.name}>
-                      <Table.Td><Text size="sm" fw={600} ff="monospace">{c.name}</Text></Table.Td>
-                      <Table.Td><Text size="sm" ff="monospace" data-testid="kmip-client-group">{c.group}</Text></Table.Td>
+                      <Table.Td>
+                        <Text size="sm" fw={600} ff="monospace">{c.name}</Text>
+                        <Text size="xs" c="dimmed">group <Text span inherit ff="monospace" data-testid="kmip-client-group">{c.group}</Text></Text>
+                      </Table.Td>
                       <Table.Td>{c.role}</Table.Td>
                       <Table.Td>
                         <Tooltip label={KEY_EXPORT[c.key_export].help} multiline w={280} withArrow>
@@ -145,7 +147,8 @@ function ClientsView() {
                             {opensslFingerprint(c.fingerprint_sha256).slice(0, 23)}…</Code>
                           <CopyValue value={opensslFingerprint(c.fingerprint_sha256)} label={`Copy the SHA-256 fingerprint of ${c.name}`} />
                         </Group>
-                        <Text size="xs" c="dimmed">serial {c.serial}</Text>
+                        <Text size="xs" c="dimmed" title={`serial ${c.serial}`}>
+                          serial {c.serial.length > 16 ? `${c.serial.slice(0, 16)}…` : c.serial}</Text>
                       </Table.Td>
                       <Table.Td title={fmtTime(c.not_after)} style={{ whiteSpace: "nowrap" }}
                                 c={!c.revoked_at && daysLeft < EXPIRY_WARN_DAYS ? "var(--sr-text-warning)" : undefined}>
