@@ -38,6 +38,7 @@ POLL_SECONDS = 0.2
 class Topic(StrEnum):
     KEYS = "keys"  # a key version's state or wrapped material, a KMIP object's state
     PRINCIPALS = "principals"  # a user, API token, KMIP client or host: role, revocation
+    XKS = "xks"  # an external key store: revocation, credential, client certificate rule, grants
 
 
 
