@@ -238,7 +238,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         sinks=sinks,
         approvals=approvals,
         databases=DatabaseService(session_factory, backend, audit, policy, approvals=approvals),
-        xks=XksService(session_factory, backend, audit, policy, crypto, keks.current),
+        xks=XksService(session_factory, backend, audit, policy, crypto, keks.current, notifier=notifier,
+                       autocommit_engine=autocommit),
         oidc=build_oidc(settings),
     )
     # What an approved request runs, as its requester (core/approvals.py).

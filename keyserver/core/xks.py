@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import NoReturn
 
-from sqlalchemy import or_, select, update
-from sqlalchemy.orm import Session, raiseload, sessionmaker
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session, sessionmaker
 
 from hsm import AES_GCM, AES_KWP, HsmBackend, HsmError, WrappedKey
 from keyserver.core import sigv4
@@ -59,7 +59,9 @@ from keyserver.core.permissions import Permission
 from keyserver.core.policy import Policy
 from keyserver.core.principal import ANONYMOUS, Principal, RequestContext
 from keyserver.core.states import DESTROYED_STATES, KeyState
-from keyserver.store.models import KeyVersion, ManagedKey
+from keyserver.core.xks_cache import XksGrant, XksLookups
+from keyserver.store.models import ManagedKey
+from keyserver.store.notify import Notifier
 from keyserver.store.xks import XksKey, XksStore
 
 SERVICE = "kms-xks-proxy"
@@ -180,8 +182,12 @@ def metadata_version(metadata: bytes) -> int:
 class XksService:
     def __init__(self, session_factory: sessionmaker[Session], hsm: HsmBackend, audit: AuditService,
                  policy: Policy, crypto: CryptoService, current_kek: Callable[[], str], *,
-                 now: Callable[[], datetime] = utcnow) -> None:
+                 notifier: Notifier | None = None, autocommit_engine: Engine | None = None,
+                 cache_seconds: float = 30.0, now: Callable[[], datetime] = utcnow) -> None:
         self._db = session_factory
+        # The proxy's reads in autocommit: no BEGIN/ROLLBACK round trips (as kmip_base.py).
+        self._read = session_factory if autocommit_engine is None else sessionmaker(
+            autocommit_engine, expire_on_commit=False)
         self._hsm = hsm
         self._audit = audit
         self._policy = policy
@@ -191,6 +197,9 @@ class XksService:
         # (access key id, credential issued at, scope) -> the day's signing key; never the secret.
         self._keys: dict[tuple[str, datetime | None, sigv4.Scope], bytes] = {}
         self._keys_lock = threading.Lock()
+        # What authenticate and _grant read, cached per replica (core/xks_cache.py).
+        self._lookups = XksLookups(self._read, notifier, cache_seconds=cache_seconds)
+        self._seen: dict[str, datetime] = {}  # last_seen_at as this replica last wrote it
 
     # --- management --------------------------------------------------------------
     def list_all(self, ctx: RequestContext) -> list[XksStoreRecord]:
@@ -247,6 +256,7 @@ class XksService:
                            created_by=ctx.principal.name, client_cert_subject=subject, keys=[])
             self._set_credential(row, access, dek, material, now)
             s.add(row)
+            self._lookups.changed(s)
             self._audit.add(s, ctx, action="xks.create", object_type="xks_store", object_id=name,
                             details={"region": region, "access_key_id": access, "client_cert_subject": subject})
             s.flush()
@@ -272,6 +282,7 @@ class XksService:
                 details["client_cert_subject"] = {"from": row.client_cert_subject, "to": subject}
                 row.client_cert_subject = subject
             if details:
+                self._lookups.changed(s)
                 self._audit.add(s, ctx, action="xks.update", object_type="xks_store", object_id=name, details=details)
             return store_record(row)
 
@@ -293,6 +304,7 @@ class XksService:
             row.previous_sealed, row.previous_issued_at = row.secret_sealed, row.credential_issued_at
             s.flush()  # the old id leaves the unique access_key_id column before the new one arrives
             self._set_credential(row, access, dek, material, self._now())
+            self._lookups.changed(s)
             self._audit.add(s, ctx, action="xks.credential", object_type="xks_store", object_id=name,
                             details={"access_key_id": access, "previous": row.previous_access_key_id,
                                      "dropped": dropped})
@@ -310,6 +322,7 @@ class XksService:
             row.previous_access_key_id = row.previous_dek_wrapping_key_id = row.previous_dek_mechanism = None
             row.previous_dek = row.previous_sealed = None
             row.previous_issued_at = None
+            self._lookups.changed(s)
             self._audit.add(s, ctx, action="xks.credential_retire", object_type="xks_store", object_id=name,
                             details={"access_key_id": retired})
             return store_record(row)
@@ -321,6 +334,7 @@ class XksService:
             row = self._load(s, name, lock=True)
             if row.revoked_at is None:
                 row.revoked_at = self._now()
+                self._lookups.changed(s)
                 self._audit.add(s, ctx, action="xks.revoke", object_type="xks_store", object_id=name,
                                 details={"keys": [k.external_id for k in row.keys]})
             return store_record(row)
@@ -355,6 +369,7 @@ class XksService:
                            granted_at=self._now(), granted_by=ctx.principal.name)
             grant.key = managed
             s.add(grant)
+            self._lookups.changed(s)
             self._audit.add(s, ctx, action="xks.grant", object_type="xks_store", object_id=name,
                             details={"key": managed.name, "key_uuid": str(managed.id), "external_id": ext})
             s.flush()
@@ -369,6 +384,7 @@ class XksService:
             if grant is None:
                 raise NotFound(f"key store '{name}' has no external key id '{external_id}'", code="grant_not_found")
             row.keys.remove(grant)
+            self._lookups.changed(s)
             self._audit.add(s, ctx, action="xks.ungrant", object_type="xks_store", object_id=name,
                             details={"key": grant.key.name, "key_uuid": str(grant.key_id), "external_id": external_id})
 
@@ -401,14 +417,7 @@ class XksService:
         except sigv4.SigV4Error as exc:
             unsigned = exc
         access = signed.scope.access_key_id if signed is not None else ""
-        # One query for both: the store the path names (its certificate rule) and the
-        # credential's (usually the same row).
-        wanted = [XksStore.name == store]
-        if access:
-            wanted += [XksStore.access_key_id == access, XksStore.previous_access_key_id == access]
-        with self._db() as s:
-            rows = s.execute(select(XksStore).options(raiseload(XksStore.keys)).where(or_(*wanted))).scalars().all()
-            s.expunge_all()
+        rows = self._lookups.store_rows(store, access)
         target = next((r for r in rows if r.name == store), None)
         if target is not None and target.client_cert_subject is not None:
             self._check_certificate(anon, call, target, client_names)
@@ -436,7 +445,9 @@ class XksService:
             self._refuse(ctx, call, Forbidden("this credential belongs to another key store", code="wrong_store"),
                          object_type="xks_store", object_id=store)
         now = self._now()
-        if row.last_seen_at is None or now - row.last_seen_at > SEEN_EVERY:
+        seen = max(filter(None, (row.last_seen_at, self._seen.get(store))), default=None)
+        if seen is None or now - seen > SEEN_EVERY:
+            self._seen[store] = now
             with self._db.begin() as s:
                 s.execute(update(XksStore).where(XksStore.name == store).values(last_seen_at=now))
         return ctx
@@ -488,21 +499,16 @@ class XksService:
             self._keys[cache_key] = key
         return key
 
-    def _grant(self, ctx: RequestContext, call: XksCall, external_id: str) -> tuple[XksKey, KeyVersion]:
+    def _grant(self, ctx: RequestContext, call: XksCall, external_id: str) -> XksGrant:
         store = ctx.principal.name.removeprefix("xks:")
-        with self._db() as s:
-            grant = s.execute(select(XksKey).join(XksStore).where(XksStore.name == store,
-                                                                  XksKey.external_id == external_id)
-                              ).unique().scalar_one_or_none()
-            newest = None if grant is None else s.execute(
-                select(KeyVersion).where(KeyVersion.key_id == grant.key_id)
-                .order_by(KeyVersion.version.desc()).limit(1)).scalar_one()
-        if grant is None or newest is None:
+        grant = self._lookups.grant(store, external_id)
+        if grant is None:
             self._refuse(ctx, call, NotFound(f"no external key '{external_id}' in this key store",
                                              code="xks_key_not_found"), object_type="xks_store", object_id=store)
-        return grant, newest
+        return grant
 
-    def _enabled(self, ctx: RequestContext, call: XksCall, grant: XksKey, newest: KeyVersion) -> None:
+    def _enabled(self, ctx: RequestContext, call: XksCall, grant: XksGrant) -> None:
+        newest = grant.newest
         state = KeyState(newest.state)
         if state is not KeyState.ACTIVE:
             why = "destroyed" if state in DESTROYED_STATES else (
@@ -510,12 +516,12 @@ class XksService:
             self._refuse(ctx, call, Conflict(f"the external key is disabled (its key is {why})",
                                              code="key_disabled"), object_type="key", object_id=str(grant.key_id))
 
-    def _details(self, call: XksCall, grant: XksKey) -> dict[str, object]:
+    def _details(self, call: XksCall, grant: XksGrant) -> dict[str, object]:
         return {"xks_operation": call.operation, "external_id": grant.external_id, **call.meta}
 
     def key_status(self, ctx: RequestContext, call: XksCall, external_id: str) -> XksKeyStatus:
-        grant, newest = self._grant(ctx, call, external_id)
-        enabled = KeyState(newest.state) is KeyState.ACTIVE
+        grant = self._grant(ctx, call, external_id)
+        enabled = KeyState(grant.newest.state) is KeyState.ACTIVE
         self._audit.commit(PendingRecord(ctx=ctx, action="xks.metadata", object_type="key",
                                          object_id=str(grant.key_id),
                                          details={**self._details(call, grant), "enabled": enabled}))
@@ -523,29 +529,30 @@ class XksService:
 
     def encrypt(self, ctx: RequestContext, call: XksCall, external_id: str, plaintext: bytes,
                 aad: bytes) -> XksEncrypted:
-        grant, newest = self._grant(ctx, call, external_id)
-        self._enabled(ctx, call, grant, newest)
-        metadata = ciphertext_metadata(newest.version)
+        grant = self._grant(ctx, call, external_id)
+        self._enabled(ctx, call, grant)
+        newest = grant.newest
+        metadata = ciphertext_metadata(newest.number)
         out = self._crypto.encrypt(ctx, str(newest.id), plaintext, mode=AES_GCM, aad=gcm_aad(aad, metadata),
-                                   details={**self._details(call, grant), "version": newest.version})
+                                   details={**self._details(call, grant), "version": newest.number})
         return XksEncrypted(ciphertext=out.data, iv=out.iv, tag=out.tag, metadata=metadata)
 
     def decrypt(self, ctx: RequestContext, call: XksCall, external_id: str, ciphertext: bytes, *, aad: bytes,
                 iv: bytes, tag: bytes, metadata: bytes) -> bytes:
-        grant, newest = self._grant(ctx, call, external_id)
-        self._enabled(ctx, call, grant, newest)
+        grant = self._grant(ctx, call, external_id)
+        self._enabled(ctx, call, grant)
         try:
             number = metadata_version(metadata)
         except InvalidInput as exc:
             self._refuse(ctx, call, exc, object_type="key", object_id=str(grant.key_id))
-        with self._db() as s:
-            version_id = s.execute(select(KeyVersion.id).where(KeyVersion.key_id == grant.key_id,
-                                                               KeyVersion.version == number)).scalar_one_or_none()
-        if version_id is None:
+        # Every version of the key is in the grant (a new one comes with a notification);
+        # its state is the HSM call's to check (CryptoService, as before).
+        version = grant.versions.get(number)
+        if version is None:
             self._refuse(ctx, call, InvalidInput("the ciphertext names no version of this key",
                                                  code="invalid_ciphertext"), object_type="key",
                          object_id=str(grant.key_id))
-        return self._crypto.decrypt(ctx, str(version_id), ciphertext, mode=AES_GCM, iv=iv,
+        return self._crypto.decrypt(ctx, str(version.id), ciphertext, mode=AES_GCM, iv=iv,
                                     aad=gcm_aad(aad, metadata),
                                     tag=tag, details={**self._details(call, grant), "version": number})
 
