@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import base64
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from keyserver.services import Services
+from keyserver.store import db
+from keyserver.store.notify import Notifier, Topic
+from keyserver.store.xks import XksStore
 from tests.integrations.test_xks import Xks, _error, _key, meta
 
 
@@ -101,3 +107,22 @@ def test_a_lookup_that_raced_a_clear_is_not_kept(services: Services, warm: tuple
         lookups._read = real
     assert lookups._cached(lookups._grants, (xks.name, ext)) is None
     assert lookups._cached(lookups._stores, (xks.name, xks.access)) is None
+
+
+def test_a_store_revoked_by_another_replica_is_refused(services: Services,
+                                                       warm: tuple[Xks, str, str]) -> None:
+    """The change committed by another process: refused once its notification arrives
+    (LISTEN/NOTIFY on PostgreSQL, the change counter on SQLite)."""
+    xks, _, ext = warm
+    engine = db.make_engine(services.settings.effective_database_url, pool_size=1)
+    try:
+        with Session(engine) as s, s.begin():
+            s.execute(update(XksStore).where(XksStore.name == xks.name).values(revoked_at=datetime.now(UTC)))
+            Notifier(engine).publish(s, Topic.XKS)
+    finally:
+        engine.dispose()
+    deadline = time.monotonic() + 10
+    while (r := xks.encrypt(ext, b"data")).status_code == 200:
+        assert time.monotonic() < deadline, "the other replica's revocation never reached this one"
+        time.sleep(0.05)
+    _error(r, 401, "AuthenticationFailedException")
