@@ -31,6 +31,7 @@ from keyserver.core.names import check_group
 from keyserver.core.permissions import Permission, Role, permissions_for
 from keyserver.core.policy import Policy
 from keyserver.core.principal import Principal, RequestContext
+from keyserver.core.views import KmipClientView
 from keyserver.store.models import KmipClient
 from keyserver.store.notify import Notifier, Topic
 
@@ -64,7 +65,7 @@ def check_key_export(value: str) -> str:
     return value
 
 
-def client_group(client: KmipClient) -> str:
+def client_group(client: KmipClientView) -> str:
     """Its KMIP tenancy group: NULL is its own name (a client issued by the previous release
     during a rolling upgrade, migration 0026)."""
     return client.group or client.name

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from keyserver.api.deps import Ctx, ServicesDep
 from keyserver.api.schemas import KMIP_GROUP_PATTERN as GROUP_PATTERN
+from keyserver.core.kmip_clients import client_group
 from keyserver.core.views import KmipClientView
 
 router = APIRouter(prefix="/kmip/clients", tags=["kmip"])
@@ -74,7 +75,7 @@ def client_public(c: KmipClientView) -> KmipClientPublic:
     return KmipClientPublic(id=c.id, name=c.name, role=c.role, serial=c.serial,
                             fingerprint_sha256=c.fingerprint_sha256, not_after=c.not_after,
                             created_at=c.created_at, created_by=c.created_by, revoked_at=c.revoked_at,
-                            key_export=c.key_export, group=c.group or c.name)  # type: ignore[arg-type]
+                            key_export=c.key_export, group=client_group(c))  # type: ignore[arg-type]
 
 
 @router.get("", operation_id="listKmipClients", response_model=list[KmipClientPublic])
