@@ -72,7 +72,11 @@ def parse(authorization: str | None, headers: dict[str, str], *, now: datetime) 
     amz_date = headers["x-amz-date"]
     if not _DATE_RE.match(amz_date):
         raise SigV4Error("X-Amz-Date is not YYYYMMDDTHHMMSSZ")
-    when = datetime.strptime(amz_date, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    try:  # (strptime was a tenth of the proxy's work per call)
+        when = datetime(int(amz_date[0:4]), int(amz_date[4:6]), int(amz_date[6:8]), int(amz_date[9:11]),
+                        int(amz_date[11:13]), int(amz_date[13:15]), tzinfo=UTC)
+    except ValueError:
+        raise SigV4Error("X-Amz-Date is not a valid date and time") from None
     if abs(now - when) > SKEW:
         raise SigV4Error("the signature's date is more than 5 minutes from the server's clock")
     if scope.date != amz_date[:8]:

@@ -73,3 +73,8 @@ def test_changes_are_refused() -> None:
                                                      "SignedHeaders=content-type;x-amz-date")
     with pytest.raises(sigv4.SigV4Error, match="host"):
         _verify({**headers, "authorization": unsigned_host}, path, b"{}")
+    # A date of the right shape that is no date (month 13) is refused, never a 500.
+    with pytest.raises(sigv4.SigV4Error, match="not a valid date"):
+        _verify({**headers, "x-amz-date": "20261301T000000Z"}, path, b"{}")
+    with pytest.raises(sigv4.SigV4Error, match="YYYYMMDD"):
+        _verify({**headers, "x-amz-date": "2026-01-01T00:00:00Z"}, path, b"{}")
