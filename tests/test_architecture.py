@@ -144,6 +144,10 @@ STORE_ALLOWED = {
     # in time, raised from anywhere below) into 503 + Retry-After; it recognises the
     # driver's exception, which only the store knows how to read.
     "keyserver.api.problems": "is_busy: the store's busy error → 503 at the edge",
+    # The XKS proxy tries each call on the event loop; the store's pool refuses it a
+    # connection there (no_blocking → WouldBlock) before taking one, and the call is
+    # redone in a thread. A property of the pool, so only the store can offer it.
+    "keyserver.api.routes.xks_proxy": "no_blocking/WouldBlock: no connection on the event loop",
 }
 
 

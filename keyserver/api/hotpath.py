@@ -1,5 +1,5 @@
-"""The data-key route's common case, served without FastAPI's routing, dependency solving
-and thread hand-off.
+"""The hot routes, served without FastAPI's routing and dependency solving: the data-key
+route's common case (DataKeyHotPath) and every AWS XKS proxy call (XksHotPath).
 
 `POST /api/v1/keys/{key_ref}/generate-data-key` is what envelope-encrypting clients call
 for every object they write. Profiled at 200 clients (docs/benchmarks.md, decision 0012),
@@ -12,6 +12,13 @@ concurrent requests', before the key is returned. Anything else — a session, a
 yet cached, a body to refuse, a refusal to audit, a cache to fill — goes on to the FastAPI
 route with the body replayed, so every answer but this success is the route's own, and
 errors raised here are answered by the application's own exception handlers.
+
+The XKS proxy (AWS KMS calls it up to 1,800 times a second per key store) is served
+here whole: routes/xks_proxy.py's `serve` already answers every case itself, in the
+API's own error shape, and needs nothing from FastAPI but the request. Profiled at
+1,000 calls/s (docs/benchmarks.md), matching the path against the application's few
+hundred routes and solving the route's dependencies cost ten times the call's own work.
+Its routes stay declared in routes/xks_proxy.py for the OpenAPI description.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 
 from keyserver.api.deps import cached_caller
 from keyserver.api.routes.keys import data_key_body
+from keyserver.api.routes.xks_proxy import XKS_ROUTE, serve_xks
 from keyserver.api.schemas import GenerateDataKeyRequest
 from keyserver.services import Services
 
@@ -106,3 +114,25 @@ def _replaying(messages: list[Message], receive: Receive) -> Receive:
         return pending.pop(0) if pending else await receive()
 
     return replay
+
+
+XKS_PATH = re.compile(r"^/xks/([^/]+)/kms/xks/v1/(?:keys/([^/]+)/([^/]+)|health)$")
+
+
+class XksHotPath:
+    def __init__(self, app: ASGIApp, *, services: Services) -> None:
+        self.app = app
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = XKS_PATH.match(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if match is None:
+            await self.app(scope, receive, send)
+            return
+        store, key_id, operation = match.groups()
+        response = await serve_xks(Request(scope, receive), self.services, store, operation or "health", key_id)
+        # What the router would have set: metrics label both ways with the route template.
+        params = {"store": store} if key_id is None else {"store": store, "key_id": key_id, "operation": operation}
+        scope["route"] = XKS_ROUTE
+        scope["path_params"] = params
+        await response(scope, receive, send)

@@ -447,9 +447,9 @@ class XksService:
         now = self._now()
         seen = max(filter(None, (row.last_seen_at, self._seen.get(store))), default=None)
         if seen is None or now - seen > SEEN_EVERY:
-            self._seen[store] = now
-            with self._db.begin() as s:
+            with self._db.begin() as s:  # (first: a call retried in a thread must write it again)
                 s.execute(update(XksStore).where(XksStore.name == store).values(last_seen_at=now))
+            self._seen[store] = now
         return ctx
 
     def _check_certificate(self, anon: RequestContext, call: XksCall, target: XksStore,

@@ -8,7 +8,9 @@ import select
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +24,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.exc import TimeoutError as SATimeoutError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
 
 T = TypeVar("T")
 # How long a transaction waits for SQLite's write lock before the request is answered
@@ -184,10 +187,40 @@ def private_sqlite_files(url: str) -> None:
             pass
 
 
+class WouldBlock(RuntimeError):
+    """A database connection was asked for inside `no_blocking()`."""
+
+
+_NO_BLOCKING: ContextVar[bool] = ContextVar("db_no_blocking", default=False)
+
+
+@contextmanager
+def no_blocking() -> Iterator[None]:
+    """For work tried on an event loop: asking for a database connection in this block
+    raises WouldBlock before any is taken, and the caller redoes the work in a thread.
+    The work must leave no effect it would repeat before its first database access
+    (the XKS proxy, api/hotpath.py)."""
+    token = _NO_BLOCKING.set(True)
+    try:
+        yield
+    finally:
+        _NO_BLOCKING.reset(token)
+
+
+class _GuardedPool(QueuePool):
+    # Refused before a connection is taken: a checkout listener that raised would
+    # invalidate (close) the pooled connection instead.
+    def _do_get(self) -> ConnectionPoolEntry:
+        if _NO_BLOCKING.get():
+            raise WouldBlock("a database connection was asked for on the event loop")
+        return super()._do_get()
+
+
 def make_engine(url: str, *, pool_size: int = 20) -> Engine:
     if url.startswith("sqlite"):
         private_sqlite_files(url)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_SECONDS})
+        engine = create_engine(url, poolclass=_GuardedPool,
+                               connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_SECONDS})
         _guard_one_transaction_per_thread(engine)  # before BEGIN IMMEDIATE would wait on ourselves
 
         @event.listens_for(engine, "connect")
@@ -225,6 +258,7 @@ def make_engine(url: str, *, pool_size: int = 20) -> Engine:
         return engine
     engine = create_engine(
         url,
+        poolclass=_GuardedPool,
         pool_size=pool_size,
         max_overflow=pool_size // 2,
         pool_recycle=1800,
@@ -242,7 +276,7 @@ def make_autocommit_engine(engine: Engine, *, pool_size: int) -> Engine:
     connection, see `retry_on_disconnect`)."""
     if engine.dialect.name == "sqlite":
         return engine
-    auto = create_engine(engine.url, isolation_level="AUTOCOMMIT", pool_size=pool_size,
+    auto = create_engine(engine.url, isolation_level="AUTOCOMMIT", poolclass=_GuardedPool, pool_size=pool_size,
                          max_overflow=pool_size // 2, pool_recycle=1800, pool_timeout=POOL_TIMEOUT_SECONDS,
                          connect_args={"options": f"-c lock_timeout={LOCK_TIMEOUT_MS}"})
     _ping_when_idle(auto)

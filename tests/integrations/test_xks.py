@@ -164,6 +164,70 @@ def test_health_metadata_encrypt_decrypt(admin: httpx.Client, xks: Xks, services
     assert {"xks.health", "xks.metadata"} <= {e["action"] for e in records}
 
 
+def test_no_answer_leaves_before_its_audit_record_is_committed(admin: httpx.Client, xks: Xks,
+                                                                services: Services,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The call's record is committed on the event loop after its work (audit.deferred):
+    when that commit fails, the caller gets an error and no ciphertext or plaintext."""
+    ext = xks.grant(admin, _key(admin))
+    enc = xks.encrypt(ext, b"kept").json()
+    committed: list[str] = []
+
+    async def failing(record: Any) -> None:
+        committed.append(record.action)
+        raise OSError("audit store unavailable (injected)")
+
+    monkeypatch.setattr(services.audit, "commit_async", failing)
+    for r in (xks.encrypt(ext, b"never returned"), xks.decrypt(ext, enc),
+              xks.call(f"/keys/{ext}/metadata", {"requestMetadata": meta("DescribeKey")})):
+        assert r.status_code == 500, r.text
+        assert "ciphertext" not in r.text and "plaintext" not in r.text and "keyStatus" not in r.text
+    assert committed == ["key.encrypt", "key.decrypt", "xks.metadata"]
+    monkeypatch.undo()
+    r = xks.decrypt(ext, enc)
+    assert r.status_code == 200 and base64.b64decode(r.json()["plaintext"]) == b"kept"
+
+
+def test_refusals_found_during_a_call_are_audited(admin: httpx.Client, xks: Xks, services: Services) -> None:
+    """A call that fails after it began (a tag that does not authenticate, a version
+    destroyed since) is answered with the error and its record is in the audit log: the
+    records a failed call made are committed like a successful one's."""
+    key = _key(admin)
+    ext = xks.grant(admin, key)
+    enc = xks.encrypt(ext, b"v1 data").json()
+    bad = {**enc, "authenticationTag": b64(bytes(16))}
+    _error(xks.decrypt(ext, bad), 400, "InvalidCiphertextException")
+    assert admin.post(f"/api/v1/keys/{key}/rotate").status_code == 200
+    r = admin.post(f"/api/v1/keys/{key}/destroy", json={"version": 1})
+    assert r.status_code == 200, r.text
+    r = xks.decrypt(ext, enc)
+    assert r.status_code == 400, r.text
+    records = [e for e in _events(services, admin, actor=f"xks:{xks.name}") if e["action"] == "key.decrypt"]
+    assert sorted(e["outcome"] for e in records) == ["denied", "error"], records
+    assert {e["details"].get("version") for e in records} == {1}, records
+
+
+def test_calls_that_must_touch_the_store_are_redone_in_a_thread(admin: httpx.Client, xks: Xks,
+                                                              services: Services) -> None:
+    """With every cache dropped before each call, each one needs the store: tried on the
+    event loop, refused that before any effect (no_blocking), redone in a thread, and
+    answered exactly once with exactly one audit record."""
+    ext = xks.grant(admin, _key(admin))
+    answers = []
+    for i in range(3):
+        services.xks._lookups.clear()
+        r = xks.encrypt(ext, f"plain {i}".encode())
+        assert r.status_code == 200, r.text
+        answers.append(r.json())
+    for i, enc in enumerate(answers):
+        services.xks._lookups.clear()
+        r = xks.decrypt(ext, enc)
+        assert base64.b64decode(r.json()["plaintext"]) == f"plain {i}".encode()
+    records = [e for e in _events(services, admin, actor=f"xks:{xks.name}")
+               if e["details"].get("external_id") == ext and e["action"] in ("key.encrypt", "key.decrypt")]
+    assert sorted(e["action"] for e in records) == ["key.decrypt"] * 3 + ["key.encrypt"] * 3
+
+
 def test_signature_errors(admin: httpx.Client, xks: Xks, services: Services) -> None:
     ext = xks.grant(admin, _key(admin))
     body = {"requestMetadata": meta("DescribeKey")}
@@ -200,6 +264,7 @@ def test_validation_and_ciphertext_errors(admin: httpx.Client, xks: Xks, service
     ext = xks.grant(admin, _key(admin))
     _error(xks.call("/keys/nope/metadata", {"requestMetadata": meta("DescribeKey")}), 404, "KeyNotFoundException")
     _error(xks.call(f"/keys/{ext}/sign", {"requestMetadata": meta("Sign")}), 404, "InvalidUriPathException")
+    _error(xks.call(f"/keys/{ext}/health", {"requestMetadata": meta("Health")}), 404, "InvalidUriPathException")
     _error(xks.call(f"/keys/{ext}/metadata", {"requestMetadata": {"kmsOperation": "DescribeKey"}}), 400,
            "ValidationException")
     _error(xks.call(f"/keys/{ext}/metadata", b"not json"), 400, "ValidationException")
@@ -327,3 +392,18 @@ def test_kek_rotation_rewraps_the_sealed_secret(admin: httpx.Client, xks: Xks, s
     assert wrapped_under == services.keks.current()
     services.xks._keys.clear()  # unseal again, from the re-wrapped DEK
     assert xks.call(f"/keys/{ext}/metadata", {"requestMetadata": meta("DescribeKey")}).status_code == 200
+
+
+def test_the_store_refuses_a_connection_inside_no_blocking(services: Services) -> None:
+    """What the proxy's event-loop attempt relies on: inside no_blocking() no connection
+    is taken (none is checked out, none invalidated), and outside it all works as before."""
+    from sqlalchemy import text
+
+    from keyserver.store.db import WouldBlock, no_blocking
+    pool = services.engine.pool
+    before = pool.checkedout()
+    with no_blocking(), pytest.raises(WouldBlock), services.db() as s:
+        s.execute(text("select 1"))
+    assert pool.checkedout() == before
+    with services.db() as s:
+        assert s.execute(text("select 1")).scalar() == 1

@@ -8,24 +8,30 @@ store that requires one, the client certificate the XKS port verified (runtime/
 xksport.py; decision 0023). Errors in
 the API's shape, `{"errorName", "errorMessage"}`, with its HTTP statuses. Translation
 only: authentication, rules and audit are in core/xks.py and core/sigv4.py.
+
+The routes below declare the API (OpenAPI); api/hotpath.py serves the same paths through
+`serve_xks` before the router is consulted (FastAPI's matching cost more than the call).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
+import contextvars
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
 
 from keyserver import product_version
 from keyserver.api.deps import ServicesDep, client_cert_chain, client_ip
+from keyserver.core.audit import PendingRecord
 from keyserver.core.errors import (
     Conflict,
     CoreError,
@@ -40,6 +46,8 @@ from keyserver.core.principal import RequestContext
 from keyserver.core.sigv4 import header_map
 from keyserver.core.xks import MAX_AAD, MAX_PLAINTEXT, XksCall, integrity_value
 from keyserver.logs import request_id_var
+from keyserver.services import Services
+from keyserver.store.db import WouldBlock, no_blocking
 
 router = APIRouter(prefix="/xks/{store}/kms/xks/v1", tags=["xks-proxy"])
 MAX_REQUEST = 64 * 1024
@@ -150,8 +158,17 @@ def _parse(body: bytes) -> dict[str, Any]:
     return parsed
 
 
-async def _serve(request: Request, services: ServicesDep, store: str, operation: str,
-                 key_id: str | None) -> JSONResponse:
+XKS_ROUTE = "/xks/{store}/kms/xks/v1/..."  # the metrics label of every call
+# Per process, for the calls that must touch the store; a plain executor: anyio's
+# hand-off cost more than the call's own work.
+_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="xks")
+
+
+async def serve_xks(request: Request, services: Services, store: str, operation: str,
+                    key_id: str | None) -> JSONResponse:
+    """One call of the API, every answer (errors included) in its own shape."""
+    if operation not in (OPERATIONS if key_id is not None else {"health"}):
+        return xks_error("InvalidUriPathException", f"no XKS operation '{operation}'")
     # Authentication comes first: a malformed request is refused (and audited) only once
     # its signature is good, so an unsigned caller learns nothing about the API.
     body = await request.body()
@@ -220,12 +237,40 @@ async def _serve(request: Request, services: ServicesDep, store: str, operation:
         plain = services.xks.decrypt(ctx, call, key_id, ciphertext, aad=aad, iv=iv, tag=tag, metadata=metadata)
         return {"plaintext": _s(plain)}
 
-    try:
-        return JSONResponse(await run_in_threadpool(run))
-    except XksFailure as exc:
-        return xks_error(exc.name, exc.message)
-    except CoreError as exc:
-        return from_core(exc)
+    def attempt() -> tuple[dict[str, Any] | None, list[PendingRecord], CoreError | XksFailure | None]:
+        # The records a call committed (a refusal's included) are handed back with its
+        # answer or its failure: awaited below either way.
+        with services.audit.deferred() as records:
+            try:
+                return run(), records, None
+            except (CoreError, XksFailure) as exc:
+                return None, records, exc
+
+    def on_loop() -> tuple[dict[str, Any] | None, list[PendingRecord], CoreError | XksFailure | None] | None:
+        with no_blocking():
+            try:
+                return attempt()
+            except WouldBlock:
+                return None
+
+    # Tried on the event loop first: the usual call touches no database (the store, its
+    # grants and signing key cached; its audit record committed below) and costs less
+    # than handing it to a thread. One that must read or write the store (a cache miss,
+    # a refusal recorded at once, the minute's last-seen) is refused that before any
+    # effect and is redone in a thread of the proxy's own pool.
+    done = on_loop()
+    if done is None:
+        done = await asyncio.get_running_loop().run_in_executor(_POOL, contextvars.copy_context().run, attempt)
+    out, records, failure = done
+    # The answer leaves only once its records are durable: a failed commit answers 500.
+    for record in records:
+        await services.audit.commit_async(record)
+    if isinstance(failure, XksFailure):
+        return xks_error(failure.name, failure.message)
+    if failure is not None:
+        return from_core(failure)
+    assert out is not None
+    return JSONResponse(out)
 
 
 def _s(data: bytes) -> str:
@@ -241,9 +286,7 @@ def _s(data: bytes) -> str:
 async def xks_key_operation(store: str, key_id: str, operation: str, request: Request,
                             services: ServicesDep) -> JSONResponse:
     """GetKeyMetadata (`metadata`), Encrypt (`encrypt`) or Decrypt (`decrypt`) of the XKS Proxy API v1."""
-    if operation not in OPERATIONS:
-        return xks_error("InvalidUriPathException", f"no XKS operation '{operation}'")
-    return await _serve(request, services, store, operation, key_id)
+    return await serve_xks(request, services, store, operation, key_id)
 
 
 @router.post("/health", operation_id="xksHealth", response_model=dict[str, Any],
@@ -251,4 +294,4 @@ async def xks_key_operation(store: str, key_id: str, operation: str, request: Re
                                               "client certificate)"}})
 async def xks_health(store: str, request: Request, services: ServicesDep) -> JSONResponse:
     """GetHealthStatus of the XKS Proxy API v1: the HSM's state."""
-    return await _serve(request, services, store, "health", None)
+    return await serve_xks(request, services, store, "health", None)

@@ -92,6 +92,7 @@ class AuditService:
         self.add_many = writer.add_many
         self.commit = writer.commit
         self.commit_async = writer.commit_async
+        self.deferred = writer.deferred
         self.record_now = writer.record_now
         self.transaction = writer.transaction
         self.record_after = writer.record_after

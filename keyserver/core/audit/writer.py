@@ -5,13 +5,17 @@ Refusals and failures must outlive a rollback: outside a transaction `record_now
 one in a transaction of its own; inside one (opened with `transaction()`), `record_after`
 queues it to be written as soon as that transaction has ended — never while it holds its
 locks (one transaction per thread, decision 0010). `commit` and `commit_async` share one
-commit among concurrent callers (group_commit.py).
+commit among concurrent callers (group_commit.py). A front whose work runs in a worker
+thread but answers on the event loop wraps that work in `deferred()`: the `commit`s made
+inside are handed back, and it awaits `commit_async` for them before it answers, so no
+worker thread sits waiting for a shared commit (the XKS proxy; docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +29,8 @@ from keyserver.store.db import retry_on_disconnect
 from keyserver.store.models import AuditInbox
 
 _AFTER = "audit_after_transaction"  # Session.info key: records written once it has ended
+# Inside `deferred()`: where `commit` puts its records instead of committing them.
+_DEFERRED: ContextVar[list[PendingRecord] | None] = ContextVar("audit_deferred", default=None)
 
 
 class AuditWriter:
@@ -70,8 +76,25 @@ class AuditWriter:
     def commit(self, record: PendingRecord) -> None:
         """Record in a commit shared with concurrent callers, durable before this returns:
         for the hot paths (data keys, KMIP reads and exports), where one commit per
-        request was most of the store's work. Call it outside any transaction."""
+        request was most of the store's work. Call it outside any transaction. Inside
+        `deferred()` the record is handed to the caller of `deferred` instead."""
+        pending = _DEFERRED.get()
+        if pending is not None:
+            pending.append(record)
+            return
         self._grouped.submit(record)
+
+    @contextmanager
+    def deferred(self) -> Iterator[list[PendingRecord]]:
+        """The records `commit` is given in this block (this thread or task), not yet
+        committed: the caller must `commit_async` every one of them before it answers, and
+        answer nothing if that fails. Refusals (`record_now`) are not deferred."""
+        pending: list[PendingRecord] = []
+        token = _DEFERRED.set(pending)
+        try:
+            yield pending
+        finally:
+            _DEFERRED.reset(token)
 
     async def commit_async(self, record: PendingRecord) -> None:
         """`commit` for a caller on an event loop: awaits the shared commit."""
