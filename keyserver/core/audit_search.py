@@ -60,13 +60,10 @@ def record_terms(event: dict[str, Any]) -> str:
     each once, in the order first seen."""
     strings = [str(event[f]) for f in _FIELDS if event.get(f)]
     _values(event.get("details"), strings)
-    seen: dict[str, None] = {}
-    for s in strings:
-        for w in words_of(s):
-            seen.setdefault(w, None)
-            if len(seen) >= MAX_WORDS:
-                return " ".join(seen)
-    return " ".join(seen)
+    # One pass over all of them (a space never joins two words): the chainer runs this for
+    # every record, and a pass per string was a sixth of its time at 1,700 XKS calls/s.
+    seen = dict.fromkeys(words_of(" ".join(strings)))
+    return " ".join(list(seen)[:MAX_WORDS] if len(seen) > MAX_WORDS else seen)
 
 
 def parse_query(q: str) -> list[tuple[str, bool]]:
