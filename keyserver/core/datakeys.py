@@ -254,7 +254,9 @@ class DataKeyService:
             except HsmError as exc:
                 raise hsm_failure("seal the data key", exc) from exc
             self._audit.add(s, ctx, action="datakey.reencrypt", object_type="key", object_id=str(key_id),
-                            details={"name": key_name, "from_version": version_no, "to_version": new.version})
+                            details={"name": key_name, "from_version": version_no, "to_version": new.version,
+                                     # The old blob, by its IV: the version's inventory counts it once.
+                                     "from_iv": sealed[:12].hex()})
         return DataKey(key_id, key_name, new.version, new_header + resealed, None)
 
     def _usable_version(

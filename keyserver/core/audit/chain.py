@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,6 +31,7 @@ from keyserver.store.models import (
     AuditSearch,
     AuditUsageHourly,
 )
+from keyserver.store.retirement import add_issued, add_reencrypted
 
 log = logging.getLogger(__name__)
 CHAIN_BATCH = 1000
@@ -41,19 +43,45 @@ def count_chained(conn: Connection, events: list[dict[str, Any]]) -> None:
     hourly: dict[tuple[Any, ...], int] = {}
     refusals: dict[tuple[Any, ...], int] = {}
     used: dict[tuple[Any, ...], int] = {}
+    issued: dict[tuple[uuid.UUID, int], int] = {}
+    reencrypted: set[tuple[uuid.UUID, int, bytes]] = set()
     for e in events:
         hour = e["time"].astimezone(UTC).replace(minute=0, second=0, microsecond=0)
         hourly[(hour, e["outcome"])] = hourly.get((hour, e["outcome"]), 0) + 1
         if e["outcome"] == "allowed" and e["object_type"] == "key" and e["object_id"]:
             k = (e["object_id"], hour, e["actor"], e["action"])
             used[k] = used.get(k, 0) + 1
+            _count_datakey(e, issued, reencrypted)
         if e["outcome"] != "allowed":
             k = (hour, e["actor"], e["action"], rollup_reason(e["outcome"], e["details"]))
             refusals[k] = refusals.get(k, 0) + 1
     upsert_counts(conn, AuditHourly, ["hour", "outcome"], hourly)
     upsert_counts(conn, AuditRefusalsHourly, ["hour", "actor", "action", "reason"], refusals)
     upsert_counts(conn, AuditUsageHourly, ["key_id", "hour", "actor", "action"], used)
+    add_issued(conn, issued)
+    add_reencrypted(conn, reencrypted)
     conn.execute(insert(AuditSearch), [{"seq": e["seq"], "terms": record_terms(e)} for e in events])
+
+
+def _count_datakey(e: dict[str, Any], issued: dict[tuple[uuid.UUID, int], int],
+                   reencrypted: set[tuple[uuid.UUID, int, bytes]]) -> None:
+    """A version's data-key inventory (decision 0024), counted from its allowed records:
+    blobs issued under it, and blobs re-encrypted off it by the old blob's IV, so that a
+    blob re-encrypted twice counts once."""
+    action = e["action"]
+    if action not in ("datakey.generate", "datakey.generate_without_plaintext", "datakey.reencrypt"):
+        return
+    details = e["details"] or {}
+    try:
+        key_id = uuid.UUID(e["object_id"])
+        if action == "datakey.reencrypt":
+            if "from_iv" in details:  # records before 0028 have none: the migration counted them
+                reencrypted.add((key_id, int(details["from_version"]), bytes.fromhex(details["from_iv"])))
+        else:
+            k = (key_id, int(details["version"]))
+            issued[k] = issued.get(k, 0) + 1
+    except (KeyError, TypeError, ValueError):
+        log.warning("audit record %s of %s names no usable version; not counted", e.get("seq"), action)
 
 
 class Chainer:
