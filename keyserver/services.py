@@ -37,6 +37,7 @@ from keyserver.core.kmip_objects import KmipObjectService
 from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.replicas import ReplicaRegistry
+from keyserver.core.retirement import RetirementService
 from keyserver.core.scheduler import Scheduler
 from keyserver.core.volumes import VolumeService
 from keyserver.core.xks import XksService
@@ -117,6 +118,7 @@ class Services:
     crypto: CryptoService
     databases: DatabaseService
     xks: XksService
+    retirement: RetirementService
     oidc: OidcClient | None = None
     engines: tuple[Engine, ...] = ()
     # Stopped first on close(), e.g. the KMIP listener, so no request outlives the services.
@@ -196,6 +198,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
     datakeys = DataKeyService(session_factory, backend, audit, policy, notifier, autocommit_engine=autocommit,
                               gcm=gcm)
     crypto = CryptoService(objects, backend, gcm)
+    guard_points = GuardPointService(session_factory, audit, policy)
+    retirement = RetirementService(session_factory, audit, policy, notifier, guard_points, approvals=approvals)
     services = Services(
         settings=settings,
         engine=engine,
@@ -218,7 +222,8 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
             current_kek=keks.current,
             approvals=approvals,
         ),
-        scheduler=Scheduler(keys, keks, interval_seconds=settings.scheduler_interval_seconds, replicas=replicas),
+        scheduler=Scheduler(keys, keks, interval_seconds=settings.scheduler_interval_seconds, replicas=replicas,
+                            retirement=retirement),
         replicas=replicas,
         notifier=notifier,
         ca=ca,
@@ -229,7 +234,7 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         kmip_objects=objects,
         kmip_grants=KmipGrantService(session_factory, audit, policy),
         crypto=crypto,
-        guard_points=GuardPointService(session_factory, audit, policy),
+        guard_points=guard_points,
         volumes=VolumeService(session_factory, audit, policy, datakeys),
         hosts=HostService(session_factory, backend, audit, policy, ca, notifier,
                           cert_days=settings.kmip_client_cert_days,
@@ -240,16 +245,22 @@ def build_services(settings: Settings, *, hsm: HsmBackend | None = None, migrate
         databases=DatabaseService(session_factory, backend, audit, policy, approvals=approvals),
         xks=XksService(session_factory, backend, audit, policy, crypto, keks.current, notifier=notifier,
                        autocommit_engine=autocommit),
+        retirement=retirement,
         oidc=build_oidc(settings),
     )
     # What an approved request runs, as its requester (core/approvals.py).
-    approvals.register("key.destroy", lambda ctx, p: services.keys.destroy(ctx, p["key"], version=p.get("version")))
+    approvals.register("key.destroy", lambda ctx, p: services.keys.destroy(ctx, p["key"], version=p.get("version"),
+                                                                           shred=bool(p.get("shred"))))
     def rotate_kek(ctx: RequestContext, _params: dict[str, Any]) -> object:
         rotation = services.keks.start_rotation(ctx)
         services.scheduler.kick()
         return rotation
 
     approvals.register("kek.rotate", rotate_kek)
+    approvals.register("key.retire", lambda ctx, p: services.retirement.retire(
+        ctx, p["key"], int(p["version"]), reason=str(p.get("reason", "")), contents=bool(p.get("contents"))))
+    approvals.register("key.retire_exclude", lambda ctx, p: services.retirement.exclude(
+        ctx, p["key"], int(p["version"]), kind=p["kind"], holder=p["holder"], reason=p["reason"]))
     approvals.register("kek.retire", lambda ctx, p: services.keks.retire(ctx, p["kek_id"]))
     approvals.register("database.grant", lambda ctx, p: services.databases.grant(
         ctx, p["database"], key=p["key"], key_id=p["key_id"]))

@@ -48,6 +48,7 @@ from keyserver.api.routes import (
     kmip_clients,
     kmip_grants,
     kv,
+    retirement,
     system,
     tokens,
     users,
@@ -381,6 +382,7 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
     app.include_router(hosts.router, prefix="/api/v1")
     app.include_router(guardpoints.router, prefix="/api/v1")
     app.include_router(volumes.router, prefix="/api/v1")
+    app.include_router(retirement.router, prefix="/api/v1")
     app.include_router(agent.router, prefix="/api/v1")
     app.include_router(approvals.router, prefix="/api/v1")
     app.include_router(databases.router, prefix="/api/v1")

@@ -163,6 +163,8 @@ class RevokeRequest(Strict):
 
 class DestroyRequest(Strict):
     version: int | None = Field(default=None, ge=1, description="omit to destroy every version")
+    shred: bool = Field(default=False, description="destroy even while holders still use the version, making "
+                                                   "what they hold unreadable (crypto-shredding)")
 
 
 # --- data keys ----------------------------------------------------------------

@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 # The actions that can be held, and the permission a requester and each approver need.
 ACTIONS: dict[str, Permission] = {
     "key.destroy": Permission.KEYS_DESTROY,
+    # Retiring a key version, and declaring a holder clear of it (decision 0024).
+    "key.retire": Permission.KEYS_DESTROY,
+    "key.retire_exclude": Permission.KEYS_DESTROY,
     "kek.rotate": Permission.SYSTEM_KEK,
     "kek.retire": Permission.SYSTEM_KEK,
     "user.role": Permission.USERS_MANAGE,

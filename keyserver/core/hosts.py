@@ -34,6 +34,7 @@ from keyserver.core.states import DECRYPTABLE, KeyState
 from keyserver.store.db import upsert_counts
 from keyserver.store.models import EnrollmentToken, GuardPoint, Host, HostHeartbeatHourly, KeyVersion, ManagedKey
 from keyserver.store.notify import Notifier, Topic
+from keyserver.store.retirement import VersionRetirement
 
 TOKEN_PREFIX = "sre_"  # noqa: S105 - a public prefix, not a secret
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -352,9 +353,10 @@ class HostService:
         seen = host.last_heartbeat_at
         return host.state == "active" and seen is not None and self._now() - seen <= self._offline_after
 
-    def allowed_keys(self, host: Host) -> list[tuple[ManagedKey, int | None]]:
+    def allowed_keys(self, host: Host) -> list[tuple[ManagedKey, int | None, list[int]]]:
         """The keys this host may receive (tagged for its group, or of its guard points),
-        each with its Active version (None if none)."""
+        each with its Active version (None if none) and the versions being retired, which
+        the agent moves its guard points and volumes off (decision 0024)."""
         with self._db() as s:
             keys = list(s.execute(select(ManagedKey).where(or_(
                 ManagedKey.tags[HOST_GROUP_TAG].as_string() == host.host_group,
@@ -362,7 +364,12 @@ class HostService:
             rows = s.execute(select(KeyVersion.key_id, KeyVersion.version).where(
                 KeyVersion.key_id.in_([k.id for k in keys]), KeyVersion.state == KeyState.ACTIVE.value))
             active = {key_id: version for key_id, version in rows}
-        return [(k, active.get(k.id)) for k in keys]
+            retiring: dict[uuid.UUID, list[int]] = {}
+            for key_id, version in s.execute(select(VersionRetirement.key_id, VersionRetirement.version).where(
+                    VersionRetirement.key_id.in_([k.id for k in keys]), VersionRetirement.state == "running")
+                    .order_by(VersionRetirement.version)):
+                retiring.setdefault(key_id, []).append(version)
+        return [(k, active.get(k.id), retiring.get(k.id, [])) for k in keys]
 
     def record_events(self, ctx: RequestContext, host: Host, events: list[AgentEvent]) -> int:
         """A batch of the agent's own events, as audit records of this host, in one

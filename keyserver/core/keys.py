@@ -20,14 +20,16 @@ from hsm import HsmBackend, HsmError, WrappedKey
 from keyserver.core.approvals import ApprovalService
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, InvalidInput, NotFound, hsm_failure
+from keyserver.core.inventory import refuse_in_use
 from keyserver.core.kek import KekService
+from keyserver.core.kmip_dates import objects_due
 from keyserver.core.names import UUID_RE, check_group, check_name
 from keyserver.core.permissions import Permission
 from keyserver.core.policy import Policy
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import DESTROYED_STATES, KeyState, check_transition
 from keyserver.core.views import KeyView
-from keyserver.store.models import KeyVersion, KmipPublicKey, KmipSealedObject, ManagedKey
+from keyserver.store.models import KeyVersion, ManagedKey
 from keyserver.store.notify import Notifier, Topic
 
 MAX_TAGS = 50
@@ -452,15 +454,20 @@ class KeyService:
                             details={"name": key.name, "reason": reason, "message": message, "versions": changed})
         return key
 
-    def destroy(self, ctx: RequestContext, ref: str, *, version: int | None = None) -> ManagedKey:
-        """Erase material (metadata stays). An Active version must be revoked first (KMIP)."""
+    def destroy(self, ctx: RequestContext, ref: str, *, version: int | None = None, shred: bool = False) -> ManagedKey:
+        """Erase material (metadata stays). An Active version must be revoked first (KMIP); one
+        in use (core/inventory.py) is refused unless `shred` (decision 0024)."""
         self._policy.require(ctx, Permission.KEYS_DESTROY, action="key.destroy", object_type="key", object_id=ref)
+        with self._audit.transaction() as s:  # refused before anything is held
+            refuse_in_use(s, self._audit, ctx, self._load(s, ref), version, shred=shred, now=self._now())
         if self._approvals is not None:
-            self._approvals.hold(ctx, action="key.destroy", target=ref, params={"key": ref, "version": version})
+            held = {"key": ref, "version": version, **({"shred": True} if shred else {})}
+            self._approvals.hold(ctx, action="key.destroy", target=ref, params=held)
         now = self._now()
         forgotten: list[WrappedKey] = []
-        with self._db.begin() as s:
+        with self._audit.transaction() as s:
             key = self._load(s, ref, lock=True)
+            holders = refuse_in_use(s, self._audit, ctx, key, version, shred=shred, now=now)
             targets = [v for v in key.versions if version is None or v.version == version]
             if version is not None and not targets:
                 raise NotFound(f"key '{key.name}' has no version {version}", code="version_not_found")
@@ -481,7 +488,8 @@ class KeyService:
             key.updated_at, key.revision, key.next_rotation_at = now, key.revision + 1, None
             self._notifier.publish(s, Topic.KEYS)  # replicas drop their cached active versions
             self._audit.add(s, ctx, action="key.destroy", object_type="key", object_id=str(key.id),
-                            details={"name": key.name, "versions": [v.version for v in targets]})
+                            details={"name": key.name, "versions": [v.version for v in targets],
+                                     **({"shred": True, "holders": holders} if shred else {})})
         for w in forgotten:
             self._hsm.forget(w)
         return key
@@ -553,47 +561,7 @@ class KeyService:
                 counts["deactivated"] += 1
             except (Conflict, NotFound):
                 pass
-        activated, deactivated = self._objects_due(ctx, now)
+        activated, deactivated = objects_due(self._db, self._audit, self._notifier, ctx, now)
         counts["activated"] += activated
         counts["deactivated"] += deactivated
         return counts
-
-    def _objects_due(self, ctx: RequestContext, now: datetime) -> tuple[int, int]:
-        """KMIP's other objects (key pairs' halves, secret data, certificates) follow
-        their Activation and Deactivation Dates like key versions do."""
-        activated = deactivated = 0
-        models: tuple[type[KmipPublicKey] | type[KmipSealedObject], ...] = (KmipPublicKey, KmipSealedObject)
-        for model in models:
-            with self._db() as s:
-                due = list(s.execute(select(model.id).where(or_(
-                    (model.state == KeyState.PRE_ACTIVE.value) & (model.activation_date <= now),
-                    model.state.in_([KeyState.PRE_ACTIVE.value, KeyState.ACTIVE.value])
-                    & (model.deactivation_date <= now)))).scalars())
-            for object_id in due:
-                with self._db.begin() as s:
-                    row = (s.get(KmipPublicKey, object_id, with_for_update=True) if model is KmipPublicKey
-                           else s.get(KmipSealedObject, object_id, with_for_update=True))
-                    if row is None:
-                        continue
-                    current = KeyState(row.state)
-                    if (current in (KeyState.PRE_ACTIVE, KeyState.ACTIVE) and row.deactivation_date is not None
-                            and row.deactivation_date <= now):
-                        target, action = KeyState.DEACTIVATED, "kmip.deactivate"
-                    elif (current is KeyState.PRE_ACTIVE and row.activation_date is not None
-                          and row.activation_date <= now):
-                        target, action = KeyState.ACTIVE, "kmip.activate"
-                    else:
-                        continue  # changed since it was selected
-                    row.state = target.value
-                    if isinstance(row, KmipSealedObject):
-                        row.updated_at = now
-                    self._notifier.publish(s, Topic.KEYS)  # replicas drop what Get cached of it
-                    object_type = row.object_type if isinstance(row, KmipSealedObject) else "public-key"
-                    self._audit.add(s, ctx, action=action, object_type=object_type.replace("-", "_"),
-                                    object_id=str(row.id), details={"state": target.value, "from": current.value,
-                                                                    "by_date": True})
-                if target is KeyState.ACTIVE:
-                    activated += 1
-                else:
-                    deactivated += 1
-        return activated, deactivated

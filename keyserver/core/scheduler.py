@@ -1,6 +1,7 @@
 """Background work that must survive restarts: due key rotations, activation and
-deactivation dates, and unfinished KEK rotations. All of its state lives in the
-database, so a restarted (or another) replica simply picks up where it was."""
+deactivation dates, unfinished KEK rotations and key-version retirements ready to
+complete. All of its state lives in the database, so a restarted (or another) replica
+simply picks up where it was."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ from keyserver.core.kek import KekService
 from keyserver.core.keys import KeyService
 from keyserver.core.principal import system_context
 from keyserver.core.replicas import ReplicaRegistry
+from keyserver.core.retirement import RetirementService
 
 log = logging.getLogger(__name__)
 
 
 class Scheduler:
     def __init__(self, keys: KeyService, keks: KekService, *, interval_seconds: float,
-                 replicas: ReplicaRegistry | None = None) -> None:
+                 replicas: ReplicaRegistry | None = None, retirement: RetirementService | None = None) -> None:
         self._keys = keys
+        self._retirement = retirement
         self._keks = keks
         self._replicas = replicas
         self._interval = interval_seconds
@@ -30,6 +33,9 @@ class Scheduler:
     def run_once(self) -> dict[str, int]:
         counts = self._keys.run_due(system_context("scheduler"))
         counts["kek_rewrapped"] = self._keks.resume_rotations()
+        if self._retirement is not None:
+            # A retirement whose holders all moved (or were excluded) gets its signed statement.
+            counts["versions_retired"] = self._retirement.run_due()
         if any(counts.values()):
             log.info("scheduler: %s", counts)
         return counts

@@ -106,10 +106,10 @@ def add_issued(conn: Connection, counts: dict[tuple[uuid.UUID, int], int]) -> No
     """Add data keys issued per (key id, version), one statement (the chainer's transaction)."""
     if not counts:
         return
-    table = KeyVersionDatakeys.__table__
-    stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(table)
-    conn.execute(stmt.on_conflict_do_update(index_elements=[table.c.key_id, table.c.version],
-                                            set_={"issued": table.c.issued + stmt.excluded.issued}),
+    t = KeyVersionDatakeys
+    stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(t)
+    conn.execute(stmt.on_conflict_do_update(index_elements=[t.key_id, t.version],
+                                            set_={"issued": t.issued + stmt.excluded.issued}),
                  [{"key_id": k, "version": v, "issued": n, "legacy_reencrypted": 0} for (k, v), n in counts.items()])
 
 
@@ -117,7 +117,7 @@ def add_reencrypted(conn: Connection, blobs: set[tuple[uuid.UUID, int, bytes]]) 
     """Record blobs re-encrypted off a version; one already recorded is left as it is."""
     if not blobs:
         return
-    table = DatakeyReencrypted.__table__
-    stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(table)
-    conn.execute(stmt.on_conflict_do_nothing(index_elements=[table.c.key_id, table.c.version, table.c.iv]),
+    t = DatakeyReencrypted
+    stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(t)
+    conn.execute(stmt.on_conflict_do_nothing(index_elements=[t.key_id, t.version, t.iv]),
                  [{"key_id": k, "version": v, "iv": iv} for k, v, iv in blobs])

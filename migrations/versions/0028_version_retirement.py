@@ -73,17 +73,19 @@ def upgrade() -> None:
 
 
 def _backfill(datakeys: sa.Table) -> None:
-    """The counts the chainer keeps from now on, for the records chained before: data
-    keys issued per version, and re-encryptions off it. Those re-encryptions did not
+    """The counts the chainer keeps from now on (chain.py), for the records chained before:
+    data keys issued per version, and re-encryptions off it. Those re-encryptions did not
     record the old blob's IV, so each counts as one blob (`legacy_reencrypted`)."""
     events = sa.table('audit_events', sa.column('object_id', sa.Text()), sa.column('action', sa.String()),
+                      sa.column('actor', sa.String()),
                       sa.column('outcome', sa.String()), sa.column('details', sa.JSON()))
     # ->> on PostgreSQL, json_extract on SQLite
     v = events.c.details['version'].as_string().label('v')
     fv = events.c.details['from_version'].as_string().label('fv')
     rows = op.get_bind().execute(
         sa.select(events.c.object_id, events.c.action, v, fv, sa.func.count().label('n'))
-        .where(events.c.outcome == 'allowed', events.c.action.in_(
+        # A host's data keys are its volumes' passphrases, which the inventory counts as volumes.
+        .where(events.c.outcome == 'allowed', events.c.actor.not_like('host:%'), events.c.action.in_(
             ['datakey.generate', 'datakey.generate_without_plaintext', 'datakey.reencrypt']))
         .group_by(events.c.object_id, events.c.action, v, fv)).all()
     counts: dict[tuple[uuid.UUID, int], list[int]] = {}

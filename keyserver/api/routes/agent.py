@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, Field, StringConstraints
+from pydantic import AwareDatetime, BaseModel, Field, StringConstraints
 
 from keyserver.api.deps import HostDep, ServicesDep
 from keyserver.api.routes.guardpoints import GuardPointPublic, guard_point_public
@@ -47,6 +47,12 @@ class GuardPointReport(Strict):
     detail: str = Field(default="", max_length=500)
     rekey: RekeyProgress | None = None
     unprotect: RekeyProgress | None = None
+    versions: dict[Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]{0,9}$")],
+                   Annotated[int, Field(ge=0, le=MAX_INT)]] | None = Field(
+        default=None, max_length=64,
+        description="files per key version named in their headers (version number → files), from the "
+                    "agent's last full walk; what a key version's inventory counts (decision 0024)")
+    scanned_at: AwareDatetime | None = Field(default=None, description="when that walk finished")
 
 
 class HeartbeatRequest(Strict):
@@ -70,6 +76,9 @@ class AgentKey(BaseModel):
     key_id: uuid.UUID
     name: str
     active_version: int | None
+    retiring_versions: list[int] = Field(
+        default_factory=list, description="versions being retired: move guard points and volumes off them, "
+                                          "walk again and report `versions`")
 
 
 class DeliveredKeyPublic(BaseModel):
@@ -119,7 +128,8 @@ def guard_points(caller: HostDep, services: ServicesDep) -> list[GuardPointPubli
 @router.get("/keys", operation_id="listAgentKeys", response_model=list[AgentKey])
 def list_keys(caller: HostDep, services: ServicesDep) -> list[AgentKey]:
     """The keys this host's group may receive."""
-    return [AgentKey(key_id=k.id, name=k.name, active_version=v) for k, v in services.hosts.allowed_keys(caller.host)]
+    return [AgentKey(key_id=k.id, name=k.name, active_version=v, retiring_versions=r)
+            for k, v, r in services.hosts.allowed_keys(caller.host)]
 
 
 @router.get("/keys/{key_ref}", operation_id="getAgentKey", response_model=DeliveredKeyPublic)

@@ -101,7 +101,7 @@ def revoke_key(key_ref: KeyRef, body: RevokeRequest, ctx: Ctx, services: Service
 
 @router.post("/{key_ref}/destroy", operation_id="destroyKey", response_model=KeyPublic)
 def destroy_key(key_ref: KeyRef, body: DestroyRequest, ctx: Ctx, services: ServicesDep) -> KeyPublic:
-    return key_public(services.keys.destroy(ctx, key_ref, version=body.version))
+    return key_public(services.keys.destroy(ctx, key_ref, version=body.version, shred=body.shred))
 
 
 @router.post("/{key_ref}/generate-data-key", operation_id="generateDataKey", response_model=DataKeyPublic)

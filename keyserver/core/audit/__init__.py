@@ -103,6 +103,7 @@ class AuditService:
         # Checkpoints (checkpoints.py)
         self.public_key_der = signed.public_key_der
         self.public_key_pem = signed.public_key_pem
+        self.sign_statement = signed.sign_statement
         self.checkpoints = signed.page
         self.chain_state = signed.chain_state
         self.status = signed.status

@@ -71,6 +71,8 @@ def _count_datakey(e: dict[str, Any], issued: dict[tuple[uuid.UUID, int], int],
     action = e["action"]
     if action not in ("datakey.generate", "datakey.generate_without_plaintext", "datakey.reencrypt"):
         return
+    if str(e["actor"]).startswith("host:"):
+        return  # a host's data keys are its volumes' passphrases: the inventory counts those as volumes
     details = e["details"] or {}
     try:
         key_id = uuid.UUID(e["object_id"])

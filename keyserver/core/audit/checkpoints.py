@@ -105,6 +105,17 @@ class Checkpoints:
         key = serialization.load_der_public_key(self.public_key_der())
         return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
+    def sign_statement(self, body: bytes) -> tuple[str, str]:
+        """Sign `body` (a statement's canonical bytes, statements.py) in the HSM with the
+        checkpoint key: (base64 DER signature, the key's fingerprint). One public key then
+        verifies the checkpoints and every statement."""
+        fingerprint = key_fingerprint(self.public_key_der())
+        try:
+            signature = self._hsm.sign_p256(body, key_id=self._policy.key_id)
+        except HsmError as exc:
+            raise hsm_failure("sign an audit statement", exc) from exc
+        return base64.b64encode(signature).decode(), fingerprint
+
     def maybe_sign(self, conn: Connection, seq: int, hash: str, *, chained: bool) -> None:
         """Inside the chainer's transaction (the head's lock serialises every replica):
         sign a checkpoint when enough records or time have passed since the last one.

@@ -6,7 +6,8 @@ is answered Permission Denied naming the request (core/approvals.py ApprovalPend
 and once a person approves it in the console or over REST the destroy runs as this
 client. A Destroy that could never run (the version Active, or destroyed already —
 also the client asking again after it ran) is refused before anything is held, with
-the answer it gets without the rule."""
+the answer it gets without the rule. A version still in use (core/inventory.py) is
+refused with Permission Denied and the holders counted in the reason: KMIP never shreds."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from keyserver.core.errors import Conflict
 from keyserver.core.kmip_model import VersionObject
 from keyserver.core.states import DESTROYED_STATES, KeyState, check_transition
 from keyserver.kmip.context import Call, request_uid
+from keyserver.kmip.errors import KmipFailure
 
 OPERATION = enums.Operation.DESTROY
 
@@ -39,5 +41,11 @@ def handle(call: Call, payload: Any) -> Any:
         call.engine.objects.transition(call.ctx, uid, operation="destroy")
         return payloads.DestroyResponsePayload(unique_identifier=UniqueIdentifier(uid))
     _could_run(obj)
-    call.engine.keys.destroy(call.ctx, str(obj.key.id), version=obj.version.version)
+    try:
+        call.engine.keys.destroy(call.ctx, str(obj.key.id), version=obj.version.version)
+    except Conflict as exc:
+        if exc.code != "version_in_use":
+            raise
+        # Object in use (decision 0024): refused, never shredded over KMIP; the refusal is audited.
+        raise KmipFailure(enums.ResultReason.PERMISSION_DENIED, exc.message) from None
     return payloads.DestroyResponsePayload(unique_identifier=UniqueIdentifier(uid))
