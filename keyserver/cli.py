@@ -540,6 +540,10 @@ def verify_audit(
         took = time.perf_counter() - started
         if result.note:
             console.print(Text(result.note, style="yellow"), soft_wrap=True)
+        if not result.ok and result.problems:
+            for _, what in result.problems:  # the chain holds; what it proves does not
+                console.print(Text.assemble(("zero-use statement BROKEN", "bold red"), f": {what}"), soft_wrap=True)
+            raise typer.Exit(EXIT_BROKEN_CHAIN)
         if not result.ok:
             console.print(Text.assemble(("audit chain BROKEN", "bold red"),
                                         f" at record {result.first_broken_seq}: {result.reason} "
@@ -551,6 +555,9 @@ def verify_audit(
                                     f"record {result.head_seq}"
                                     + (f", last checkpoint {result.checkpoint}" if result.checkpoint else "")),
                       soft_wrap=True)
+        if result.statements:
+            console.print(Text(f"zero-use statements: {result.statements} signed by the checkpoint key, no later "
+                               "use of their versions"), soft_wrap=True)
         if checkpoints is not None:
             console.print(Text(f"outside copy: {result.outside_records} records (up to record "
                                f"{result.outside_seq}) and {result.outside_checked} checkpoints match the "

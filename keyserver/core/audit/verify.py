@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,7 +37,8 @@ from keyserver.core.audit.record import (
     canonical_record,
     event_dict,
 )
-from keyserver.store.models import AuditCheckpoint, AuditEvent, AuditHead, AuditVerified
+from keyserver.core.audit.statements import RETIRED_ACTION, Retired, UseWatch, statement_problem
+from keyserver.store.models import AuditCheckpoint, AuditEvent, AuditHead, AuditVerified, KeyVersion
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,10 @@ class VerifyResult:
     outside_seq: int = 0  # the newest record the outside copy holds
     # Why an incremental run walked every record instead (its stored state did not verify).
     note: str | None = None
+    statements: int = 0  # zero-use statements checked (all of the chain's, whatever the range walked)
+    # Each statement that does not verify and each later use of a stated version, as
+    # (seq, what); the first is also `first_broken_seq` and `reason`.
+    problems: tuple[tuple[int, str], ...] = ()
 
 class Verifier:
     def __init__(self, session_factory: sessionmaker[Session], mac: ChainMac, checkpoints: Checkpoints, *,
@@ -141,6 +147,12 @@ class Verifier:
                 start, prev = verified.seq, verified.hash
         at_seq = {c["seq"]: c for c in stored}
         expected_seq, checked, last_cp = start + 1, 0, None
+        # Statements before the walked range still forbid uses inside it.
+        watch = UseWatch()
+        with self._db() as s:
+            for r in s.execute(select(AuditEvent).where(AuditEvent.action == RETIRED_ACTION,
+                                                        AuditEvent.seq <= start).order_by(AuditEvent.seq)).scalars():
+                watch.see(event_dict(r))
         with self._db() as s:
             stmt = (select(AuditEvent).where(AuditEvent.seq > start).order_by(AuditEvent.seq)
                     .execution_options(yield_per=1000))
@@ -159,10 +171,17 @@ class Verifier:
                         return broken(r.seq, f"record {r.seq} is not the one checkpoint {cp['checkpoint']} signed",
                                       checked, start)
                     last_cp = cp
+                if UseWatch.relevant(r.action, r.outcome):
+                    watch.see(event_dict(r))
                 prev, expected_seq, checked = r.hash, expected_seq + 1, checked + 1
         if head_seq != start + checked or head_hash != prev:
             return broken(start + checked + 1, f"the chain head says {head_seq} records; "
                                                f"records after {start + checked} were removed", checked, start)
+        problems = self._statement_problems(watch, public, fingerprint)
+        if problems:
+            # Not recorded as verified: the next run walks these records again and says so again.
+            return VerifyResult(False, checked, head_seq, problems[0][0], problems[0][1], from_seq=start,
+                                statements=len(watch.statements), problems=tuple(problems), note=note)
         if last_cp is not None:
             with self._db.begin() as s:
                 row = s.get(AuditVerified, 1)
@@ -175,7 +194,46 @@ class Verifier:
         return VerifyResult(True, checked, head_seq, None, None, from_seq=start,
                             checkpoint=(last_cp or (stored[-1] if stored else {})).get("checkpoint"),
                             outside_checked=len(outside_cps), outside_records=outside_records,
-                            outside_seq=outside_seq, note=note)
+                            outside_seq=outside_seq, note=note, statements=len(watch.statements))
+
+    def _statement_problems(self, watch: UseWatch, public: ec.EllipticCurvePublicKey,
+                            fingerprint: str) -> list[tuple[int, str]]:
+        """Each zero-use statement's signature and its anchor in the chain (the record it
+        names as the last before it), then every later use of a stated version."""
+        problems: list[tuple[int, str]] = []
+        with self._db() as s:
+            for st in watch.statements:
+                problem = statement_problem(st.details, public, fingerprint)
+                if problem is None:
+                    chain = st.details["statement"].get("chain")
+                    try:
+                        seq, hash = int(chain["seq"]), str(chain["hash"])
+                    except (KeyError, TypeError, ValueError):
+                        seq, hash = -1, ""
+                    # Record 0: the chain was empty (retirement.py names it with an empty hash).
+                    found = hash if seq == 0 and hash in ("", GENESIS_HASH) else s.execute(
+                        select(AuditEvent.hash).where(AuditEvent.seq == seq)).scalar_one_or_none()
+                    if not 0 <= seq < st.seq or found != hash:
+                        problem = (f"the statement's chain position (record {seq}) is not a record before it "
+                                   "with that hash: it was moved or the chain rewritten")
+                if problem is not None:
+                    problems.append((st.seq, f"zero-use statement in record {st.seq}: {problem}"))
+
+            def kmip_uid(st: Retired) -> str | None:
+                named = st.details["statement"].get("kmip_uid")
+                if isinstance(named, str):
+                    return named
+                # The version's KMIP identifier is its row's id; a destroyed version keeps its row.
+                try:
+                    key_id = uuid.UUID(str(st.key_id))
+                except ValueError:
+                    return None
+                found = s.execute(select(KeyVersion.id).where(KeyVersion.key_id == key_id,
+                                                              KeyVersion.version == st.version)).scalar_one_or_none()
+                return None if found is None else str(found)
+
+            problems += watch.finish(kmip_uid)
+        return sorted(problems)
 
     def _compare_outside_records(self, items: Iterable[dict[str, Any]],
                                  head_seq: int) -> tuple[tuple[int | None, str] | None, int, int]:
