@@ -136,6 +136,7 @@ async function dialogFixture(context, tag) {
   };
   const key = `dlg-${tag}`;
   await post("/api/v1/keys", { name: key });
+  await post(`/api/v1/keys/${key}/rotate`); // v1, older: its inventory and retirement are offered
   const token = `dlg-token-${tag}`;
   await post("/api/v1/tokens", { name: token, expires_in_days: 1 });
   const enrollment = await post("/api/v1/enrollment-tokens", { host_group: `dlg-${tag}`, max_uses: 1 });
@@ -176,6 +177,10 @@ const dialogs = (f) => [
   { src: "KeyDetail.tsx", name: `Deactivate ${f.key}`, path: `/keys/${f.key}`, open: (p) => p.getByRole("button", { name: "Deactivate" }).click() },
   { src: "KeyDetail.tsx", name: `Revoke ${f.key}`, path: `/keys/${f.key}`, open: (p) => p.getByTestId("revoke-key").click() },
   { src: "KeyDetail.tsx", name: `Destroy ${f.key}`, path: `/keys/${f.key}`, open: (p) => p.getByTestId("destroy-key").click() },
+  { src: "KeyRetirement.tsx", name: `Inventory of ${f.key} v1`, path: `/keys/${f.key}`,
+    open: (p) => p.getByRole("button", { name: "Inventory of v1" }).click() },
+  { src: "KeyRetirement.tsx", name: `Retire ${f.key} v1`, path: `/keys/${f.key}`,
+    open: (p) => p.getByRole("button", { name: "Retire v1…" }).click() },
   { src: "EnrollHost.tsx", name: "Enroll a host", path: "/hosts", open: (p) => p.getByTestId("enroll-host").click() },
   { src: "Hosts.tsx", name: `Revoke enrollment token ${f.enrollPrefix}…`, path: "/hosts",
     open: (p) => p.getByRole("button", { name: `Revoke enrollment token ${f.enrollPrefix}` }).click() },

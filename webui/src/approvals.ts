@@ -7,6 +7,8 @@ export const HELD: Record<string, { label: string; perm: Permission }> = {
   "kek.rotate": { label: "Rotate the KEK", perm: "system:kek" },
   "kek.retire": { label: "Retire a KEK", perm: "system:kek" },
   "user.role": { label: "Change a user's role", perm: "users:manage" },
+  "key.retire": { label: "Retire a key version", perm: "keys:destroy" },
+  "key.retire_exclude": { label: "Exclude a holder from a retirement", perm: "keys:destroy" },
   "key.export": { label: "Export a key in plaintext", perm: "keys:export" },
   "database.grant": { label: "Grant a key to a database", perm: "keys:export" },
   "token.create": { label: "An API token for another account", perm: "tokens:all" },

@@ -61,6 +61,12 @@ export function hintFor(err: ApiError): string | null {
       return "Rotate to a new KEK first; the active one cannot be retired.";
     case "rotation_running":
       return "Wait for the running KEK rotation to finish (its progress is on this page).";
+    case "version_active":
+      return "Rotate the key first: the newest version is active, and only older versions are retired.";
+    case "retirement_running":
+      return "A retirement of this version is already running: open the version's inventory to follow or cancel it.";
+    case "version_in_use":
+      return "Retire the version first (Versions → Retire version…), then destroy it; or shred on purpose.";
     case "network":
       return null;
     case "validation_error":

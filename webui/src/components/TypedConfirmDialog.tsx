@@ -17,12 +17,16 @@ interface Props {
   blockedBy?: string | null;
   /** A field of the dialog's own holds what the server would refuse (its error is shown under it). */
   invalid?: boolean;
+  /** When it changes, what was typed is cleared: a graver action asks for the name again. */
+  resetKey?: string;
 }
 
 /** An irreversible action that the person confirms by typing the object's name. */
 export function TypedConfirmDialog({ opened, onClose, title, phrase, actionLabel, children, onConfirm, busy, error,
-                                    blockedBy, invalid }: Props) {
+                                    blockedBy, invalid, resetKey }: Props) {
   const [typed, setTyped] = useState("");
+  const [typedFor, setTypedFor] = useState(resetKey);
+  if (typedFor !== resetKey) { setTypedFor(resetKey); setTyped(""); }
   const matches = typed === phrase && !blockedBy && !invalid;
   const close = () => { setTyped(""); onClose(); };
   return (

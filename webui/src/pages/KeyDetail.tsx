@@ -5,9 +5,11 @@ import {
 import { notifications } from "@mantine/notifications";
 import { IconRotateClockwise } from "@tabler/icons-react";
 import { useMutation, useQueries, useQueryClient } from "@tanstack/react-query";
+import { heldDetail } from "../approvals";
+import { VersionInUse, retirementApi } from "../retirement";
 import { useEffect, useState } from "react";
 import { Link, useParams } from "react-router";
-import { api, call, fieldError, type Key, type RevokeReason } from "../api/client";
+import { api, call, fieldError, type Key, type KeyVersion, type RevokeReason } from "../api/client";
 import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
 import { GuardedButton } from "../components/Guarded";
@@ -20,6 +22,7 @@ import { qk, useKey } from "../queries";
 import { useKeyConsumers } from "../databases";
 import { KeyConsumersPanel } from "./KeyConsumers";
 import { KeyKmipPanel } from "./KeyKmip";
+import { DestroyInUse, InventoryDrawer, RetireDialog, VersionActions, retirable } from "./KeyRetirement";
 import { groupError } from "../kmip";
 import { KeyCryptoPanel } from "./KeyCrypto";
 import { KeyUsagePanel } from "./Usage";
@@ -65,6 +68,9 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
   const activate = useMutation(action("Activated", () => call(api.POST("/api/v1/keys/{key_ref}/activate", path))));
   const deactivate = useMutation(action("Deactivated", () => call(api.POST("/api/v1/keys/{key_ref}/deactivate", path))));
   const [dialog, setDialog] = useState<null | "edit" | "schedule" | "revoke" | "destroy" | "deactivate">(null);
+  // The older version whose inventory (drawer) or retirement (dialog) is open.
+  const [inventoryOf, setInventoryOf] = useState<number | null>(null);
+  const [retireOf, setRetireOf] = useState<number | null>(null);
   const destroyed = k.state === "destroyed" || k.state === "destroyed-compromised";
   const live = k.state === "active" || k.state === "pre-active";
   const actionError = rotate.error ?? activate.error;
@@ -125,7 +131,9 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
         <Grid.Col span={{ base: 12, lg: 7 }}>
           <Paper withBorder radius="md" p="md">
             <Title order={2} size="h5" mb="sm">Versions</Title>
-            <VersionTimeline k={k} />
+            <VersionTimeline k={k} actions={(v) => retirable(k, v) && (
+              <VersionActions v={v} onInventory={() => setInventoryOf(v.version)} onRetire={() => setRetireOf(v.version)} />
+            )} />
           </Paper>
         </Grid.Col>
       </Grid>
@@ -137,7 +145,11 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
       <EditDialog k={k} keyRef={keyRef} opened={dialog === "edit"} onClose={() => setDialog(null)} />
       <ScheduleDialog k={k} keyRef={keyRef} opened={dialog === "schedule"} onClose={() => setDialog(null)} />
       <RevokeDialog k={k} keyRef={keyRef} opened={dialog === "revoke"} onClose={() => setDialog(null)} />
-      <DestroyDialog k={k} keyRef={keyRef} opened={dialog === "destroy"} onClose={() => setDialog(null)} />
+      <DestroyDialog k={k} keyRef={keyRef} opened={dialog === "destroy"} onClose={() => setDialog(null)}
+                     onInventory={(v) => { setDialog(null); setInventoryOf(v); }} onRetire={(v) => { setDialog(null); setRetireOf(v); }} />
+      <InventoryDrawer k={k} version={inventoryOf} onClose={() => setInventoryOf(null)}
+                       onRetire={(v) => { setInventoryOf(null); setRetireOf(v); }} />
+      <RetireDialog k={k} version={retireOf} onClose={() => setRetireOf(null)} onStarted={(v) => setInventoryOf(v)} />
       <TypedConfirmDialog opened={dialog === "deactivate"} onClose={() => setDialog(null)} title={`Deactivate ${k.name}`}
                           phrase={k.name} actionLabel="Deactivate" busy={deactivate.isPending} error={deactivate.error}
                           onConfirm={() => deactivate.mutate(undefined, { onSuccess: () => setDialog(null) })}>
@@ -152,7 +164,8 @@ function Prop({ label, children }: { label: string; children: React.ReactNode })
   return <><Text size="sm" c="dimmed">{label}</Text><Text size="sm" component="div" style={{ overflowWrap: "anywhere" }}>{children}</Text></>;
 }
 
-export function VersionTimeline({ k }: { k: Key }) {
+/** `actions`: what the page offers for one version (the inventory and retirement of an older one). */
+export function VersionTimeline({ k, actions }: { k: Key; actions?: (v: KeyVersion) => React.ReactNode }) {
   const versions = [...k.versions].sort((a, b) => b.version - a.version);
   const activeIdx = versions.findIndex((v) => v.state === "active");
   return (
@@ -172,6 +185,7 @@ export function VersionTimeline({ k }: { k: Key }) {
           {v.wrapping_mechanism && (
             <Text size="xs" c="dimmed">wrapped by {v.wrapping_key_id} ({v.wrapping_mechanism})</Text>
           )}
+          {actions?.(v)}
         </Timeline.Item>
       ))}
     </Timeline>
@@ -381,21 +395,72 @@ function RevokeDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; 
   );
 }
 
-export function DestroyDialog({ k, keyRef, opened, onClose }: { k: Key; keyRef: string; opened: boolean; onClose: () => void }) {
-  const action = useKeyAction(k, keyRef);
-  const destroy = useMutation(action("Destroyed", () => call(api.POST("/api/v1/keys/{key_ref}/destroy", {
-    params: { path: { key_ref: k.id } }, body: {},
-  }))));
-  const hasActive = k.versions.some((v) => v.state === "active");
+const firstTarget = (left: KeyVersion[]) => {
+  const older = left.find((v) => v.state !== "active");
+  return left.some((v) => v.state === "active") && older ? String(older.version) : "all";
+};
+
+/** Destroys one version or every version. A version something still uses is refused
+ *  (version_in_use, with its holders): the way forward is retiring it first, or shredding
+ *  on purpose after typing the key's name again. */
+export function DestroyDialog({ k, keyRef, opened, onClose, onInventory, onRetire }: {
+  k: Key; keyRef: string; opened: boolean; onClose: () => void;
+  onInventory: (version: number) => void; onRetire: (version: number) => void;
+}) {
+  const qc = useQueryClient();
+  const left = k.versions.filter((v) => v.state !== "destroyed" && v.state !== "destroyed-compromised")
+    .sort((a, b) => a.version - b.version);
+  const [target, setTarget] = useState<string>(() => firstTarget(left));
+  const [shred, setShred] = useState(false);
+  const version = target === "all" ? undefined : Number(target);
+  const destroy = useMutation({
+    mutationFn: (withShred: boolean) => retirementApi.destroy(k.id, { ...(version != null && { version }), ...(withShred && { shred: true }) }),
+    onSuccess: (r) => {
+      void qc.invalidateQueries({ queryKey: qk.keysAll });
+      for (const ms of [0, 1200]) setTimeout(() => void qc.invalidateQueries({ queryKey: ["audit"] }), ms);
+      const waiting = heldDetail(r);
+      if (waiting) {
+        notifications.show({ color: "blue", title: "Waiting for approval", message: waiting });
+      } else {
+        qc.setQueryData(qk.key(keyRef), r);
+        notifications.show({ color: "teal", title: shred ? "Shredded" : "Destroyed",
+                             message: `${k.name}: ${version != null ? `v${version}` : "every version"} destroyed` });
+      }
+      close();
+    },
+  });
+  // Each opening starts over, on what the server would destroy: the whole key, or, while a
+  // version is active, the oldest older one.
+  useEffect(() => {
+    if (opened) { setTarget(firstTarget(left)); setShred(false); destroy.reset(); }
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, [opened]);
+  const close = () => onClose();
+  const targets = version != null ? left.filter((v) => v.version === version) : left;
+  const hasActive = targets.some((v) => v.state === "active");
+  const inUse = destroy.error instanceof VersionInUse ? destroy.error : null;
+  const label = version != null ? `v${version}` : "every version";
   return (
-    <TypedConfirmDialog opened={opened} onClose={onClose} title={`Destroy ${k.name}`} phrase={k.name}
-                        actionLabel="Destroy every version" busy={destroy.isPending} error={destroy.error}
-                        blockedBy={hasActive ? "The key has an active version: deactivate or revoke it first (the "
-                                   + "server refuses to destroy an active key)." : null}
-                        onConfirm={() => destroy.mutate(undefined, { onSuccess: onClose })}>
+    <TypedConfirmDialog opened={opened} onClose={close} title={`Destroy ${k.name}`} phrase={k.name} resetKey={shred ? "shred" : "destroy"}
+                        actionLabel={shred ? `Shred ${label} anyway` : version != null ? `Destroy v${version}` : "Destroy every version"}
+                        busy={destroy.isPending} error={inUse && !shred ? null : destroy.error}
+                        blockedBy={hasActive ? `${version != null ? `v${version} is` : "The key has"} an active version: deactivate or revoke it, `
+                                   + "or rotate and destroy an older version (the server refuses to destroy an active version)." : null}
+                        onConfirm={() => destroy.mutate(shred)}>
       <Text size="sm" fw={600} c="var(--sr-text-danger)">This cannot be undone.</Text>
-      <Text size="sm">The key material of all {k.versions.length} version(s) is erased. Anything still encrypted
-        under this key becomes unreadable. The key's metadata and audit trail are kept.</Text>
+      {left.length > 1 && (
+        <Select label="Version" data={[{ value: "all", label: `Every version (${left.length})` },
+                                       ...left.map((v) => ({ value: String(v.version), label: `v${v.version} (${v.state})` }))]}
+                value={target} allowDeselect={false} comboboxProps={{ withinPortal: true }} data-testid="destroy-version"
+                onChange={(t) => { if (t) { setTarget(t); setShred(false); destroy.reset(); } }} />
+      )}
+      <Text size="sm">The key material of {version != null ? `v${version}` : `all ${left.length} version(s)`} is erased. Anything
+        still encrypted under it becomes unreadable. The key's metadata and audit trail are kept. A version something still
+        uses is refused: retire it first.</Text>
+      {inUse && (
+        <DestroyInUse k={k} error={inUse} version={version} shred={shred}
+                      onInventory={onInventory} onRetire={onRetire} onShred={() => setShred(true)} />
+      )}
     </TypedConfirmDialog>
   );
 }
