@@ -3,7 +3,10 @@
 Every heartbeat reports the host (OS, agent version, guard points) and ships the event
 spool, keeps this host's guard points mounted as the server defines them
 (agents/guardpoint/manager.py) and tells the server of a volume re-key it believes
-running that no longer runs here (killed with its process). The server's answer carries
+running that no longer runs here (killed with its process). A key version the server
+lists as retiring (decision 0024) reaches the guard points, which count their files per
+version again, and each local volume sealed under it is re-sealed under the Active
+version. The server's answer carries
 its clock, checked against ours, and the interval to beat at. When the server says this
 host is revoked, the daemon drops every cached key at once, unmounts its guard points
 and stops (exit status 6: restarting cannot help, re-enrollment can). While the server
@@ -44,6 +47,15 @@ def clock_skew(server_time: str, now: datetime | None = None) -> float:
     return ((now or datetime.now(UTC)) - theirs).total_seconds()
 
 
+def retiring_versions(keys: list[dict[str, Any]]) -> dict[str, list[int]] | None:
+    """The versions retiring per key id (decision 0024); None when the server's key list
+    does not carry them at all (a server from before retirement, which also refuses
+    per-version counts in a heartbeat)."""
+    if not any("retiring_versions" in k for k in keys):
+        return None
+    return {str(k["key_id"]): [int(v) for v in k.get("retiring_versions") or []] for k in keys}
+
+
 class AgentDaemon:
     def __init__(self, client: ServerClient, keyring: ServerKeyring, spool: EventSpool, *,
                  guard_points: GuardPointManager | None = None,
@@ -74,16 +86,20 @@ class AgentDaemon:
         if abs(skew) > MAX_CLOCK_SKEW_SECONDS:
             log.warning("this host's clock is %.0f s %s the key server's: fix NTP, or certificates and "
                         "audit times will be wrong", abs(skew), "ahead of" if skew > 0 else "behind")
+        # Every beat: a rotation moves a key's Active version, and a retirement marks one
+        # retiring, without touching the guard point or the volume.
+        keys = self._client.list_keys() if (self._manager or self._volumes) and self._host_refusal() is None else []
+        retiring = retiring_versions(keys)
         if self._manager is not None and self._host_refusal() is None:
             if answer.get("guard_points_tag") != self._tag:
                 self._definitions = self._client.guard_points()
                 self._tag = answer.get("guard_points_tag")
-            # Every beat: a rotation moves a key's Active version without touching the guard point.
-            active = {k["key_id"]: k["active_version"] for k in self._client.list_keys()}
-            self._manager.apply(self._definitions, active)
+            active = {k["key_id"]: k["active_version"] for k in keys}
+            self._manager.apply(self._definitions, active, retiring)
         if self._volumes is not None and self._host_refusal() is None:
             try:  # a re-key killed with its process is told to the server here, not left "rekeying"
                 self._volumes.check_rekeys()
+                self._reseal_retiring(retiring or {}, str(answer.get("host_id") or "") or None)
             except (HostRevoked, ServerUnreachable):
                 raise
             except AgentError as exc:
@@ -92,6 +108,23 @@ class AgentDaemon:
         if sent:
             log.info("shipped %d events", sent)
         return answer
+
+    def _reseal_retiring(self, retiring: dict[str, list[int]], host_id: str | None) -> None:
+        """Volumes sealed under a retiring version, re-sealed under the Active one: each
+        once per beat, a failure logged and tried again at the next."""
+        assert self._volumes is not None
+        for done in self._volumes.reseal_retiring(retiring, host_id=host_id):
+            name = done.volume["name"]
+            if done.error is not None or done.updated is None:
+                log.warning("volume %s: re-sealing it off a retiring key version failed (tried again at the next "
+                            "heartbeat): %s", name, done.error)
+                continue
+            to_version = done.updated.get("key_version")
+            log.info("volume %s re-sealed for retirement: key %s version %s -> %s", name,
+                     done.volume["key_name"], done.from_version, to_version)
+            self._spool.append({"event": "volume.resealed_for_retirement", "volume_id": done.volume["id"],
+                                "name": name, "key": done.volume["key_name"], "from_version": done.from_version,
+                                "to_version": to_version})
 
     def _stand_down(self, refused: str) -> None:
         self._keyring.cache.drop_all()

@@ -28,6 +28,7 @@ from typing import Any
 
 from agents.config import AgentConfig
 from agents.guardpoint.adoption import release
+from agents.guardpoint.inventory import UNREADABLE
 from agents.guardpoint.records import read_json, write_json
 from agents.guardpoint.serve import serve_guard_point
 from agents.guardpoint.shield import serving, unmount_to_shield, unshield
@@ -66,6 +67,9 @@ class GuardPointManager:
         self._spool = EventSpool(config.spool_dir)
         self._lock = threading.RLock()
         self._crashes: dict[str, tuple[int, float]] = {}  # guard point -> (crashes in a row, restart due at)
+        # The server lists `retiring_versions` with its keys: it takes files per version in
+        # a report too (decision 0024). A server without it refuses fields it does not know.
+        self._counts_taken = False
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="guard-point-watch", daemon=True)
         self._watcher.start()
@@ -107,13 +111,21 @@ class GuardPointManager:
                         unmount_to_shield(running.path)  # "transport endpoint is not connected" until then
                         self._start(gp_id)
 
-    def apply(self, definitions: list[dict[str, Any]], active_versions: dict[str, int | None]) -> None:
-        """Make the running mounts match the server's definitions."""
+    def apply(self, definitions: list[dict[str, Any]], active_versions: dict[str, int | None],
+              retiring_versions: dict[str, list[int]] | None = None) -> None:
+        """Make the running mounts match the server's definitions. `retiring_versions`
+        (per key id; None: the server does not say) reaches each guard point's process
+        through its definition file: a version newly retiring makes it count its files
+        again."""
         with self._lock:
-            self._apply(definitions, active_versions)
+            self._counts_taken = retiring_versions is not None
+            self._apply(definitions, active_versions, retiring_versions or {})
 
-    def _apply(self, definitions: list[dict[str, Any]], active_versions: dict[str, int | None]) -> None:
-        wanted = {d["id"]: {**d, "active_version": active_versions.get(d["key_id"])} for d in definitions}
+    def _apply(self, definitions: list[dict[str, Any]], active_versions: dict[str, int | None],
+               retiring_versions: dict[str, list[int]]) -> None:
+        wanted = {d["id"]: {**d, "active_version": active_versions.get(d["key_id"]),
+                            "retiring_versions": sorted(retiring_versions.get(d["key_id"], []))}
+                  for d in definitions}
         for gp_id in set(self._running) - set(wanted):
             self._stop(gp_id)
         for gp_id, d in wanted.items():
@@ -155,9 +167,20 @@ class GuardPointManager:
             state = status.get("state", "unmounted")
             if state in ("mounted", "off", "unprotecting") and (running is None or not running.process.is_alive()):
                 state = "unmounted"
-            out.append({"id": gp_id, "revision": status.get("revision"), "path": d["path"], "key": d["key_name"],
-                        "state": state, "detail": str(status.get("detail", ""))[:500], "rekey": status.get("rekey"),
-                        "unprotect": status.get("unprotect")})
+            report = {"id": gp_id, "revision": status.get("revision"), "path": d["path"], "key": d["key_name"],
+                      "state": state, "detail": str(status.get("detail", ""))[:500], "rekey": status.get("rekey"),
+                      "unprotect": status.get("unprotect")}
+            counted = status.get("versions")
+            if self._counts_taken and isinstance(counted, dict) and status.get("scanned_at"):
+                # The last walk's count, whatever the state now: it is what the files were
+                # under when it finished, and `scanned_at` says when that was. The server
+                # takes version numbers only: unreadable files are said in the detail.
+                report["versions"] = {v: n for v, n in counted.items() if v.isdigit()}
+                report["scanned_at"] = status["scanned_at"]
+                if counted.get(UNREADABLE):
+                    said = f"{counted[UNREADABLE]} file(s) with no readable header of this key (see the agent's log)"
+                    report["detail"] = f"{report['detail'][:500 - len(said) - 2]}; {said}" if report["detail"] else said
+            out.append(report)
         return out
 
     def _stop(self, gp_id: str, *, deleted: bool = True) -> None:  # with self._lock held

@@ -3,7 +3,8 @@
 It protects the directory, repairs what a crash left half-written, starts the native
 data plane (`strongroom-fuse`, agents/guardpoint/dataplane.py) and feeds it key versions
 and the policy; it relays the data plane's events to the spool, applies new definitions
-live, re-wraps headers on rotation and drives online re-key. No request of an
+live, re-wraps headers on rotation, counts files per key version (inventory.py) and
+drives online re-key. No request of an
 application passes through it. Its state lives in `state_dir/guardpoints/<id>.*`.
 """
 
@@ -17,17 +18,17 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agents.config import AgentConfig
 from agents.cryptfile import FormatError, KeyVersion, read_header, rewrap_in_place
-from agents.cryptfile.transform import TMP_PREFIX
+from agents.errors import AgentError
 from agents.guardpoint.adoption import ProtectionRefused, adopt, initial_protection
 from agents.guardpoint.dataplane import DataPlane, DataPlaneError, Event, enable_fuse_io_uring, recover_journal
 from agents.guardpoint.dataplane import available as dataplane_unavailable
+from agents.guardpoint.inventory import stored_files, walk
 from agents.guardpoint.raw import serve_raw
 from agents.guardpoint.records import WATCH_SECONDS, policy_from, read_json, write_json
 from agents.guardpoint.shield import ShieldError, shield, unmount_to_shield
@@ -35,6 +36,10 @@ from agents.keyclient.client import ServerKeyring
 from agents.keyclient.spool import EventSpool
 
 log = logging.getLogger("strongroom.agent.guardpoints")
+# While a version of the key is retiring, the files are counted again at least this
+# often: a retirement cancelled and started again between two heartbeats changes
+# nothing the agent sees, and still waits for a walk newer than its start.
+RECOUNT_WHILE_RETIRING_SECONDS = 600.0
 
 
 @dataclass
@@ -44,6 +49,9 @@ class _Applied:
     rekeyed: int = 0  # the last re-key generation finished
     rekeying: bool = False
     rekey: dict[str, Any] | None = None  # progress, as reported
+    versions: dict[str, int] | None = None  # files per header version, from the last walk
+    scanned_at: str | None = None  # when that walk finished (UTC)
+    walked: float = 0.0  # time.monotonic() of that walk
 
 
 def serve_guard_point(config_path: str | None, directory: str, gp_id: str) -> None:
@@ -90,6 +98,7 @@ class GuardPointServer:
         if finished and finished.get("done_generation"):
             self.state.rekeyed = int(finished["done_generation"])
         self._plane: DataPlane | None = None
+        self._walking = threading.Lock()  # one walk of the backing directory at a time
 
     @property
     def plane(self) -> DataPlane:
@@ -185,6 +194,9 @@ class GuardPointServer:
             self.owner_file.write_text(f"{os.getpid()} {self.plane.process.pid}")
         threading.Thread(target=self._watch, daemon=True).start()
         self._report()
+        # What the files are under now, and any left under an older version by a re-wrap
+        # this process's predecessor did not finish.
+        self._start_walk(self.state.active, rotation=False)
         self._maybe_rekey(self.state.definition)  # a re-key asked for before (or interrupted by) a restart
         self.spool.append({"event": "guardpoint.mounted", "guard_point": self.gp_id, "path": self.mount,
                            "revision": self.definition["revision"]})
@@ -202,19 +214,35 @@ class GuardPointServer:
             raise SystemExit(1)
 
     def _report(self, detail: str = "") -> None:
+        counted = {"versions": self.state.versions, "scanned_at": self.state.scanned_at} if self.state.scanned_at \
+            else {}
         write_json(self.status_file, {"revision": self.state.definition["revision"], "state": "mounted",
-                                      "detail": detail, "key_version": self.state.active, "rekey": self.state.rekey})
+                                      "detail": detail, "key_version": self.state.active, "rekey": self.state.rekey,
+                                      **counted})
 
-    def _rewrap_all(self, version: KeyVersion) -> None:
-        done = 0
-        for real in _encrypted_files(self.backing):
+    def _start_walk(self, version: int, *, rotation: bool) -> None:
+        threading.Thread(target=self._walk, args=(version, rotation), daemon=True).start()
+
+    def _walk(self, active: int, rotation: bool) -> None:
+        """Re-wrap every file to `version` and count the files per header version
+        (inventory.py), for the heartbeat. Walks queue up rather than overlap: each one
+        that was asked for reports a count taken after it was asked."""
+        with self._walking:
+            if active != self.state.active:
+                return  # a newer rotation came first: its walk re-wraps to that version
             try:
-                if read_header(real).key_version != version.version and rewrap_in_place(real, self.keyring, version):
-                    done += 1
-            except (FormatError, OSError) as exc:
-                log.warning("rewrap of %s skipped: %s", real, exc)
-        self.spool.append({"event": "guardpoint.rewrapped", "guard_point": self.gp_id, "path": self.mount,
-                           "key_version": version.version, "files": done})
+                version = self.keyring.get(self.key_id, active)
+                done = walk(self.backing, self.key_id, active=version.version,
+                            rewrap=lambda real: rewrap_in_place(real, self.keyring, version))
+            except (AgentError, OSError) as exc:  # the last count stands, said so; walked again when asked
+                log.error("counting the files of %s failed: %s", self.mount, exc)
+                return
+            retiring = self.state.definition.get("retiring_versions") or ()
+            self.state.versions, self.state.scanned_at = done.report(retiring), done.scanned_at
+            self.state.walked = time.monotonic()
+        if rotation or done.rewrapped:
+            self.spool.append({"event": "guardpoint.rewrapped", "guard_point": self.gp_id, "path": self.mount,
+                               "key_version": version.version, "files": done.rewrapped})
         self._report()
 
     def _rekey_all(self, generation: int) -> None:
@@ -226,7 +254,7 @@ class GuardPointServer:
         plan = read_json(self.rekey_file)
         if plan is None or plan.get("generation") != generation:
             files: dict[str, str] = {}
-            for real in _encrypted_files(self.backing):
+            for real in stored_files(self.backing):
                 with contextlib.suppress(FormatError, OSError):
                     files[os.path.relpath(real, self.backing)] = read_header(real).file_id.hex()
             plan = {"generation": generation, "files": files}
@@ -291,6 +319,10 @@ class GuardPointServer:
             except FileNotFoundError:
                 return  # the daemon is removing this guard point
             if mtime == seen:
+                if self.state.definition.get("retiring_versions") and not self._walking.locked() \
+                        and time.monotonic() - self.state.walked > RECOUNT_WHILE_RETIRING_SECONDS:
+                    self.state.walked = time.monotonic()  # asked once, not at every turn while it runs
+                    self._start_walk(self.state.active, rotation=False)
                 continue
             seen = mtime
             new = read_json(self.definition_file)
@@ -303,6 +335,7 @@ class GuardPointServer:
                     self.plane.set_policy(policy_from(new))  # swapped whole in the data plane: no remount
                     self.spool.append({"event": "guardpoint.policy_applied", "guard_point": self.gp_id,
                                        "path": self.mount, "revision": new["revision"]})
+                before = self.state.definition.get("retiring_versions") or []
                 self.state.definition = new
                 self._report()
                 self._maybe_rekey(new)
@@ -311,7 +344,9 @@ class GuardPointServer:
                     self.plane.set_key(version)
                     self.plane.set_active(version)
                     self.state.active = version.version
-                    threading.Thread(target=self._rewrap_all, args=(version,), daemon=True).start()
+                    self._start_walk(version.version, rotation=True)
+                elif set(new.get("retiring_versions") or []) - set(before):
+                    self._start_walk(self.state.active, rotation=False)  # a retirement waits on this count
             except Exception as exc:  # keep serving as before; retried at the next change
                 self._report(f"could not apply revision {new['revision']}: {exc}")
 
@@ -343,12 +378,3 @@ def _wait_gone(plane: int, mount: str, timeout: float = 10.0) -> None:
         time.sleep(0.02)
     log.warning("the previous data plane (pid %d) of %s has not exited; serving it anew regardless", plane, mount)
 
-
-def _encrypted_files(backing: str) -> Iterator[str]:
-    """Regular files under the backing directory, temporary files of an interrupted
-    whole-file operation excepted."""
-    for dirpath, _, names in os.walk(backing):
-        for name in names:
-            real = os.path.join(dirpath, name)
-            if not name.startswith(TMP_PREFIX) and not os.path.islink(real) and os.path.isfile(real):
-                yield real

@@ -16,13 +16,13 @@ import secrets
 import time
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from agents.config import AgentConfig
 from agents.keyclient.cache import ServerUnreachable
-from agents.keyclient.client import ServerClient, ServerRefused, VolumeSecret
+from agents.keyclient.client import HostRevoked, ServerClient, ServerRefused, VolumeSecret
 from agents.keyclient.revocation import Tombstone
 from agents.keyclient.spool import EventSpool
 from agents.volume import luks
@@ -31,7 +31,8 @@ from agents.volume.instance import DAEMON, OpenVolume, RunDir, device_size, sh
 from agents.volume.offline import OfflineMemory
 from agents.volume.tab import TabEntry, parse_tab
 
-__all__ = ["DAEMON", "OpenVolume", "TabEntry", "VolumeError", "VolumeManager", "parse_tab", "recovery_passphrase"]
+__all__ = ["DAEMON", "OpenVolume", "Resealed", "TabEntry", "VolumeError", "VolumeManager", "parse_tab",
+           "recovery_passphrase"]
 
 
 def recovery_passphrase() -> str:
@@ -40,6 +41,17 @@ def recovery_passphrase() -> str:
     alphabet = "23456789abcdefghjkmnpqrstuvwxyz"
     groups = ["".join(secrets.choice(alphabet) for _ in range(5)) for _ in range(9)]
     return "-".join(groups)
+
+
+@dataclass(frozen=True, slots=True)
+class Resealed:
+    """A volume the daemon re-sealed off a retiring version (`updated`: the server's
+    record after it), or could not (`error`)."""
+
+    volume: dict[str, Any]
+    from_version: int | None
+    updated: dict[str, Any] | None
+    error: str | None
 
 
 class VolumeManager:
@@ -235,6 +247,57 @@ class VolumeManager:
         vol = self.find(ref)
         path = Path(vol["path"])
         _, tok = self._sealed(path)
+        return self._reseal(vol, path, tok)
+
+    def reseal_retiring(self, retiring: dict[str, list[int]], *, host_id: str | None) -> list[Resealed]:
+        """The daemon's turn (decision 0024): each volume of this host whose token says
+        it is sealed under a version in `retiring` (per key id) is re-sealed as `rotate`
+        does, once; what failed is tried again at the next turn. Left alone: a volume
+        whose device is not here, one being re-keyed (its header is cryptsetup's until it
+        ends), and a shared volume of another host (two hosts rewriting one header would
+        race: its own host re-seals it)."""
+        if not any(retiring.values()):
+            return []
+        out: list[Resealed] = []
+        for vol in self._listed():
+            versions = retiring.get(str(vol["key_id"])) or []
+            path = Path(vol["path"])
+            if not versions or vol["state"] in ("revoked", "rekeying") or not path.exists():
+                continue
+            if vol.get("scope", "host") != "host" and host_id is not None and str(vol.get("host_id")) != host_id:
+                continue
+            try:
+                # The re-key's lock: a `volume rekey` started now waits for this one, and
+                # one running now makes this volume wait for the next turn.
+                with self._here.rekey_held(vol["name"]):
+                    done = self._reseal_if_retiring(vol, path, versions)
+            except HostRevoked:
+                raise
+            except (VolumeError, luks.LuksError, ServerRefused) as exc:
+                out.append(Resealed(vol, None, None, exc.describe()))
+                continue
+            if done is not None:
+                out.append(done)
+        return out
+
+    def _reseal_if_retiring(self, vol: dict[str, Any], path: Path, versions: list[int]) -> Resealed | None:
+        if luks.reencryption_pending(luks.metadata(path)):
+            raise VolumeError(f"a re-key of '{vol['name']}' was interrupted: it is re-sealed once "
+                              f"`kms-agent volume rekey {vol['name']}` has finished it", "usage")
+        _, tok = self._sealed(path)
+        if tok.get("volume_id") != vol["id"]:
+            raise VolumeError(f"{path} holds volume {tok.get('volume_id')}, not '{vol['name']}' ({vol['id']})", "file")
+        sealed = int(tok["key_version"])
+        if sealed not in versions:
+            if vol["key_version"] in versions:  # re-sealed here before, its report lost: the server learns it now
+                with self._memory.asking(vol, unseal=False):
+                    self._client.report_volume(vol["id"], self._server_state(vol), key_version=sealed,
+                                               detail=f"sealed under version {sealed}")
+            return None
+        updated = self._reseal(vol, path, tok)
+        return Resealed(vol, sealed, updated, None)
+
+    def _reseal(self, vol: dict[str, Any], path: Path, tok: dict[str, Any]) -> dict[str, Any]:
         with self._memory.asking(vol, unseal=False):
             current, new = self._client.reseal_volume(vol["id"], base64.b64decode(tok["blob"]))
         old_slot = luks.slot_of(path, current.passphrase)
