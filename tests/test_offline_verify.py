@@ -33,7 +33,7 @@ from keyserver.core.keys import KeySpec
 from keyserver.core.principal import system_context
 from keyserver.services import Services
 from keyserver.store.models import AuditEvent, KeyVersion
-from tests.conftest import own_services, unique
+from tests.conftest import own_services, own_store, unique
 
 SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "verify_audit_offline.py"
 
@@ -308,3 +308,68 @@ def test_verify_audit_refuses_a_forged_or_moved_statement_and_an_unwrap(store: S
         f"record {second + 1} (key.create) uses version 1 of key 'own' after its zero-use statement "
         f"(record {second})",
     ]
+
+
+# --- the command, as an operator runs it -------------------------------------------------
+
+# Run in a process of its own on the command's data directory (SoftHSM2 reads its
+# configuration once per process: this one's is the session's token).
+_RETIRE_THEN_USE = """
+import sys
+from keyserver.core.audit import key_fingerprint
+from keyserver.core.audit.statements import RETIRED_ACTION, STATEMENT_TYPE, canonical_statement
+from keyserver.core.keys import KeySpec
+from keyserver.core.principal import system_context
+from keyserver.services import build_services
+from keyserver.settings import Settings
+
+svc = build_services(Settings())
+try:
+    ctx = system_context("tests")
+    key = svc.keys.create(ctx, KeySpec(name="cli-retired"))
+    old = svc.datakeys.generate(ctx, str(key.id))
+    svc.keys.rotate(ctx, str(key.id))
+    svc.audit.flush()
+    head = svc.audit.chain_state()["head_seq"]
+    from keyserver.store.models import AuditEvent
+    with svc.db() as s:
+        head_hash = s.get(AuditEvent, head).hash
+    statement = {"type": STATEMENT_TYPE, "key_id": str(key.id), "key": key.name, "version": 1, "retirement": "r",
+                 "counts": {"data_keys": 0}, "chain": {"seq": head, "hash": head_hash},
+                 "signing_key": key_fingerprint(svc.audit.public_key_der())}
+    signature, _ = svc.audit.sign_statement(canonical_statement(statement))
+    svc.audit.record_now(ctx, action=RETIRED_ACTION, outcome="allowed", object_type="key", object_id=str(key.id),
+                         details={"version": 1, "statement": statement, "signature": signature})
+    svc.audit.flush()
+    if sys.argv[1] == "use":
+        svc.datakeys.decrypt(ctx, old.blob)
+    svc.audit.flush()
+finally:
+    svc.close()
+"""
+
+
+@pytest.mark.store
+@pytest.mark.slow
+@pytest.mark.parametrize("use", [False, True])
+def test_the_command_says_what_it_checked_and_what_broke(tmp_path: Path, use: bool) -> None:
+    from tests.serve import KEYSERVER, free_port, server_env
+
+    with own_store() as url:
+        env = server_env(tmp_path / "data", free_port(), **({"STRONGROOM_DATABASE_URL": url} if url else {}))
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(list(args), env=env, capture_output=True, text=True, timeout=300, check=False)
+
+        assert run(KEYSERVER, "init").returncode == 0
+        made = run(sys.executable, "-c", _RETIRE_THEN_USE, "use" if use else "none")
+        assert made.returncode == 0, made.stderr
+        done = run(KEYSERVER, "verify-audit")
+        said = " ".join((done.stdout + done.stderr).split())
+        if not use:
+            assert done.returncode == 0, said
+            assert "zero-use statements: 1 signed by the checkpoint key, no later use of their versions" in said
+        else:
+            assert done.returncode == 3, said
+            assert "zero-use statement BROKEN: record" in said and "(datakey.decrypt) uses version 1 of key " \
+                   "'cli-retired' after its zero-use statement (record" in said
