@@ -540,24 +540,20 @@ def verify_audit(
         took = time.perf_counter() - started
         if result.note:
             console.print(Text(result.note, style="yellow"), soft_wrap=True)
-        if not result.ok and result.problems:
-            for _, what in result.problems:  # the chain holds; what it proves does not
-                console.print(Text.assemble(("zero-use statement BROKEN", "bold red"), f": {what}"), soft_wrap=True)
-            raise typer.Exit(EXIT_BROKEN_CHAIN)
-        if not result.ok:
-            console.print(Text.assemble(("audit chain BROKEN", "bold red"),
-                                        f" at record {result.first_broken_seq}: {result.reason} "
-                                        f"({result.checked} records verified before it)"), soft_wrap=True)
+        if not result.ok:  # a broken chain, or a chain that holds and zero-use statements that do not
+            for label, what in [("zero-use statement BROKEN", f": {what}") for _, what in result.problems] or [(
+                    "audit chain BROKEN", f" at record {result.first_broken_seq}: {result.reason} "
+                                          f"({result.checked} records verified before it)")]:
+                console.print(Text.assemble((label, "bold red"), what), soft_wrap=True)
             raise typer.Exit(EXIT_BROKEN_CHAIN)
         where = f"after record {result.from_seq} (the last verified checkpoint)" if result.from_seq else "all"
         console.print(Text.assemble(("audit chain intact", "green"),
                                     f": {result.checked} records verified ({where}) in {took:.1f}s; head at "
                                     f"record {result.head_seq}"
-                                    + (f", last checkpoint {result.checkpoint}" if result.checkpoint else "")),
+                                    + (f", last checkpoint {result.checkpoint}" if result.checkpoint else "")
+                                    + (f"; zero-use statements: {result.statements} signed by the checkpoint key, "
+                                       "no later use of their versions" if result.statements else "")),
                       soft_wrap=True)
-        if result.statements:
-            console.print(Text(f"zero-use statements: {result.statements} signed by the checkpoint key, no later "
-                               "use of their versions"), soft_wrap=True)
         if checkpoints is not None:
             console.print(Text(f"outside copy: {result.outside_records} records (up to record "
                                f"{result.outside_seq}) and {result.outside_checked} checkpoints match the "

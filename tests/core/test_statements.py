@@ -200,9 +200,12 @@ def test_the_watch_reports_only_later_uses(signer: tuple[ec.EllipticCurvePrivate
         {**_record("key.create", {"version": 1, "unwrapped_by": UID}, object_id="a-new-key"), "seq": 6},
         {**_record("key.export", {"version": 1, "wrapped_under": "another"}, object_id="k2"), "seq": 7},
     ]
+    seen = []
     for r in records:
-        if UseWatch.relevant(r["action"], r["outcome"]):
+        if watch.wants(r["action"], r["outcome"], r["object_id"]):
+            seen.append(r["seq"])
             watch.see(r)
+    assert seen == [2, 3, 5, 6, 7]  # before any statement, and refusals, cost a comparison only
     assert [s.seq for s in watch.statements] == [2]
     problems = watch.finish(lambda st: UID)
     assert [seq for seq, _ in problems] == [5, 6]

@@ -131,10 +131,13 @@ class UseWatch:
         self._by_key: dict[str, list[Retired]] = {}
         self._uid_uses: list[tuple[int, str, str]] = []
 
-    @staticmethod
-    def relevant(action: str, outcome: str) -> bool:
-        """Whether `see` needs this record (the caller builds the dict only then)."""
-        return outcome == "allowed" and (action == RETIRED_ACTION or action in VERSION_FIELDS or action in UID_FIELDS)
+    def wants(self, action: str, outcome: str, object_id: str | None) -> bool:
+        """Whether `see` needs this record: the caller builds the dict only then, so a walk
+        of millions of uses with no statement before them costs a comparison each."""
+        if outcome != "allowed":
+            return False
+        return action == RETIRED_ACTION or (bool(self.statements) and (
+            action in UID_FIELDS or (action in VERSION_FIELDS and str(object_id) in self._by_key)))
 
     def see(self, record: dict[str, Any]) -> None:
         action, seq = record.get("action"), int(record["seq"])

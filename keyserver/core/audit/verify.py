@@ -171,7 +171,7 @@ class Verifier:
                         return broken(r.seq, f"record {r.seq} is not the one checkpoint {cp['checkpoint']} signed",
                                       checked, start)
                     last_cp = cp
-                if UseWatch.relevant(r.action, r.outcome):
+                if watch.wants(r.action, r.outcome, r.object_id):
                     watch.see(event_dict(r))
                 prev, expected_seq, checked = r.hash, expected_seq + 1, checked + 1
         if head_seq != start + checked or head_hash != prev:
