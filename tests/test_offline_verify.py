@@ -135,8 +135,12 @@ def _write(d: Path, name: str, records: list[dict[str, Any]]) -> str:
     return name
 
 
-def test_an_export_verifies_offline(exported: dict[str, Any]) -> None:
+def test_an_export_verifies_offline(exported: dict[str, Any], admin: httpx.Client, services: Services) -> None:
     d, st = exported["dir"], exported["statement"]
+    # The server's own verifier, through the service and REST, agrees.
+    assert services.audit.verify(full=True).statements >= 1
+    r = admin.post("/api/v1/audit/verify", json={"full": True})
+    assert r.status_code == 200 and r.json()["ok"] is True, r.text
     done = _run(d)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (f"zero-use statement in record {st['seq']}: key '{exported['name']}' ({exported['key_id']}) "
