@@ -3,51 +3,15 @@
 // a version in use. The calls, query keys and words the key page shares, kept apart from
 // rendering so they are tested on their own.
 import { useQuery } from "@tanstack/react-query";
-import { ApiError, api, call, problemOf, type Key } from "./api/client";
+import { ApiError, api, call, type Key, type Schemas } from "./api/client";
 
-export type HolderState = "in_use" | "clear" | "unreported" | "excluded";
-
-export interface Holder {
-  kind: string;
-  holder: string;
-  name: string;
-  host?: string | null;
-  count?: number | null;
-  state: HolderState;
-  reported_at?: string | null;
-}
-
-export interface Exclusion { kind: string; holder: string; reason: string; by?: string | null; excluded_by?: string | null; excluded_at?: string | null }
-
-export interface Retirement {
-  id: string;
-  state: "running" | "complete" | "cancelled" | string;
-  reason?: string;
-  contents?: boolean;
-  requested_by?: string | null;
-  requested_at?: string | null;
-  completed_at?: string | null;
-  cancelled_at?: string | null;
-  cancelled_by?: string | null;
-  /** The seq of its `key.version_retired` record (the signed zero-use statement), once complete. */
-  statement_seq?: number | null;
-  /** The inventory's counts per kind when it began. */
-  initial?: Record<string, number> | null;
-  exclusions?: Exclusion[] | null;
-}
-
-export interface Inventory {
-  key: string;
-  key_id: string;
-  version: number;
-  state: string;
-  in_use: boolean;
-  computed_at: string;
-  kinds: Record<string, number>;
-  holders: Holder[];
-  unreported_hosts: string[];
-  retirement: Retirement | null;
-}
+export type Holder = Schemas["Holder"];
+export type HolderState = Holder["state"];
+export type Exclusion = Schemas["Exclusion"];
+export type Retirement = Schemas["Retirement"];
+export type Inventory = Schemas["Inventory"];
+/** What an exclusion names: a holder's kind, or `host` (every guard point and volume of a host). */
+export type ExclusionKind = Schemas["ExclusionRequest"]["kind"];
 
 /** 202: the server's words when the two-person rule held the request. */
 export interface Held { status: "pending"; detail?: string }
@@ -98,49 +62,51 @@ export const rq = {
 /** While a retirement runs, hosts report and counts fall: follow it. */
 const RUNNING_REFRESH_MS = 10_000;
 
-type Loose = (path: string, init?: object) => Promise<{ data?: unknown; error?: unknown; response: Response }>;
-// The retirement routes are newer than the generated schema the console was last built
-// against: these calls go through the same client (cookies, CSRF, problem+json) untyped.
-const loose = api as unknown as { GET: Loose; POST: Loose; DELETE: Loose };
 const at = (key: string, version: number) => ({ params: { path: { key_ref: key, version } } });
 
 export const retirementApi = {
   inventory: (key: string, version: number) =>
-    call(loose.GET("/api/v1/keys/{key_ref}/versions/{version}/inventory", at(key, version))) as Promise<Inventory>,
-  /** 202 with the approval request when the two-person rule holds it. */
+    call(api.GET("/api/v1/keys/{key_ref}/versions/{version}/inventory", at(key, version))),
+  /** 201 with the retirement, or 202 with the approval request when the two-person rule holds it. */
   retire: (key: string, version: number, body: { reason: string; contents: boolean }) =>
-    call(loose.POST("/api/v1/keys/{key_ref}/versions/{version}/retire", { ...at(key, version), body })) as Promise<unknown>,
+    call(api.POST("/api/v1/keys/{key_ref}/versions/{version}/retire", { ...at(key, version), body })),
   cancel: (key: string, version: number) =>
-    call(loose.DELETE("/api/v1/keys/{key_ref}/versions/{version}/retire", at(key, version))) as Promise<unknown>,
-  exclude: (key: string, version: number, body: { kind: string; holder: string; reason: string }) =>
-    call(loose.POST("/api/v1/keys/{key_ref}/versions/{version}/retire/exclusions", { ...at(key, version), body })) as Promise<unknown>,
-  /** Destroy one version (or every one, without `version`). Refused 409 version_in_use
-   *  with the holders in use; `shred` destroys anyway, making what they hold unreadable. */
+    call(api.DELETE("/api/v1/keys/{key_ref}/versions/{version}/retire", at(key, version))),
+  exclude: (key: string, version: number, body: { kind: ExclusionKind; holder: string; reason: string }) =>
+    call(api.POST("/api/v1/keys/{key_ref}/versions/{version}/retire/exclusions", { ...at(key, version), body })),
+  /** Destroy one version (or every one, without `version`): the key, or 202 when held. Refused
+   *  409 version_in_use with the holders in use; `shred` destroys anyway, making what they
+   *  hold unreadable. */
   destroy: async (key: string, body: { version?: number; shred?: boolean }): Promise<Key | Held> => {
-    const r = await loose.POST("/api/v1/keys/{key_ref}/destroy", { params: { path: { key_ref: key } }, body })
-      .catch(() => null);
-    if (r && r.response.status === 409) {
-      const err = await problemOf(r.response, r.error);
-      if (err.code === "version_in_use") throw new VersionInUse(err, holdersOf(r.error));
-      throw err;
+    let refused: RefusedHolder[] | null = null;
+    const sent = api.POST("/api/v1/keys/{key_ref}/destroy", { params: { path: { key_ref: key } }, body })
+      .then((r) => { if (r.response.status === 409) refused = holdersOf(r.error); return r; });
+    try {
+      return await call(sent);
+    } catch (e) {
+      if (e instanceof ApiError && e.code === "version_in_use") throw new VersionInUse(e, refused ?? []);
+      throw e;
     }
-    return call(r ? Promise.resolve(r) : Promise.reject(new TypeError("network"))) as Promise<Key | Held>;
   },
 };
 
+/** A holder in a version_in_use refusal: the version it holds comes with it. */
+export type RefusedHolder = Holder & { version?: number };
+
 /** The holders named in a version_in_use refusal's `errors`. */
-export function holdersOf(body: unknown): Holder[] {
+export function holdersOf(body: unknown): RefusedHolder[] {
   const errors = (body && typeof body === "object" ? (body as { errors?: unknown }).errors : null);
   if (!Array.isArray(errors)) return [];
-  return errors.filter((e): e is Holder => !!e && typeof e === "object" && typeof (e as Holder).kind === "string"
+  return errors.filter((e): e is RefusedHolder => !!e && typeof e === "object" && typeof (e as Holder).kind === "string"
     && (typeof (e as Holder).name === "string" || typeof (e as Holder).holder === "string"))
-    .map((e) => ({ ...e, name: e.name ?? e.holder, state: e.state ?? "in_use" }));
+    .map((e) => ({ ...e, name: e.name ?? e.holder, state: e.state ?? "in_use", host: e.host ?? null,
+                   count: e.count ?? null, reported_at: e.reported_at ?? null }));
 }
 
 /** Destroy refused: the version still protects something. */
 export class VersionInUse extends ApiError {
-  readonly holders: Holder[];
-  constructor(err: ApiError, holders: Holder[]) {
+  readonly holders: RefusedHolder[];
+  constructor(err: ApiError, holders: RefusedHolder[]) {
     super({ status: err.status, code: err.code, detail: err.detail, requestId: err.requestId, retryAfter: err.retryAfter,
             fields: { ...err.fields } });
     this.holders = holders;

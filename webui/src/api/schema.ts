@@ -1259,6 +1259,70 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/keys/{key_ref}/versions/{version}/inventory": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Inventory
+         * @description Where the version is used, computed now; completes a running retirement that reached zero.
+         */
+        get: operations["getVersionInventory"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/keys/{key_ref}/versions/{version}/retire": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Retire
+         * @description Start retiring the version (held as `key.retire` under the two-person rule: 202 with the request).
+         */
+        post: operations["retireVersion"];
+        /**
+         * Cancel
+         * @description Cancel a running retirement; nothing is undone.
+         */
+        delete: operations["cancelRetirement"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/keys/{key_ref}/versions/{version}/retire/exclusions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Exclude
+         * @description Declare a holder clear of the version (held as `key.retire_exclude`).
+         */
+        post: operations["excludeRetirementHolder"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/kmip/clients": {
         parameters: {
             query?: never;
@@ -1372,6 +1436,23 @@ export interface paths {
         };
         /** Random bytes from the HSM's generator */
         get: operations["getRandom"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/retirements": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List Retirements */
+        get: operations["listRetirements"];
         put?: never;
         post?: never;
         delete?: never;
@@ -2053,6 +2134,11 @@ export interface components {
             key_id: string;
             /** Name */
             name: string;
+            /**
+             * Retiring Versions
+             * @description versions being retired: move guard points and volumes off them, walk again and report `versions`
+             */
+            retiring_versions?: number[];
         };
         /** ApprovalDecision */
         ApprovalDecision: {
@@ -2520,6 +2606,12 @@ export interface components {
         /** DestroyRequest */
         DestroyRequest: {
             /**
+             * Shred
+             * @description destroy even while holders still use the version, making what they hold unreadable (crypto-shredding)
+             * @default false
+             */
+            shred?: boolean;
+            /**
              * Version
              * @description omit to destroy every version
              */
@@ -2736,6 +2828,41 @@ export interface components {
             /** Accepted */
             accepted: number;
         };
+        /** Exclusion */
+        Exclusion: {
+            /**
+             * Excluded At
+             * Format: date-time
+             */
+            excluded_at: string;
+            /** Excluded By */
+            excluded_by: string;
+            /** Holder */
+            holder: string;
+            /** Kind */
+            kind: string;
+            /** Reason */
+            reason: string;
+        };
+        /** ExclusionRequest */
+        ExclusionRequest: {
+            /**
+             * Holder
+             * @description as the inventory names it; a host by id or name
+             */
+            holder: string;
+            /**
+             * Kind
+             * @description a holder's kind, or `host`: every guard point and volume of a host
+             * @enum {string}
+             */
+            kind: "data_keys" | "guard_point" | "volume" | "database" | "xks_store" | "kmip_client" | "host";
+            /**
+             * Reason
+             * @description why it holds nothing under the version
+             */
+            reason: string;
+        };
         /** GenerateDataKeyRequest */
         GenerateDataKeyRequest: {
             /**
@@ -2925,11 +3052,23 @@ export interface components {
              */
             revision?: number | null;
             /**
+             * Scanned At
+             * @description when that walk finished
+             */
+            scanned_at?: string | null;
+            /**
              * State
              * @enum {string}
              */
             state: "mounted" | "off" | "unmounted" | "error" | "protecting" | "unprotecting";
             unprotect?: components["schemas"]["RekeyProgress"] | null;
+            /**
+             * Versions
+             * @description files per key version named in their headers (version number → files), from the agent's last full walk; what a key version's inventory counts (decision 0024)
+             */
+            versions?: {
+                [key: string]: number;
+            } | null;
         };
         /** HealthCheck */
         HealthCheck: {
@@ -3005,6 +3144,35 @@ export interface components {
             server_time: string;
             /** State */
             state: string;
+        };
+        /** Holder */
+        Holder: {
+            /**
+             * Count
+             * @description null where the server cannot count (in use until excluded)
+             */
+            count: number | null;
+            /**
+             * Holder
+             * @description what an exclusion names: `applications`, `<guard point id>@<host id>`, a volume's, a database grant's id, a key store's or KMIP client's name
+             */
+            holder: string;
+            /** Host */
+            host: string | null;
+            /**
+             * Kind
+             * @enum {string}
+             */
+            kind: "data_keys" | "guard_point" | "volume" | "database" | "xks_store" | "kmip_client";
+            /** Name */
+            name: string;
+            /** Reported At */
+            reported_at: string | null;
+            /**
+             * State
+             * @enum {string}
+             */
+            state: "in_use" | "clear" | "unreported" | "excluded";
         };
         /** HostGuardPoint */
         HostGuardPoint: {
@@ -3106,6 +3274,36 @@ export interface components {
             generation: number;
             /** Total */
             total: number;
+        };
+        /** Inventory */
+        Inventory: {
+            /**
+             * Computed At
+             * Format: date-time
+             */
+            computed_at: string;
+            /** Holders */
+            holders: components["schemas"]["Holder"][];
+            /** In Use */
+            in_use: boolean;
+            /** Key */
+            key: string;
+            /**
+             * Key Id
+             * Format: uuid
+             */
+            key_id: string;
+            /** Kinds */
+            kinds: {
+                [key: string]: number;
+            };
+            retirement: components["schemas"]["Retirement"] | null;
+            /** State */
+            state: string;
+            /** Unreported Hosts */
+            unreported_hosts: string[];
+            /** Version */
+            version: number;
         };
         /** KekPublic */
         KekPublic: {
@@ -3786,6 +3984,73 @@ export interface components {
             store: string;
             /** Version */
             version: string;
+        };
+        /** Retirement */
+        Retirement: {
+            /** Cancelled At */
+            cancelled_at: string | null;
+            /** Cancelled By */
+            cancelled_by: string | null;
+            /** Completed At */
+            completed_at: string | null;
+            /** Contents */
+            contents: boolean;
+            /** Exclusions */
+            exclusions: components["schemas"]["Exclusion"][];
+            /**
+             * Id
+             * Format: uuid
+             */
+            id: string;
+            /**
+             * Initial
+             * @description counts per kind when it began
+             */
+            initial: {
+                [key: string]: number;
+            };
+            /** Key */
+            key: string | null;
+            /**
+             * Key Id
+             * Format: uuid
+             */
+            key_id: string;
+            /** Reason */
+            reason: string;
+            /**
+             * Requested At
+             * Format: date-time
+             */
+            requested_at: string;
+            /** Requested By */
+            requested_by: string;
+            /**
+             * State
+             * @enum {string}
+             */
+            state: "running" | "complete" | "cancelled";
+            /**
+             * Statement Seq
+             * @description the seq of its signed key.version_retired audit record
+             */
+            statement_seq: number | null;
+            /** Version */
+            version: number;
+        };
+        /** RetireRequest */
+        RetireRequest: {
+            /**
+             * Contents
+             * @description also re-key every guard point on the key (new file keys, contents re-encrypted), not only re-wrap headers
+             * @default false
+             */
+            contents?: boolean;
+            /**
+             * Reason
+             * @default
+             */
+            reason?: string;
         };
         /** RevokeRequest */
         RevokeRequest: {
@@ -11605,6 +11870,394 @@ export interface operations {
             };
         };
     };
+    getVersionInventory: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key_ref: string;
+                version: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Inventory"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    retireVersion: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key_ref: string;
+                version: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RetireRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Retirement"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    cancelRetirement: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key_ref: string;
+                version: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Retirement"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    excludeRetirementHolder: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key_ref: string;
+                version: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ExclusionRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Retirement"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     listKmipClients: {
         parameters: {
             query?: never;
@@ -12382,6 +13035,101 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["RandomResult"];
+                };
+            };
+            /** @description Bad request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Authentication required */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    listRetirements: {
+        parameters: {
+            query?: {
+                /** @description only retirements in this state */
+                state?: ("running" | "complete" | "cancelled") | null;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Retirement"][];
                 };
             };
             /** @description Bad request */

@@ -65,6 +65,13 @@ export function hintFor(err: ApiError): string | null {
       return "Rotate the key first: the newest version is active, and only older versions are retired.";
     case "retirement_running":
       return "A retirement of this version is already running: open the version's inventory to follow or cancel it.";
+    case "version_retired":
+      return "Nothing is left to retire: destroy the version (Destroy, then pick it).";
+    case "retirement_not_running":
+    case "retirement_changed":
+      return "The retirement changed meanwhile: reload the inventory, then decide again.";
+    case "holder_excluded":
+      return "Nothing to do: that holder is excluded already.";
     case "version_in_use":
       return "Retire the version first (Versions → Retire version…), then destroy it; or shred on purpose.";
     case "network":

@@ -17,7 +17,7 @@ import { GuardedButton } from "../components/Guarded";
 import { EmptyState, Loading, fmtRelative, fmtTime } from "../components/bits";
 import {
   HOLDER_STATE, countText, kindLabel, progressOf, retirementApi, rq, useInventory, type Holder, type Inventory,
-  type Retirement, type VersionInUse,
+  type ExclusionKind, type Retirement, type VersionInUse,
 } from "../retirement";
 
 /** Versions older than the newest: those a retirement can move holders off. */
@@ -73,6 +73,8 @@ export function InventoryDrawer({ k, version, onClose, onRetire }: {
 
 export function InventoryView({ k, version, onRetire }: { k: Key; version: number; onRetire: () => void }) {
   const inv = useInventory(k.id, version);
+  const { can } = useAuth();
+  const [excluding, setExcluding] = useState<Excluded | null>(null);
   if (inv.error) return <ErrorAlert error={inv.error} title="The inventory could not be computed" />;
   if (inv.isPending) return <Loading label="Counting what uses this version…" />;
   const i = inv.data;
@@ -105,19 +107,33 @@ export function InventoryView({ k, version, onRetire }: { k: Key; version: numbe
           <Text size="sm">{i.unreported_hosts.join(", ")}: {i.unreported_hosts.length === 1 ? "it holds" : "they hold"} the
             key and {i.unreported_hosts.length === 1 ? "has" : "have"} not reported since the retirement began, so the
             retirement cannot complete. Bring {i.unreported_hosts.length === 1 ? "it" : "them"} online (the agent reports
-            after its next walk), or exclude a decommissioned host below, with the reason.</Text>
+            after its next walk), or exclude a decommissioned host, with the reason.</Text>
+          {running && can("keys:destroy") && (
+            <Group gap="xs" mt="xs">
+              {i.unreported_hosts.map((host) => (
+                <Button key={host} size="compact-xs" variant="default" aria-label={`Exclude host ${host}…`}
+                        onClick={() => setExcluding({ kind: "host", holder: host, name: host })}>Exclude {host}…</Button>
+              ))}
+            </Group>
+          )}
         </Alert>
       )}
-      <Holders k={k} version={version} i={i} />
+      <Holders i={i} onExclude={(h) => setExcluding({ kind: h.kind, holder: h.holder, name: h.name })} />
+      {excluding && running && (
+        <ExcludeForm key={`${excluding.kind}:${excluding.holder}`} k={k} version={version} h={excluding}
+                     onDone={() => setExcluding(null)} />
+      )}
       <RetirementSection k={k} version={version} r={i.retirement} kinds={i.kinds} onRetire={onRetire}
                          canRetire={!!v && v.state !== "active"} />
     </Stack>
   );
 }
 
-function Holders({ k, version, i }: { k: Key; version: number; i: Inventory }) {
+/** What an exclusion names: a holder of the inventory, or a whole host. */
+interface Excluded { kind: ExclusionKind; holder: string; name: string }
+
+function Holders({ i, onExclude }: { i: Inventory; onExclude: (h: Holder) => void }) {
   const { can } = useAuth();
-  const [excluding, setExcluding] = useState<Holder | null>(null);
   const running = i.retirement?.state === "running";
   if (i.holders.length === 0) {
     return <EmptyState title="No holder">The server knows of nothing that holds data under this version.</EmptyState>;
@@ -146,7 +162,7 @@ function Holders({ k, version, i }: { k: Key; version: number; i: Inventory }) {
                 {running && can("keys:destroy") && (
                   <Table.Td>
                     {(h.state === "in_use" || h.state === "unreported") && (
-                      <Button size="compact-xs" variant="default" onClick={() => setExcluding(h)}
+                      <Button size="compact-xs" variant="default" onClick={() => onExclude(h)}
                               aria-label={`Exclude ${h.name}…`}>Exclude…</Button>
                     )}
                   </Table.Td>
@@ -156,15 +172,12 @@ function Holders({ k, version, i }: { k: Key; version: number; i: Inventory }) {
           </Table.Tbody>
         </Table>
       </Table.ScrollContainer>
-      {excluding && running && (
-        <ExcludeForm k={k} version={version} h={excluding} onDone={() => setExcluding(null)} />
-      )}
     </Stack>
   );
 }
 
 /** Declares one holder clear of the version, with the reason (held, audited; the statement lists it). */
-function ExcludeForm({ k, version, h, onDone }: { k: Key; version: number; h: Holder; onDone: () => void }) {
+function ExcludeForm({ k, version, h, onDone }: { k: Key; version: number; h: Excluded; onDone: () => void }) {
   const [reason, setReason] = useState("");
   const [held, setHeld] = useState<string | null>(null);
   const refresh = useRetirementRefresh(k, version);
@@ -191,7 +204,7 @@ function ExcludeForm({ k, version, h, onDone }: { k: Key; version: number; h: Ho
     <Paper withBorder radius="sm" p="sm">
       <form aria-label={`Exclude ${h.name}`} onSubmit={(e) => { e.preventDefault(); if (reason.trim()) exclude.mutate(); }}>
         <Stack gap="xs">
-          <Text size="sm" fw={600}>Exclude {h.name} ({kindLabel(h.kind)})</Text>
+          <Text size="sm" fw={600}>Exclude {h.name} ({h.kind === "host" ? "every guard point and volume of the host" : kindLabel(h.kind)})</Text>
           <Text size="sm">Only for a holder known to hold nothing under v{version} any more — a decommissioned host, a
             client whose data is gone. The retirement then treats it as clear; the signed statement names it with your reason.</Text>
           <Textarea label="Reason" required value={reason} onChange={(e) => setReason(e.currentTarget.value)} autosize minRows={2}
@@ -358,19 +371,24 @@ export function DestroyInUse({ k, error, version, shred, onInventory, onRetire, 
   onInventory: (version: number) => void; onRetire: (version: number) => void; onShred: () => void;
 }) {
   const { can } = useAuth();
-  const older = version != null && retirable(k, k.versions.find((v) => v.version === version) ?? k.versions[0]);
+  // The versions in the way (destroying every version names each holder's), and which of
+  // them a retirement can clear: the older ones.
+  const named = [...new Set(error.holders.map((h) => h.version ?? version).filter((v): v is number => v != null))].sort((a, b) => a - b);
+  const versions = named.length ? named : version != null ? [version] : [];
+  const older = versions.filter((n) => { const v = k.versions.find((x) => x.version === n); return !!v && retirable(k, v); });
+  const newest = versions.filter((n) => !older.includes(n));
   const shown = error.holders.slice(0, 8);
   return (
-    <Alert color="red" variant="light" title={`${version != null ? `v${version}` : "The key"} is still in use`}
+    <Alert color="red" variant="light" title={`${versions.length ? versions.map((n) => `v${n}`).join(", ") : "The key"} still in use`}
            data-testid="destroy-in-use">
       <Stack gap={6}>
         <Text size="sm">{error.detail}</Text>
         {shown.length > 0 && (
           <Stack gap={2} component="ul" m={0} pl="md" data-testid="destroy-holders">
             {shown.map((h) => (
-              <Text component="li" size="sm" key={`${h.kind}:${h.holder}`} style={{ overflowWrap: "anywhere" }}>
-                {kindLabel(h.kind)} <b>{h.name}</b>{h.host ? ` on ${h.host}` : ""}: {countText(h)}
-                {h.state !== "in_use" ? ` (${HOLDER_STATE[h.state]?.label ?? h.state})` : ""}
+              <Text component="li" size="sm" key={`${h.version}:${h.kind}:${h.holder}`} style={{ overflowWrap: "anywhere" }}>
+                {versions.length > 1 && h.version != null ? `v${h.version} · ` : ""}{kindLabel(h.kind)} <b>{h.name}</b>
+                {h.host ? ` on ${h.host}` : ""}: {countText(h)}{h.state !== "in_use" ? ` (${HOLDER_STATE[h.state]?.label ?? h.state})` : ""}
               </Text>
             ))}
             {error.holders.length > shown.length && <Text component="li" size="sm">and {error.holders.length - shown.length} more</Text>}
@@ -382,17 +400,19 @@ export function DestroyInUse({ k, error, version, shred, onInventory, onRetire, 
         ) : (
           <>
             <Text size="sm" fw={500}>
-              {older ? <>Retire v{version} first: it moves every holder to the newest version and, once none is left, writes a
-                signed statement; then destroy it.</>
-                : version != null ? <>Rotate the key, then retire v{version}: it moves every holder to the new version; then destroy it.</>
-                : <>Destroy older versions one at a time, retiring each first, or shred.</>}
+              {older.length > 0 && <>Retire {older.map((n) => `v${n}`).join(", ")} first: a retirement moves every holder to
+                the newest version and, once none is left, writes a signed statement; then destroy. </>}
+              {newest.length > 0 && <>Rotate the key, then retire {newest.map((n) => `v${n}`).join(", ")} the same way. </>}
+              Or shred, knowing what the holders protect is lost.
             </Text>
             <Group gap="xs">
-              {older && version != null && <>
-                <Button size="compact-sm" variant="default" onClick={() => onInventory(version)}>Open inventory</Button>
-                {can("keys:destroy") && <Button size="compact-sm" variant="default" color="orange" onClick={() => onRetire(version)}
-                                                data-testid="destroy-retire-first">Retire v{version}…</Button>}
-              </>}
+              {older.map((n) => (
+                <Group gap="xs" key={n}>
+                  <Button size="compact-sm" variant="default" onClick={() => onInventory(n)}>Inventory of v{n}</Button>
+                  {can("keys:destroy") && <Button size="compact-sm" variant="default" color="orange" onClick={() => onRetire(n)}
+                                                  data-testid={`destroy-retire-v${n}`}>Retire v{n}…</Button>}
+                </Group>
+              ))}
               <Button size="compact-sm" variant="outline" color="red" onClick={onShred} data-testid="shred-anyway">Shred anyway…</Button>
             </Group>
           </>

@@ -31,7 +31,7 @@ const hostB: Holder = { kind: "guard_point", holder: "gp-2@host-b", name: "/srv/
                         state: "unreported", reported_at: null };
 
 const running: Retirement = {
-  id: "r-1", state: "running", reason: "ISO 27001 A.8.24 annual retirement", contents: false, requested_by: "alice",
+  id: "r-1", key_id: key.id, key: "payments", version: 1, cancelled_at: null, cancelled_by: null, exclusions: [], state: "running", reason: "ISO 27001 A.8.24 annual retirement", contents: false, requested_by: "alice",
   requested_at: "2026-11-26T18:00:00Z", completed_at: null, statement_seq: null,
   initial: { data_keys: 200, guard_point_files: 10000, volumes: 0, databases: 0, xks_stores: 0, kmip_clients: 1 },
 };
@@ -116,8 +116,10 @@ describe("The inventory of a version", () => {
     expect(within(drawer).getByTestId("inventory-holders").querySelector("tbody tr")).toHaveAttribute("data-state", "clear");
   });
 
-  it("unreported: names the hosts and says how to unblock the retirement", async () => {
-    server(inventory({ holders: [apps, hostB], unreported_hosts: ["host-b"], retirement: running }));
+  it("unreported: names the hosts, says how to unblock the retirement, and excludes a decommissioned one", async () => {
+    const api = server(inventory({ holders: [apps, hostB], unreported_hosts: ["host-b"], retirement: running }), {
+      "POST /api/v1/keys/:ref/versions/:version/retire/exclusions": () => json(201, running),
+    });
     page();
     const drawer = await openInventory();
     const unreported = await within(drawer).findByTestId("unreported-hosts");
@@ -125,6 +127,24 @@ describe("The inventory of a version", () => {
     expect(unreported).toHaveTextContent(/Bring it online.*or exclude a decommissioned host/);
     expect(within(drawer).getByTestId("inventory-holders").querySelector('tr[data-holder="gp-2@host-b"]'))
       .toHaveAttribute("data-state", "unreported");
+    await userEvent.click(within(unreported).getByRole("button", { name: "Exclude host host-b…" }));
+    const form = within(drawer).getByRole("form", { name: "Exclude host-b" });
+    expect(form).toHaveTextContent("every guard point and volume of the host");
+    await userEvent.click(within(form).getByTestId("exclude-reason"));
+    await userEvent.paste("decommissioned, disks wiped (CHG-1234)");
+    await userEvent.click(within(form).getByTestId("exclude-submit"));
+    await waitFor(() => expect(api.calls("POST /api/v1/keys/:ref/versions/:version/retire/exclusions")).toHaveLength(1));
+    expect(api.calls("POST /api/v1/keys/:ref/versions/:version/retire/exclusions")[0].body)
+      .toEqual({ kind: "host", holder: "host-b", reason: "decommissioned, disks wiped (CHG-1234)" });
+  });
+
+  it("an auditor is offered no exclusion", async () => {
+    server(inventory({ holders: [apps, hostB], unreported_hosts: ["host-b"], retirement: running }));
+    page("auditor");
+    const drawer = await openInventory();
+    await within(drawer).findByTestId("unreported-hosts");
+    expect(within(drawer).queryByRole("button", { name: /^Exclude/ })).toBeNull();
+    expect(within(drawer).queryByTestId("cancel-retirement")).toBeNull();
   });
 
   it("running: shows progress per kind, and excludes a holder with a reason", async () => {
@@ -296,10 +316,10 @@ describe("Destroying a version", () => {
     expect(api.calls("POST /api/v1/keys/:ref/destroy")[0].body).toEqual({ version: 1 });
     expect(within(refused).getByTestId("destroy-holders")).toHaveTextContent("Guard point /srv/data on host-a on host-a: 5,400");
     expect(within(refused).getByTestId("destroy-holders")).toHaveTextContent("Data keys applications: 120");
-    expect(refused).toHaveTextContent(/Retire v1 first.*then destroy it/);
+    expect(refused).toHaveTextContent(/Retire v1 first.*then destroy.*Or shred/);
 
     // Retire first: the retirement dialog opens on v1.
-    await userEvent.click(within(refused).getByTestId("destroy-retire-first"));
+    await userEvent.click(within(refused).getByTestId("destroy-retire-v1"));
     expect(await screen.findByRole("dialog", { name: "Retire payments v1" })).toBeInTheDocument();
   });
 
@@ -327,6 +347,30 @@ describe("Destroying a version", () => {
     await waitFor(() => expect(api.calls("POST /api/v1/keys/:ref/destroy")).toHaveLength(2));
     expect(api.calls("POST /api/v1/keys/:ref/destroy")[1].body).toEqual({ version: 1, shred: true });
     await waitFor(() => expect(screen.queryByRole("dialog", { name: "Destroy payments" })).toBeNull());
+  });
+
+  it("every version refused: names each holder's version and how to clear each", async () => {
+    const off = { ...key, state: "deactivated" as const, versions: key.versions.map((v) => ({ ...v, state: "deactivated" as const })) };
+    const api = server(inventory(), {
+      "GET /api/v1/keys/:ref": off,
+      "POST /api/v1/keys/:ref/destroy": () => new Response(JSON.stringify({
+        title: "version_in_use", status: 409, code: "version_in_use", detail: "2 holder(s) still use key 'payments' (versions [1, 2])",
+        errors: [{ ...gp, version: 1 }, { ...apps, version: 2 }] }), { status: 409, headers: { "content-type": "application/problem+json" } }),
+    });
+    page();
+    await userEvent.click(await screen.findByTestId("destroy-key"));
+    const dialog = await screen.findByRole("dialog", { name: "Destroy payments" });
+    expect(within(dialog).getByTestId("destroy-version")).toHaveValue("Every version (2)");
+    await userEvent.click(within(dialog).getByTestId("typed-confirm-input"));
+    await userEvent.paste("payments");
+    await userEvent.click(within(dialog).getByRole("button", { name: "Destroy every version" }));
+    const refused = await within(dialog).findByTestId("destroy-in-use");
+    expect(api.calls("POST /api/v1/keys/:ref/destroy")[0].body).toEqual({});
+    expect(within(refused).getByTestId("destroy-holders")).toHaveTextContent("v1 · Guard point /srv/data on host-a");
+    expect(within(refused).getByTestId("destroy-holders")).toHaveTextContent("v2 · Data keys applications: 120");
+    expect(refused).toHaveTextContent(/Retire v1 first.*Rotate the key, then retire v2 the same way/);
+    expect(within(refused).getByTestId("destroy-retire-v1")).toBeInTheDocument();
+    expect(within(refused).queryByTestId("destroy-retire-v2")).toBeNull();
   });
 
   it("a destroy held for approval is not taken for the key", async () => {
