@@ -458,6 +458,7 @@ class KeyService:
         """Erase material (metadata stays). An Active version must be revoked first (KMIP); one
         in use (core/inventory.py) is refused unless `shred` (decision 0024)."""
         self._policy.require(ctx, Permission.KEYS_DESTROY, action="key.destroy", object_type="key", object_id=ref)
+        self._audit.flush()  # data keys issued a moment ago are counted (core/inventory.py)
         with self._audit.transaction() as s:  # refused before anything is held
             refuse_in_use(s, self._audit, ctx, self._load(s, ref), version, shred=shred, now=self._now())
         if self._approvals is not None:

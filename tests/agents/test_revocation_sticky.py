@@ -124,7 +124,7 @@ def test_a_destroyed_key_never_opens_its_volume_offline(agent: Agent, admin: htt
     key = group_key(admin, agent.group)
     _, kept = _with_grace(agent, admin, "shred", tmp_path / "shred.img", key["name"])
     assert admin.post(f"/api/v1/keys/{key['name']}/revoke", json={"reason": "key-compromise"}).status_code == 200
-    assert admin.post(f"/api/v1/keys/{key['name']}/destroy", json={}).status_code == 200
+    assert admin.post(f"/api/v1/keys/{key['name']}/destroy", json={"shred": True}).status_code == 200
     code, _, err = agent("open", "shred", "--userspace")
     assert code == Exit.KEY and "destroyed" in err.lower()
     assert not kept.exists()

@@ -186,7 +186,9 @@ def test_a_destroyed_key_shreds_its_volumes(agent: Agent, admin: httpx.Client, t
     shredded = tmp_path / "shredded.img"
     agent.ok("create", "shredded", str(shredded), "--key", key["name"], "--size", "40M", "--yes")
     assert admin.post(f"/api/v1/keys/{key['name']}/revoke", json={"reason": "superseded"}).status_code == 200
-    assert admin.post(f"/api/v1/keys/{key['name']}/destroy", json={}).status_code == 200
+    # The volume still uses the key: destroying it is crypto-shredding, asked for by name.
+    assert admin.post(f"/api/v1/keys/{key['name']}/destroy", json={}).json()["code"] == "version_in_use"
+    assert admin.post(f"/api/v1/keys/{key['name']}/destroy", json={"shred": True}).status_code == 200
     code, _, err = agent("open", "shredded", "--userspace")
     assert code == Exit.KEY and "destroyed" in err
     # Formatting over a volume is refused: nothing is lost by a slip.

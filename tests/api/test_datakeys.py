@@ -97,7 +97,8 @@ def test_states_gate_data_keys(admin: httpx.Client, new_key: dict[str, Any]) -> 
     assert r.status_code == 409 and "no active version" in r.json()["detail"]
     # Deactivated still decrypts (KMIP: process, not protect).
     assert admin.post("/api/v1/datakeys/decrypt", json={"ciphertext_blob": dk["ciphertext_blob"]}).status_code == 200
-    admin.post(f"/api/v1/keys/{name}/destroy", json={})
+    assert admin.post(f"/api/v1/keys/{name}/destroy", json={}).json()["code"] == "version_in_use"  # dk holds it
+    assert admin.post(f"/api/v1/keys/{name}/destroy", json={"shred": True}).status_code == 200
     r = admin.post("/api/v1/datakeys/decrypt", json={"ciphertext_blob": dk["ciphertext_blob"]})
     assert r.status_code == 409 and "destroyed" in r.json()["detail"]
 

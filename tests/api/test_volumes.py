@@ -93,7 +93,7 @@ def test_revocation_and_key_destruction_make_the_volume_unopenable(
     shred = a.client.create_volume(name="shredded", path="/srv/s.img", key=key["name"])
     assert admin.post(f"/api/v1/keys/{key['name']}/revoke", json={"reason": "cessation-of-operation"}).status_code \
         == 200
-    assert admin.post(f"/api/v1/keys/{key['name']}/destroy", json={}).status_code == 200
+    assert admin.post(f"/api/v1/keys/{key['name']}/destroy", json={"shred": True}).status_code == 200
     with pytest.raises(ServerRefused) as gone:
         a.client.unseal_volume(shred.volume["id"], shred.blob)
     assert gone.value.status == 409

@@ -198,7 +198,8 @@ def test_refusals_found_during_a_call_are_audited(admin: httpx.Client, xks: Xks,
     bad = {**enc, "authenticationTag": b64(bytes(16))}
     _error(xks.decrypt(ext, bad), 400, "InvalidCiphertextException")
     assert admin.post(f"/api/v1/keys/{key}/rotate").status_code == 200
-    r = admin.post(f"/api/v1/keys/{key}/destroy", json={"version": 1})
+    # AWS still holds v1's ciphertext: destroying it is crypto-shredding, asked for by name (decision 0024).
+    r = admin.post(f"/api/v1/keys/{key}/destroy", json={"version": 1, "shred": True})
     assert r.status_code == 200, r.text
     r = xks.decrypt(ext, enc)
     assert r.status_code == 400, r.text

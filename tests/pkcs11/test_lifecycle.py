@@ -130,7 +130,7 @@ def test_rotation_and_revocation_seen_by_a_consumer(lib: Any, p11: P11, services
         assert bytes(by_id(s, v1_id).decrypt(before, mechanism=Mechanism.AES_GCM,
                                              mechanism_param=pkcs11.GCMParams(nonce))) == b"before"  # still opens
     # a destroyed version is gone from the token
-    services.keys.destroy(ctx, name, version=1)
+    services.keys.destroy(ctx, name, version=1, shred=True)  # the PKCS#11 consumer used it
     with token.open() as s:
         assert [object_id(o) for o in s.get_objects({Attribute.LABEL: name})] == [v2_id]
 
