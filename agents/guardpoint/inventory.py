@@ -53,10 +53,15 @@ class Walk:
         return out
 
 
-def stored_files(backing: str) -> Iterator[str]:
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
+def stored_files(backing: str, *, strict: bool = False) -> Iterator[str]:
     """Regular files under the backing directory, temporary files of an interrupted
-    whole-file operation excepted."""
-    for dirpath, _, names in os.walk(backing):
+    whole-file operation excepted. `strict`: a directory that cannot be listed raises
+    (OSError) instead of being passed by."""
+    for dirpath, _, names in os.walk(backing, onerror=_raise if strict else None):
         for name in names:
             real = os.path.join(dirpath, name)
             if not name.startswith(TMP_PREFIX) and not os.path.islink(real) and os.path.isfile(real):
@@ -70,7 +75,8 @@ def walk(backing: str, key_id: uuid.UUID, *, active: int | None = None,
     version first."""
     result = Walk()
     seen: set[tuple[int, int]] = set()
-    for real in stored_files(backing):
+    # Strict: a directory passed by would make its files look gone, and a version unused.
+    for real in stored_files(backing, strict=True):
         try:
             st = os.stat(real, follow_symlinks=False)
             if st.st_nlink > 1:

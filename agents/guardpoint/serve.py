@@ -224,7 +224,7 @@ class GuardPointServer:
         threading.Thread(target=self._walk, args=(version, rotation), daemon=True).start()
 
     def _walk(self, active: int, rotation: bool) -> None:
-        """Re-wrap every file to `version` and count the files per header version
+        """Re-wrap every file to version `active` and count the files per header version
         (inventory.py), for the heartbeat. Walks queue up rather than overlap: each one
         that was asked for reports a count taken after it was asked."""
         with self._walking:

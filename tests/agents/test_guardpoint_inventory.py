@@ -9,6 +9,8 @@ import os
 import uuid
 from pathlib import Path
 
+import pytest
+
 from agents.cryptfile import KeyVersion, StaticKeyring, encrypt_file, read_header, rewrap_in_place
 from agents.cryptfile.transform import TMP_PREFIX
 from agents.daemon import retiring_versions
@@ -87,3 +89,11 @@ def test_retiring_versions_only_from_a_server_that_lists_them() -> None:
     new_server = [{"key_id": key, "name": "k", "active_version": 3, "retiring_versions": [1, 2]},
                   {"key_id": "other", "name": "o", "active_version": 1, "retiring_versions": []}]
     assert retiring_versions(new_server) == {key: [1, 2], "other": []}
+
+
+
+def test_a_directory_it_cannot_list_fails_the_walk_rather_than_counting_nothing(tmp_path: Path) -> None:
+    """Files passed by would look moved off their version: the walk fails instead (the
+    guard point keeps its last count and logs why)."""
+    with pytest.raises(FileNotFoundError):
+        walk(str(tmp_path / "unmounted-backing"), KEY)
