@@ -90,6 +90,33 @@ def revoked_key(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     return k
 
 
+def rotated_key(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    k = fresh_key(s, admin, a)
+    assert admin.post(f"/api/v1/keys/{k['key']}/rotate", json={}).status_code == 200
+    return k
+
+
+def retiring_key(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
+    """A key whose v1 is being retired and stays so: a data key is still under it."""
+    r = admin.post("/api/v1/keys", json={"name": unique("authz-retiring")})
+    assert r.status_code == 201, r.text
+    name = r.json()["name"]
+    assert admin.post(f"/api/v1/keys/{name}/generate-data-key", json={}).status_code == 200
+    assert admin.post(f"/api/v1/keys/{name}/rotate", json={}).status_code == 200
+    assert admin.post(f"/api/v1/keys/{name}/versions/1/retire", json={}).status_code == 201
+    return {"key": name}
+
+
+def end_retirements(s: Services) -> None:
+    """What a refused caller left running, cancelled (the session's server runs no scheduler)."""
+    from keyserver.core.principal import system_context
+
+    ctx = system_context("tests")
+    for r in s.retirement.list(ctx, state="running"):
+        if str(r["key"]).startswith("authz-retiring"):
+            s.retirement.cancel(ctx, r["key_id"], r["version"])
+
+
 def blob(s: Services, admin: httpx.Client, a: Actor) -> dict[str, str]:
     k = fresh_key(s, admin, a)
     r = admin.post(f"/api/v1/keys/{k['key']}/generate-data-key", json={})
@@ -238,6 +265,15 @@ CASES: dict[str, Case] = {
                       body={"reason": "superseded"}, setup=fresh_key),
     "destroyKey": Case("POST", "/api/v1/keys/{key}/destroy", (P.KEYS_DESTROY,), body={},
                        setup=revoked_key),
+    "getVersionInventory": Case("GET", "/api/v1/keys/{key}/versions/1/inventory", (P.KEYS_READ,), setup=fresh_key),
+    "retireVersion": Case("POST", "/api/v1/keys/{key}/versions/1/retire", (P.KEYS_DESTROY,),
+                          body={"reason": "authz"}, ok=(201,), setup=rotated_key),
+    "cancelRetirement": Case("DELETE", "/api/v1/keys/{key}/versions/1/retire", (P.KEYS_DESTROY,),
+                             setup=retiring_key, finish=end_retirements),
+    "excludeRetirementHolder": Case("POST", "/api/v1/keys/{key}/versions/1/retire/exclusions", (P.KEYS_DESTROY,),
+                                    body={"kind": "data_keys", "holder": "applications", "reason": "authz"},
+                                    ok=(201,), setup=retiring_key, finish=end_retirements),
+    "listRetirements": Case("GET", "/api/v1/retirements", (P.KEYS_READ,)),
     "generateDataKey": Case("POST", "/api/v1/keys/{key}/generate-data-key", (P.DATAKEYS_GENERATE,),
                             body={}, setup=fresh_key),
     "decryptDataKey": Case("POST", "/api/v1/datakeys/decrypt", (P.DATAKEYS_DECRYPT,),
