@@ -3,6 +3,7 @@ and the unprotect that decrypts them in place."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -13,9 +14,12 @@ from typing import Any
 
 from agents.cryptfile import decrypt_file
 from agents.guardpoint.adoption import ProtectionRefused, adopt
+from agents.guardpoint.inventory import UNREADABLE, walk
 from agents.guardpoint.protect import plan
 from agents.guardpoint.records import WATCH_SECONDS, read_json, write_json
 from agents.guardpoint.shield import ShieldError, shield, unmount_to_shield
+
+log = logging.getLogger("strongroom.agent.guardpoints")
 
 
 def serve_raw(definition_file: Path, status_file: Path, unprotect_file: Path, keyring: Any, spool: Any,
@@ -25,7 +29,10 @@ def serve_raw(definition_file: Path, status_file: Path, unprotect_file: Path, ke
     and encrypted by initial protection when the mode returns to enforce or learn). Only
     where the server's policy says `off`: never as a fallback. Here an unprotect request
     decrypts every file of the key in place (resumable: a file is decrypted with
-    write-new, fsync, rename, and files already clear are skipped)."""
+    write-new, fsync, rename, and files already clear are skipped). Files are counted per
+    key version as stored (inventory.py; not re-wrapped: applications see them as they
+    are) at the start, when a version of the key starts retiring and after an unprotect;
+    files in clear are the mode's own, not reported as unreadable."""
     first = read_json(definition_file)
     assert first is not None
     definition: dict[str, Any] = first
@@ -34,11 +41,28 @@ def serve_raw(definition_file: Path, status_file: Path, unprotect_file: Path, ke
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     finished = (read_json(unprotect_file) or {}).get("done_generation", 0)
     progress: dict[str, Any] | None = None
+    counted: dict[str, Any] = {}
+    last: dict[str, Any] = {}
 
     def report(state: str = "off", detail: str = "encryption off: applications see the backing files as stored"
                ) -> None:
+        last.update(state=state, detail=detail)
         write_json(status_file, {"revision": definition["revision"], "state": state, "detail": detail,
-                                  "unprotect": progress})
+                                  "unprotect": progress, **counted})
+
+    def count() -> None:
+        try:
+            done = walk(backing, key_id)
+        except OSError as exc:  # the last count stands
+            log.error("counting the files of %s failed: %s", mount, exc)
+            return
+        versions = done.report(definition.get("retiring_versions") or ())
+        versions.pop(UNREADABLE, None)
+        counted.update(versions=versions, scanned_at=done.scanned_at)
+        report(**last)
+
+    def count_in_background() -> None:
+        threading.Thread(target=count, daemon=True).start()
 
     try:
         adopt(mount, backing)
@@ -53,6 +77,7 @@ def serve_raw(definition_file: Path, status_file: Path, unprotect_file: Path, ke
         report("error", f"could not bind {backing} at {mount}: {bound.stderr.strip()} (the agent runs as root?)")
         return
     report()
+    count_in_background()
     spool.append({"event": "guardpoint.mounted", "guard_point": gp_id, "path": mount,
                   "revision": definition["revision"], "mode": "off"})
     try:
@@ -60,9 +85,14 @@ def serve_raw(definition_file: Path, status_file: Path, unprotect_file: Path, ke
             new = read_json(definition_file)
             if new is None and not definition_file.exists():
                 return  # deleted: the daemon unmounts and, once unprotected, releases the path
-            if new is not None and new["revision"] != definition["revision"]:
-                definition = new
-                report()
+            if new is not None:
+                newly_retiring = set(new.get("retiring_versions") or ()) - set(
+                    definition.get("retiring_versions") or ())
+                revised, definition = new["revision"] != definition["revision"], new
+                if revised:
+                    report()
+                if newly_retiring:
+                    count_in_background()  # a retirement waits on this count
             generation = int(definition.get("unprotect_generation", 0))
             if generation > finished:
                 todo = plan(Path(backing), key_id, protect=False)
@@ -83,6 +113,7 @@ def serve_raw(definition_file: Path, status_file: Path, unprotect_file: Path, ke
                 progress = {"generation": generation, "done": total, "total": total, "finished": True}
                 write_json(unprotect_file, {"done_generation": generation})
                 report()
+                count_in_background()  # in clear now: under no version
                 spool.append({"event": "guardpoint.unprotected", "guard_point": gp_id, "path": mount,
                               "generation": generation, "files": total})
             stop.wait(WATCH_SECONDS)

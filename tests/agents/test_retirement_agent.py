@@ -155,6 +155,49 @@ def test_counts_go_only_to_a_server_that_takes_them(
     assert "versions" not in without and "scanned_at" not in without
 
 
+def test_a_guard_point_with_encryption_off_counts_its_files_as_stored(
+        tmp_path: Path, gp_agent: tuple[Host, AgentDaemon, GuardPointManager], admin: httpx.Client,
+        services: Services) -> None:
+    """Mode off serves the backing files as stored: they are counted as they are (not
+    re-wrapped), so a version they are under stays in use; files in clear are the mode's
+    own and not reported unreadable."""
+    host, daemon, _ = gp_agent
+    key = group_key(admin, host.group)
+    mnt, backing = tmp_path / "off", tmp_path / "off-backing"
+    mnt.mkdir()
+    (mnt / "a.txt").write_text("under v1")
+    (mnt / "b.txt").write_text("under v1 too")
+    body = {"host_id": host.id, "path": str(mnt), "backing_path": str(backing), "key": key["name"],
+            "default_effect": "permit"}
+    gp = admin.post("/api/v1/guard-points", json=body).json()
+
+    def reported() -> dict[str, Any]:
+        daemon.beat()
+        with services.db() as s:
+            row = s.get(HostRow, uuid.UUID(host.id))
+            assert row is not None
+            (gp_report,) = row.guard_points
+        return dict(gp_report)
+
+    daemon.beat()
+    eventually(lambda: reported().get("versions") == {"1": 2}, "the count while mounted")
+    assert admin.put(f"/api/v1/guard-points/{gp['id']}", json={**body, "mode": "off"}).status_code == 200
+    eventually(lambda: (r := reported())["state"] == "off" and r["revision"] == 2, "the raw view")
+    (mnt / "clear.txt").write_text("written in clear while off")
+    assert admin.post(f"/api/v1/keys/{key['name']}/rotate").status_code == 200
+    retirement = _retire(admin, key["name"], 1)
+    try:
+        started = datetime.fromisoformat(retirement["requested_at"])
+        off = eventually(lambda: (r := reported())["state"] == "off" and r.get("scanned_at")
+                         and datetime.fromisoformat(r["scanned_at"]) > started and r, "the count while off")
+        assert off["versions"] == {"1": 2} and "readable header" not in off["detail"]
+        assert read_header(str(backing / "a.txt")).key_version == 1  # as stored: not re-wrapped
+        (holder,) = _holders(admin, key["name"], 1, "guard_point")
+        assert holder["state"] == "in_use" and holder["count"] == 2
+    finally:
+        _finish(admin, key["name"], 1)
+
+
 # --- volumes ------------------------------------------------------------------------------
 
 
