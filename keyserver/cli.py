@@ -1,8 +1,7 @@
-"""`keyserver` command: init, serve, create-admin, rotate-kek, retire-kek, verify-audit.
+"""`keyserver` command: init, serve, create-admin, rotate-kek, retire-kek, verify-audit, retire-version, …
 
-Exit codes: 0 success, 1 the operation failed (message says why), 2 usage error (a bad
-STRONGROOM_* setting too: one line per setting),
-3 the audit chain is broken, 4 a dependency (HSM, database) is unavailable.
+Exit codes: 0 success, 1 the operation failed (message says why), 2 usage error (a bad STRONGROOM_* setting
+too: one line per setting), 3 the audit chain is broken, 4 a dependency (HSM, database) is unavailable.
 """
 
 from __future__ import annotations
@@ -594,7 +593,8 @@ def bench_kmip() -> None:
     _moved("bench-kmip")
 
 
-# Backup and restore: the commands live in keyserver/ops (registered here, after the others).
+# Backup and restore (keyserver/ops) and retiring key versions (cli_retirement.py): registered here, last.
+from keyserver import cli_retirement as _retirement  # noqa: E402, F401 - its commands register on import
 from keyserver.ops.commands import register as _register_ops  # noqa: E402 - after this module's commands
 
 _register_ops(app)
