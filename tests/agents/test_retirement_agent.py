@@ -11,6 +11,7 @@ still opens with its data.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -32,6 +33,7 @@ from agents.keyclient.client import ServerClient, ServerKeyring
 from agents.keyclient.identity import HostIdentity
 from agents.keyclient.spool import EventSpool
 from agents.volume import luks
+from agents.volume.instance import RunDir
 from agents.volume.manager import DAEMON, VolumeManager
 from keyserver.services import Services
 from keyserver.store.models import Host as HostRow
@@ -212,7 +214,7 @@ def _sh(*argv: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("while_open", [False, True], ids=["closed", "open-and-mounted"])
 def test_the_daemon_reseals_a_volume_off_a_retiring_version(
         while_open: bool, tmp_path: Path, base_url: str, agent_url: str, admin: httpx.Client,
-        services: Services) -> None:
+        services: Services, caplog: pytest.LogCaptureFixture) -> None:
     """`kms-agent volume rotate`, done by the daemon once the sealing version is retiring:
     for a closed volume, and for one open and mounted (a keyslot change, which rotate
     does on an open volume too: the data plane keeps the volume key it holds)."""
@@ -249,6 +251,13 @@ def test_the_daemon_reseals_a_volume_off_a_retiring_version(
 
         _retire(admin, key["name"], 1)
         retiring = True
+        # A `volume rekey` running here holds the volume's header: not touched, said in
+        # the log, tried again at the next beat.
+        with RunDir(tmp_path / "run").rekey_held(name), caplog.at_level(logging.WARNING, "strongroom.agent"):
+            daemon.beat()
+        assert luks.token(image)[1]["key_version"] == 1  # type: ignore[index]
+        assert f"volume {name}: re-sealing it off a retiring key version failed" in caplog.text
+        assert "already running" in caplog.text
         daemon.beat()
         meta = luks.metadata(image)
         (tok,) = [t for t in meta["tokens"].values() if t["type"] == "strongroom"]
