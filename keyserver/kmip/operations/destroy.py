@@ -47,5 +47,8 @@ def handle(call: Call, payload: Any) -> Any:
         if exc.code != "version_in_use":
             raise
         # Object in use (decision 0024): refused, never shredded over KMIP; the refusal is audited.
-        raise KmipFailure(enums.ResultReason.PERMISSION_DENIED, exc.message) from None
+        held = "; ".join(str(h["name"]) for h in (exc.errors or [])[:5])
+        raise KmipFailure(enums.ResultReason.PERMISSION_DENIED, (
+            f"object in use: version {obj.version.version} of '{obj.key.name}' still protects data ({held}); "
+            "retire the version first (its inventory: GET /api/v1/keys/{key}/versions/{n}/inventory)")) from None
     return payloads.DestroyResponsePayload(unique_identifier=UniqueIdentifier(uid))
