@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy import select
 
+from agents.keyclient.client import ServerRefused
 from hsm import HsmBackend
 from keyserver.core.approvals import ApprovalPending
 from keyserver.core.audit.statements import RETIRED_ACTION, statement_problem
@@ -253,3 +254,48 @@ def test_retiring_and_excluding_are_held_under_the_two_person_rule(held: Service
         held.retirement.retire(alice, str(key.id), 1)
     assert again.value.code == "version_retired"
     assert base64.b64decode(details["signature"])  # DER, base64
+
+
+def test_a_host_that_never_walks_blocks_until_excluded_and_contents_rekeys_guard_points(
+        tmp_path: Path, base_url: str, agent_url: str, admin: httpx.Client, services: Services) -> None:
+    a = enroll_host(tmp_path, base_url, agent_url, admin, name="walks")
+    b = enroll_host(tmp_path, base_url, agent_url, admin, group=a.group, name="silent")
+    key = group_key(admin, a.group)
+    name = key["name"]
+    r = admin.post("/api/v1/guard-points", json={"host_group": a.group, "path": "/srv/shared", "key": name})
+    assert r.status_code == 201, r.text
+    gp = r.json()
+    for h in (a, b):
+        _report(h, gp["id"], "/srv/shared", name, {"1": 3}, datetime.now(UTC))
+    # What a walk may report is bounded and its time must say its zone.
+    with pytest.raises(ServerRefused) as big:
+        _report(a, gp["id"], "/srv/shared", name, {str(n): 1 for n in range(1, 66)}, datetime.now(UTC))
+    assert big.value.status == 422
+    with pytest.raises(ServerRefused) as naive:
+        _report(a, gp["id"], "/srv/shared", name, {"1": 3}, datetime.now(UTC).replace(tzinfo=None))
+    assert naive.value.status == 422
+
+    assert admin.post(f"/api/v1/keys/{name}/rotate", json={}).status_code == 200
+    r = admin.post(f"/api/v1/keys/{name}/versions/1/retire", json={"reason": "rekey too", "contents": True})
+    assert r.status_code == 201 and r.json()["initial"]["guard_point_files"] == 6, r.text
+    rekeyed = admin.get(f"/api/v1/guard-points/{gp['id']}").json()
+    assert rekeyed["rekey_generation"] == gp["rekey_generation"] + 1  # the server asked for new file keys
+    assert sorted(_inventory(admin, name, 1)["unreported_hosts"]) == ["silent.example.com", "walks.example.com"]
+    _report(a, gp["id"], "/srv/shared", name, {"2": 3}, datetime.now(UTC) + timedelta(seconds=1))
+    inv = _inventory(admin, name, 1)
+    assert inv["unreported_hosts"] == ["silent.example.com"] and inv["retirement"]["state"] == "running"
+    assert services.retirement.run_due() == 0  # the scheduler's turn finds it blocked too
+
+    base = f"/api/v1/keys/{name}/versions/1/retire/exclusions"
+    r = admin.post(base, json={"kind": "host", "holder": "silent.example.com", "reason": "decommissioned"})
+    assert r.status_code == 201 and r.json()["state"] == "complete", r.text
+    assert r.json()["exclusions"][0]["holder"] == b.id  # a host is excluded by its id
+    r = admin.post(base, json={"kind": "host", "holder": b.id, "reason": "again"})
+    assert r.status_code == 409 and r.json()["code"] == "retirement_not_running"
+    (statement,) = _records(services, key["id"], RETIRED_ACTION)
+    public, fingerprint = _audit_key(admin)
+    assert statement_problem(statement.details, public, fingerprint) is None
+    st = statement.details["statement"]
+    assert st["hosts"] == ["walks.example.com"] and st["counts"]["guard_point_files"] == 0
+    assert st["excluded"] == [{"kind": "host", "holder": b.id, "reason": "decommissioned",
+                               "by": st["excluded"][0]["by"]}]
