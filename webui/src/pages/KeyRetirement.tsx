@@ -2,7 +2,7 @@
 // uses it (the inventory, in a drawer) and the held retirement that moves every holder to
 // the newest version, ending in a signed zero-use statement in the audit chain.
 import {
-  Alert, Anchor, Badge, Button, Checkbox, Drawer, Group, Modal, Paper, Progress, ScrollArea, SimpleGrid, Stack, Table,
+  Alert, Anchor, Badge, Button, Checkbox, Drawer, Group, Modal, Paper, Progress, SimpleGrid, Stack, Table,
   Text, Textarea, Title,
 } from "@mantine/core";
 import { notifications } from "@mantine/notifications";
@@ -31,7 +31,7 @@ export function VersionActions({ v, onInventory, onRetire }: { v: KeyVersion; on
       <Button size="compact-xs" variant="default" onClick={onInventory} aria-label={`Inventory of v${v.version}`}
               data-testid={`inventory-v${v.version}`}>Inventory</Button>
       <GuardedButton perm="keys:destroy" mode="hide" size="compact-xs" variant="default" color="orange" onClick={onRetire}
-                     aria-label={`Retire v${v.version}…`} data-testid={`retire-v${v.version}`}>Retire version…</GuardedButton>
+                     data-testid={`retire-v${v.version}`}>Retire v{v.version}…</GuardedButton>
     </Group>
   );
 }
@@ -64,8 +64,10 @@ export function InventoryDrawer({ k, version, onClose, onRetire }: {
 }) {
   const shown = useLastVersion(version);
   return (
-    <Drawer opened={version != null} onClose={onClose} position="right" size="xl" scrollAreaComponent={ScrollArea.Autosize}
-            title={<Text fw={650}>Inventory of {k.name} v{shown}</Text>}>
+    // The drawer scrolls natively: a Mantine ScrollArea there grows to its content's
+    // narrowest width, and the holders' table would widen it past a phone's screen.
+    <Drawer opened={version != null} onClose={onClose} position="right" size="xl"
+            title={<Text fw={650} style={{ overflowWrap: "anywhere" }}>Inventory of {k.name} v{shown}</Text>}>
       {shown != null && <InventoryView k={k} version={shown} onRetire={() => onRetire(shown)} />}
     </Drawer>
   );
@@ -111,8 +113,8 @@ export function InventoryView({ k, version, onRetire }: { k: Key; version: numbe
           {running && can("keys:destroy") && (
             <Group gap="xs" mt="xs">
               {i.unreported_hosts.map((host) => (
-                <Button key={host} size="compact-xs" variant="default" aria-label={`Exclude host ${host}…`}
-                        onClick={() => setExcluding({ kind: "host", holder: host, name: host })}>Exclude {host}…</Button>
+                <Button key={host} size="compact-xs" variant="default"
+                        onClick={() => setExcluding({ kind: "host", holder: host, name: host })}>Exclude host {host}…</Button>
               ))}
             </Group>
           )}
