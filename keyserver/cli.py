@@ -593,8 +593,8 @@ def bench_kmip() -> None:
     _moved("bench-kmip")
 
 
-# Backup and restore (keyserver/ops) and retiring key versions (cli_retirement.py): registered here, last.
-from keyserver import cli_retirement as _retirement  # noqa: E402, F401 - its commands register on import
-from keyserver.ops.commands import register as _register_ops  # noqa: E402 - after this module's commands
+from keyserver.cli_retirement import register as _register_retirement  # noqa: E402 - retiring key versions
+from keyserver.ops.commands import register as _register_ops  # noqa: E402 - backup and restore, after the rest
 
 _register_ops(app)
+_register_retirement(app, _existing_services, _initialize)
