@@ -247,12 +247,14 @@ class RetirementService:
     def run_due(self) -> int:
         """The scheduler's turn: complete every running retirement whose inventory is
         clear, and note the seq of statements chained since. Returns how many completed."""
-        self._chain_pending()
         with self._db() as s:
             running = list(s.execute(select(VersionRetirement.id).where(
                 VersionRetirement.state == "running")).scalars())
             unsequenced = list(s.execute(select(VersionRetirement.id).where(
                 VersionRetirement.state == "complete", VersionRetirement.statement_seq.is_(None))).scalars())
+        if not running and not unsequenced:
+            return 0  # the common case: no chain flush, no head lock taken every interval
+        self._chain_pending()
         done = 0
         for rid in running:
             try:

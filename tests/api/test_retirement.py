@@ -299,3 +299,18 @@ def test_a_host_that_never_walks_blocks_until_excluded_and_contents_rekeys_guard
     assert st["hosts"] == ["walks.example.com"] and st["counts"]["guard_point_files"] == 0
     assert st["excluded"] == [{"kind": "host", "holder": b.id, "reason": "decommissioned",
                                "by": st["excluded"][0]["by"]}]
+
+
+def test_the_scheduler_completes_a_retirement_once_its_last_holder_moved(admin: httpx.Client,
+                                                                       services: Services) -> None:
+    name = unique("sched-ret")
+    key_id = admin.post("/api/v1/keys", json={"name": name}).json()["id"]
+    blob = admin.post(f"/api/v1/keys/{name}/generate-data-key", json={}).json()["ciphertext_blob"]
+    assert admin.post(f"/api/v1/keys/{name}/rotate", json={}).status_code == 200
+    rid = admin.post(f"/api/v1/keys/{name}/versions/1/retire", json={}).json()["id"]
+    assert admin.post("/api/v1/datakeys/reencrypt", json={"ciphertext_blob": blob}).status_code == 200
+    # Nothing read the inventory since: the scheduler's turn is what completes it.
+    assert rid in [r["id"] for r in admin.get("/api/v1/retirements", params={"state": "running"}).json()]
+    assert services.scheduler.run_once()["versions_retired"] >= 1
+    done = {r["id"]: r for r in admin.get("/api/v1/retirements", params={"state": "complete"}).json()}
+    assert done[rid]["statement_seq"] == _records(services, key_id, RETIRED_ACTION)[0].seq
