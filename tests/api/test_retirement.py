@@ -30,6 +30,7 @@ from keyserver.store.models import AuditEvent
 from tests.agents.test_agent_port import Host, enroll_host, group_key
 from tests.api.test_approvals import _person
 from tests.conftest import own_services, unique
+from tests.integrations.test_xks import Xks
 
 
 def _records(services: Services, key_id: str, action: str) -> list[AuditEvent]:
@@ -314,3 +315,23 @@ def test_the_scheduler_completes_a_retirement_once_its_last_holder_moved(admin: 
     assert services.scheduler.run_once()["versions_retired"] >= 1
     done = {r["id"]: r for r in admin.get("/api/v1/retirements", params={"state": "complete"}).json()}
     assert done[rid]["statement_seq"] == _records(services, key_id, RETIRED_ACTION)[0].seq
+
+
+def test_an_aws_key_store_that_used_the_version_holds_it_until_excluded(admin: httpx.Client, base_url: str,
+                                                                        tls: Any, services: Services) -> None:
+    store = Xks(admin, base_url, tls)
+    name = unique("xks-ret")
+    key_id = admin.post("/api/v1/keys", json={"name": name}).json()["id"]
+    external = store.grant(admin, name)
+    assert store.encrypt(external, b"under v1").status_code == 200
+    assert admin.post(f"/api/v1/keys/{name}/rotate", json={}).status_code == 200
+    holder = _holder(_inventory(admin, name, 1), "xks_store")
+    assert (holder["holder"], holder["count"], holder["state"]) == (store.name, None, "in_use")
+    assert _holder(_inventory(admin, name, 2), "xks_store")["state"] == "clear"  # granted, never used v2
+    r = admin.post(f"/api/v1/keys/{name}/versions/1/retire", json={})
+    assert r.status_code == 201 and r.json()["initial"]["xks_stores"] == 1, r.text
+    assert _inventory(admin, name, 1)["retirement"]["state"] == "running"  # AWS keeps its ciphertexts
+    r = admin.post(f"/api/v1/keys/{name}/versions/1/retire/exclusions",
+                   json={"kind": "xks_store", "holder": store.name, "reason": "AWS re-encrypted under v2"})
+    assert r.status_code == 201 and r.json()["state"] == "complete", r.text
+    assert len(_records(services, key_id, RETIRED_ACTION)) == 1
