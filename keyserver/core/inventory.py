@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import exists, or_, select
+from sqlalchemy import exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from keyserver.core.audit import AuditService
@@ -159,8 +159,8 @@ def refuse_in_use(s: Session, audit: AuditService, ctx: RequestContext, key: Man
 def _data_keys(s: Session, key_id: uuid.UUID, version: int) -> Holder:
     row = s.get(KeyVersionDatakeys, (key_id, version))
     issued, legacy = (row.issued, row.legacy_reencrypted) if row is not None else (0, 0)
-    moved = len(s.execute(select(DatakeyReencrypted.iv).where(
-        DatakeyReencrypted.key_id == key_id, DatakeyReencrypted.version == version)).all())
+    moved = int(s.execute(select(func.count()).select_from(DatakeyReencrypted).where(
+        DatakeyReencrypted.key_id == key_id, DatakeyReencrypted.version == version)).scalar_one())
     left = max(0, issued - moved - legacy)
     return Holder("data_keys", APPLICATIONS, "data-key blobs held by applications", left,
                   "in_use" if left else "clear")
