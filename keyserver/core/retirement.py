@@ -227,8 +227,13 @@ class RetirementService:
         action = "key.retire_cancel"
         self._policy.require(ctx, Permission.KEYS_DESTROY, action=action, object_type="key", object_id=ref)
         with self._audit.transaction() as s:
-            key = self._key(s, ref, lock=True)
-            self._version(key, version)
+            try:
+                key = self._key(s, ref, lock=True)
+                self._version(key, version)
+            except NotFound as exc:
+                self._audit.record_after(s, ctx, action=action, outcome="denied", object_type="key", object_id=ref,
+                                         details={"version": version, "reason": exc.code})
+                raise
             retirement = self._running(s, key, version)
             if retirement is None:
                 self._audit.record_after(s, ctx, action=action, outcome="denied", object_type="key",

@@ -194,11 +194,14 @@ def test_a_running_retirement_can_be_cancelled_and_refusals_are_precise(
     assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
     r = admin.delete(base)
     assert r.status_code == 409 and r.json()["code"] == "retirement_not_running"
+    r = admin.delete(f"/api/v1/keys/{name}/versions/7/retire")
+    assert r.status_code == 404 and r.json()["code"] == "version_not_found"
     r = admin.post(f"{base}/exclusions", json={"kind": "data_keys", "holder": "applications", "reason": "gone"})
     assert r.status_code == 409 and r.json()["code"] == "retirement_not_running"
     reasons = {(e.action, e.details.get("reason")) for e in _records(services, key_id, "key.retire_cancel")
                + _records(services, name, "key.retire_exclude") if e.outcome == "denied"}
     assert ("key.retire_cancel", "retirement_not_running") in reasons
+    assert [e.details["version"] for e in _records(services, name, "key.retire_cancel")] == [7]
     assert ("key.retire_exclude", "holder_not_found") in reasons
     assert ("key.retire_exclude", "retirement_not_running") in reasons
     assert _records(services, key_id, RETIRED_ACTION) == []
