@@ -220,6 +220,10 @@ def test_retiring_and_excluding_are_held_under_the_two_person_rule(held: Service
     key = held.keys.create(alice, KeySpec(name=unique("held-ret")))
     held.datakeys.generate(system, str(key.id))  # an application holds a blob under v1 and discards it
     held.keys.rotate(alice, str(key.id))
+    with pytest.raises(Conflict) as in_use:
+        held.keys.destroy(alice, str(key.id), version=1)
+    assert in_use.value.code == "version_in_use"
+    assert held.approvals.list(bob, state="pending") == []  # refused before anything was held
     with pytest.raises(Conflict) as active:
         held.retirement.retire(alice, str(key.id), 2)
     assert active.value.code == "version_active"  # refused before anything is held
@@ -258,6 +262,12 @@ def test_retiring_and_excluding_are_held_under_the_two_person_rule(held: Service
         held.retirement.retire(alice, str(key.id), 1)
     assert again.value.code == "version_retired"
     assert base64.b64decode(details["signature"])  # DER, base64
+    # Retired, the version is destroyed as any is: held, and run once two others approve.
+    with pytest.raises(ApprovalPending) as d:
+        held.keys.destroy(alice, str(key.id), version=1)
+    held.approvals.approve(bob, d.value.request.id)
+    assert held.approvals.approve(carol, d.value.request.id).executed
+    assert [v.state for v in held.keys.get(alice, str(key.id)).versions] == ["destroyed", "active"]
 
 
 def test_a_host_that_never_walks_blocks_until_excluded_and_contents_rekeys_guard_points(
