@@ -348,3 +348,22 @@ def test_an_aws_key_store_that_used_the_version_holds_it_until_excluded(admin: h
                    json={"kind": "xks_store", "holder": store.name, "reason": "AWS re-encrypted under v2"})
     assert r.status_code == 201 and r.json()["state"] == "complete", r.text
     assert len(_records(services, key_id, RETIRED_ACTION)) == 1
+
+
+def test_a_database_holds_the_version_it_last_read(admin: httpx.Client, base_url: str, tls: Any) -> None:
+    db = admin.post("/api/v1/databases", json={"name": unique("db-ret")}).json()
+    name = unique("tde-ret")
+    assert admin.post("/api/v1/keys", json={"name": name}).status_code == 201
+    r = admin.post(f"/api/v1/databases/{db['database']['name']}/grants", json={"key": name, "key_id": 1})
+    assert r.status_code == 201, r.text
+    with httpx.Client(base_url=base_url, headers={"X-Vault-Token": db["token"]}, verify=tls, timeout=30) as kv:
+        assert kv.get("/v1/strongroom/data/1").json()["data"]["metadata"]["version"] == 1
+        assert admin.post(f"/api/v1/keys/{name}/rotate", json={}).status_code == 200
+        holder = _holder(_inventory(admin, name, 1), "database")
+        assert (holder["state"], holder["count"], holder["name"]) == (
+            "in_use", None, f"database {db['database']['name']} (key id 1)")
+        assert _holder(_inventory(admin, name, 2), "database")["state"] == "clear"
+        # The database reads the new version (its own key rotation re-encrypts with it).
+        assert kv.get("/v1/strongroom/data/1").json()["data"]["metadata"]["version"] == 2
+    assert _holder(_inventory(admin, name, 1), "database")["state"] == "clear"
+    assert _holder(_inventory(admin, name, 2), "database")["state"] == "in_use"
