@@ -56,6 +56,7 @@ export function progressOf(initial: Record<string, number> | null | undefined, n
 
 export const rq = {
   all: ["keys", "retirement"] as const,
+  list: ["keys", "retirement", "list"] as const,
   inventory: (keyId: string, version: number) => ["keys", "retirement", keyId, version] as const,
 };
 
@@ -65,6 +66,7 @@ const RUNNING_REFRESH_MS = 10_000;
 const at = (key: string, version: number) => ({ params: { path: { key_ref: key, version } } });
 
 export const retirementApi = {
+  list: () => call(api.GET("/api/v1/retirements")),
   inventory: (key: string, version: number) =>
     call(api.GET("/api/v1/keys/{key_ref}/versions/{version}/inventory", at(key, version))),
   /** 201 with the retirement, or 202 with the approval request when the two-person rule holds it. */
@@ -120,4 +122,24 @@ export function useInventory(keyId: string, version: number | null) {
     enabled: version != null,
     refetchInterval: (q) => (q.state.data?.retirement?.state === "running" ? RUNNING_REFRESH_MS : false),
   });
+}
+
+/** Every retirement the server knows (it sends them all, newest first or not): those of
+ *  one key, the latest per version, for its Versions panel. */
+export function useKeyRetirements(keyId: string) {
+  return useQuery({
+    queryKey: rq.list,
+    queryFn: retirementApi.list,
+    select: (all) => latestPerVersion(all.filter((r) => r.key_id === keyId)),
+    refetchInterval: (q) => (q.state.data?.some((r) => r.state === "running") ? RUNNING_REFRESH_MS : false),
+  });
+}
+
+export function latestPerVersion(items: Retirement[]): Record<number, Retirement> {
+  const out: Record<number, Retirement> = {};
+  for (const r of items) {
+    const seen = out[r.version];
+    if (!seen || r.requested_at > seen.requested_at) out[r.version] = r;
+  }
+  return out;
 }

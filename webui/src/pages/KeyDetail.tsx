@@ -6,7 +6,7 @@ import { notifications } from "@mantine/notifications";
 import { IconRotateClockwise } from "@tabler/icons-react";
 import { useMutation, useQueries, useQueryClient } from "@tanstack/react-query";
 import { heldDetail } from "../approvals";
-import { VersionInUse, retirementApi } from "../retirement";
+import { VersionInUse, retirementApi, useKeyRetirements } from "../retirement";
 import { useEffect, useState } from "react";
 import { Link, useParams } from "react-router";
 import { api, call, fieldError, type Key, type KeyVersion, type RevokeReason } from "../api/client";
@@ -71,6 +71,7 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
   // The older version whose inventory (drawer) or retirement (dialog) is open.
   const [inventoryOf, setInventoryOf] = useState<number | null>(null);
   const [retireOf, setRetireOf] = useState<number | null>(null);
+  const retirements = useKeyRetirements(k.id);
   const destroyed = k.state === "destroyed" || k.state === "destroyed-compromised";
   const live = k.state === "active" || k.state === "pre-active";
   const actionError = rotate.error ?? activate.error;
@@ -132,7 +133,8 @@ function KeyView({ k, keyRef }: { k: Key; keyRef: string }) {
           <Paper withBorder radius="md" p="md">
             <Title order={2} size="h5" mb="sm">Versions</Title>
             <VersionTimeline k={k} actions={(v) => retirable(k, v) && (
-              <VersionActions v={v} onInventory={() => setInventoryOf(v.version)} onRetire={() => setRetireOf(v.version)} />
+              <VersionActions v={v} retirement={retirements.data?.[v.version]}
+                              onInventory={() => setInventoryOf(v.version)} onRetire={() => setRetireOf(v.version)} />
             )} />
           </Paper>
         </Grid.Col>

@@ -20,18 +20,31 @@ import {
   type ExclusionKind, type Retirement, type VersionInUse,
 } from "../retirement";
 
+const RETIREMENT_COLOR: Record<string, string> = { running: "blue", complete: "teal", cancelled: "gray" };
+
 /** Versions older than the newest: those a retirement can move holders off. */
 export const retirable = (k: Key, v: KeyVersion) =>
   v.version < Math.max(...k.versions.map((x) => x.version)) && v.state !== "destroyed" && v.state !== "destroyed-compromised";
 
-/** The Versions panel's buttons for one older version. */
-export function VersionActions({ v, onInventory, onRetire }: { v: KeyVersion; onInventory: () => void; onRetire: () => void }) {
+/** The Versions panel's buttons for one older version, with its retirement's state. */
+export function VersionActions({ v, retirement, onInventory, onRetire }: {
+  v: KeyVersion; retirement?: Retirement; onInventory: () => void; onRetire: () => void;
+}) {
+  const r = retirement;
   return (
     <Group gap="xs" mt={4} wrap="wrap">
+      {r && r.state !== "cancelled" && (
+        <Badge color={RETIREMENT_COLOR[r.state]} variant="light" radius="sm" style={{ overflow: "visible" }}
+               data-testid={`retirement-v${v.version}`} data-state={r.state}>
+          {r.state === "running" ? "retiring" : "retired"}
+        </Badge>
+      )}
       <Button size="compact-xs" variant="default" onClick={onInventory} aria-label={`Inventory of v${v.version}`}
               data-testid={`inventory-v${v.version}`}>Inventory</Button>
-      <GuardedButton perm="keys:destroy" mode="hide" size="compact-xs" variant="default" color="orange" onClick={onRetire}
-                     data-testid={`retire-v${v.version}`}>Retire v{v.version}…</GuardedButton>
+      {r?.state !== "running" && r?.state !== "complete" && (
+        <GuardedButton perm="keys:destroy" mode="hide" size="compact-xs" variant="default" color="orange" onClick={onRetire}
+                       data-testid={`retire-v${v.version}`}>Retire v{v.version}…</GuardedButton>
+      )}
     </Group>
   );
 }
@@ -41,10 +54,10 @@ export function HolderStateBadge({ state }: { state: Holder["state"] }) {
   return <Badge color={s.color} variant="light" radius="sm" data-state={state} style={{ overflow: "visible" }}>{s.label}</Badge>;
 }
 
-function useRetirementRefresh(k: Key, version: number) {
+function useRetirementRefresh() {
   const qc = useQueryClient();
   return () => {
-    void qc.invalidateQueries({ queryKey: rq.inventory(k.id, version) });
+    void qc.invalidateQueries({ queryKey: rq.all }); // this inventory and the list of retirements
     void qc.invalidateQueries({ queryKey: ["keys", "one"] });
     // The audit chainer appends records a moment after the request commits.
     for (const ms of [0, 1200]) setTimeout(() => void qc.invalidateQueries({ queryKey: ["audit"] }), ms);
@@ -182,7 +195,7 @@ function Holders({ i, onExclude }: { i: Inventory; onExclude: (h: Holder) => voi
 function ExcludeForm({ k, version, h, onDone }: { k: Key; version: number; h: Excluded; onDone: () => void }) {
   const [reason, setReason] = useState("");
   const [held, setHeld] = useState<string | null>(null);
-  const refresh = useRetirementRefresh(k, version);
+  const refresh = useRetirementRefresh();
   const exclude = useMutation({
     mutationFn: () => retirementApi.exclude(k.id, version, { kind: h.kind, holder: h.holder, reason: reason.trim() }),
     onSuccess: (r) => {
@@ -224,13 +237,12 @@ function ExcludeForm({ k, version, h, onDone }: { k: Key; version: number; h: Ex
   );
 }
 
-const RETIREMENT_COLOR: Record<string, string> = { running: "blue", complete: "teal", cancelled: "gray" };
 
 function RetirementSection({ k, version, r, kinds, onRetire, canRetire }: {
   k: Key; version: number; r: Retirement | null; kinds: Record<string, number>; onRetire: () => void; canRetire: boolean;
 }) {
   const [confirmCancel, setConfirmCancel] = useState(false);
-  const refresh = useRetirementRefresh(k, version);
+  const refresh = useRetirementRefresh();
   const cancel = useMutation({
     mutationFn: () => retirementApi.cancel(k.id, version),
     onSuccess: () => {
@@ -314,7 +326,7 @@ export function RetireDialog({ k, version, onClose, onStarted }: {
   const [contents, setContents] = useState(false);
   const [held, setHeld] = useState<string | null>(null);
   const shown = useLastVersion(version);
-  const refresh = useRetirementRefresh(k, shown ?? 0);
+  const refresh = useRetirementRefresh();
   const retire = useMutation({
     mutationFn: (v: number) => retirementApi.retire(k.id, v, { reason: reason.trim(), contents }),
     onSuccess: (r, v) => {

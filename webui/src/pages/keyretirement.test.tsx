@@ -50,6 +50,7 @@ function server(inv: Inventory | (() => Inventory | Response), more: Record<stri
     "GET /api/v1/keys/:ref/consumers": { items: [] },
     "GET /api/v1/audit/events": { items: [], total: 0, total_exact: true, next_before_seq: null },
     "GET /api/v1/keys/:ref/versions/:version/inventory": typeof inv === "function" ? inv : () => inv,
+    "GET /api/v1/retirements": [],
     ...more,
   });
 }
@@ -80,6 +81,28 @@ describe("The Versions panel", () => {
     const drawer = await openInventory();
     await within(drawer).findByTestId("inventory-holders");
     expect(within(drawer).queryByTestId("inventory-retire")).toBeNull();
+  });
+});
+
+describe("The Versions panel's retirement states", () => {
+  it("a retiring version says so and is not offered another retirement; a retired one says retired", async () => {
+    const three = { ...key, current_version: 3, versions: [...key.versions.map((v) => ({ ...v, state: "deactivated" as const })),
+      { ...key.versions[1], version: 3, state: "active" as const }] };
+    server(inventory(), {
+      "GET /api/v1/keys/:ref": three,
+      "GET /api/v1/retirements": [
+        { ...running, version: 1, state: "cancelled", requested_at: "2026-11-20T00:00:00Z" },
+        { ...running, version: 1, id: "r-2", state: "complete", statement_seq: 81234, requested_at: "2026-11-25T00:00:00Z" },
+        { ...running, version: 2, id: "r-3" },
+        { ...running, key_id: "another-key", version: 2, id: "r-4", state: "complete" },
+      ],
+    });
+    page();
+    expect(await screen.findByTestId("retirement-v1")).toHaveTextContent("retired");
+    expect(screen.getByTestId("retirement-v2")).toHaveTextContent("retiring");
+    expect(screen.queryByRole("button", { name: "Retire v1…" })).toBeNull();
+    expect(screen.queryByRole("button", { name: "Retire v2…" })).toBeNull();
+    expect(screen.getByRole("button", { name: "Inventory of v2" })).toBeInTheDocument();
   });
 });
 
