@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import platform
 import threading
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,6 +55,13 @@ def retiring_versions(keys: list[dict[str, Any]]) -> dict[str, list[int]] | None
     if not any("retiring_versions" in k for k in keys):
         return None
     return {str(k["key_id"]): [int(v) for v in k.get("retiring_versions") or []] for k in keys}
+
+
+def destroyed_versions(keys: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """The destroyed versions per key id: wiped from every cache and data plane here, so a
+    destroyed version stops decrypting on this host at the next beat, not when a cache
+    entry expires or a guard point restarts."""
+    return {str(k["key_id"]): [int(v) for v in k.get("destroyed_versions") or []] for k in keys}
 
 
 class AgentDaemon:
@@ -90,12 +98,16 @@ class AgentDaemon:
         # retiring, without touching the guard point or the volume.
         keys = self._client.list_keys() if (self._manager or self._volumes) and self._host_refusal() is None else []
         retiring = retiring_versions(keys)
+        destroyed = destroyed_versions(keys)
+        for key_id, versions in destroyed.items():
+            for v in versions:
+                self._keyring.cache.drop(uuid.UUID(key_id), v)
         if self._manager is not None and self._host_refusal() is None:
             if answer.get("guard_points_tag") != self._tag:
                 self._definitions = self._client.guard_points()
                 self._tag = answer.get("guard_points_tag")
             active = {k["key_id"]: k["active_version"] for k in keys}
-            self._manager.apply(self._definitions, active, retiring)
+            self._manager.apply(self._definitions, active, retiring, destroyed)
         if self._volumes is not None and self._host_refusal() is None:
             try:  # a re-key killed with its process is told to the server here, not left "rekeying"
                 self._volumes.check_rekeys()

@@ -112,19 +112,21 @@ class GuardPointManager:
                         self._start(gp_id)
 
     def apply(self, definitions: list[dict[str, Any]], active_versions: dict[str, int | None],
-              retiring_versions: dict[str, list[int]] | None = None) -> None:
+              retiring_versions: dict[str, list[int]] | None = None,
+              destroyed_versions: dict[str, list[int]] | None = None) -> None:
         """Make the running mounts match the server's definitions. `retiring_versions`
         (per key id; None: the server does not say) reaches each guard point's process
         through its definition file: a version newly retiring makes it count its files
-        again."""
+        again. So do `destroyed_versions`: the process wipes them from its data plane."""
         with self._lock:
             self._counts_taken = retiring_versions is not None
-            self._apply(definitions, active_versions, retiring_versions or {})
+            self._apply(definitions, active_versions, retiring_versions or {}, destroyed_versions or {})
 
     def _apply(self, definitions: list[dict[str, Any]], active_versions: dict[str, int | None],
-               retiring_versions: dict[str, list[int]]) -> None:
+               retiring_versions: dict[str, list[int]], destroyed_versions: dict[str, list[int]]) -> None:
         wanted = {d["id"]: {**d, "active_version": active_versions.get(d["key_id"]),
-                            "retiring_versions": sorted(retiring_versions.get(d["key_id"], []))}
+                            "retiring_versions": sorted(retiring_versions.get(d["key_id"], [])),
+                            "destroyed_versions": sorted(destroyed_versions.get(d["key_id"], []))}
                   for d in definitions}
         for gp_id in set(self._running) - set(wanted):
             self._stop(gp_id)

@@ -310,6 +310,17 @@ class GuardPointServer:
         finally:
             self.state.rekeying = False
 
+    def _forget(self, versions: list[int]) -> None:
+        """Destroyed on the server: wiped from the data plane and this process's cache, so
+        a file still under one of them answers ENOKEY from now on, as on a fresh start."""
+        for v in versions:
+            if v == self.state.active:
+                continue  # (the server never destroys an Active version)
+            self.plane.drop_key(self.key_id, v)
+            self.keyring.cache.drop(self.key_id, v)
+            self.spool.append({"event": "guardpoint.key_dropped", "guard_point": self.gp_id, "path": self.mount,
+                               "key_version": v})
+
     def _watch(self) -> None:
         seen = self.definition_file.stat().st_mtime_ns
         while True:
@@ -336,7 +347,10 @@ class GuardPointServer:
                     self.spool.append({"event": "guardpoint.policy_applied", "guard_point": self.gp_id,
                                        "path": self.mount, "revision": new["revision"]})
                 before = self.state.definition.get("retiring_versions") or []
+                gone = set(new.get("destroyed_versions") or []) - set(self.state.definition.get(
+                    "destroyed_versions") or [])
                 self.state.definition = new
+                self._forget(sorted(gone))
                 self._report()
                 self._maybe_rekey(new)
                 if int(new["active_version"]) != self.state.active:

@@ -68,6 +68,11 @@ class KeyCache:
                 self._entries.popitem(last=False)
         return fresh
 
+    def drop(self, key_id: uuid.UUID, version: int) -> None:
+        """Forget one version (destroyed on the server): the next use asks the server, which refuses."""
+        with self._lock:
+            self._entries.pop((key_id, version), None)
+
     def drop_all(self) -> None:
         with self._lock:
             self._entries.clear()

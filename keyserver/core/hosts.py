@@ -30,7 +30,7 @@ from keyserver.core.keys import key_filter, require_aes, version_wrapped
 from keyserver.core.permissions import Permission
 from keyserver.core.policy import Policy
 from keyserver.core.principal import ANONYMOUS, Principal, RequestContext
-from keyserver.core.states import DECRYPTABLE, KeyState
+from keyserver.core.states import DECRYPTABLE, DESTROYED_STATES, KeyState
 from keyserver.store.db import upsert_counts
 from keyserver.store.models import EnrollmentToken, GuardPoint, Host, HostHeartbeatHourly, KeyVersion, ManagedKey
 from keyserver.store.notify import Notifier, Topic
@@ -353,23 +353,33 @@ class HostService:
         seen = host.last_heartbeat_at
         return host.state == "active" and seen is not None and self._now() - seen <= self._offline_after
 
-    def allowed_keys(self, host: Host) -> list[tuple[ManagedKey, int | None, list[int]]]:
+    def allowed_keys(self, host: Host) -> list[tuple[ManagedKey, int | None, list[int], list[int]]]:
         """The keys this host may receive (tagged for its group, or of its guard points),
-        each with its Active version (None if none) and the versions being retired, which
-        the agent moves its guard points and volumes off (decision 0024)."""
+        each with its Active version (None if none), the versions being retired, which
+        the agent moves its guard points and volumes off (decision 0024), and the
+        destroyed ones, which it wipes from its caches and data planes: a destroyed
+        version must stop decrypting on hosts too, not only on the server."""
         with self._db() as s:
             keys = list(s.execute(select(ManagedKey).where(or_(
                 ManagedKey.tags[HOST_GROUP_TAG].as_string() == host.host_group,
                 ManagedKey.id.in_(_guard_point_keys(s, host)))).order_by(ManagedKey.name)).scalars())
-            rows = s.execute(select(KeyVersion.key_id, KeyVersion.version).where(
-                KeyVersion.key_id.in_([k.id for k in keys]), KeyVersion.state == KeyState.ACTIVE.value))
-            active = {key_id: version for key_id, version in rows}
+            active: dict[uuid.UUID, int] = {}
+            destroyed: dict[uuid.UUID, list[int]] = {}
+            for key_id, version, state in s.execute(
+                    select(KeyVersion.key_id, KeyVersion.version, KeyVersion.state).where(
+                        KeyVersion.key_id.in_([k.id for k in keys]),
+                        KeyVersion.state.in_([KeyState.ACTIVE.value, *(st.value for st in DESTROYED_STATES)]))
+                    .order_by(KeyVersion.version)):
+                if state == KeyState.ACTIVE.value:
+                    active[key_id] = version
+                else:
+                    destroyed.setdefault(key_id, []).append(version)
             retiring: dict[uuid.UUID, list[int]] = {}
             for key_id, version in s.execute(select(VersionRetirement.key_id, VersionRetirement.version).where(
                     VersionRetirement.key_id.in_([k.id for k in keys]), VersionRetirement.state == "running")
                     .order_by(VersionRetirement.version)):
                 retiring.setdefault(key_id, []).append(version)
-        return [(k, active.get(k.id), retiring.get(k.id, [])) for k in keys]
+        return [(k, active.get(k.id), retiring.get(k.id, []), destroyed.get(k.id, [])) for k in keys]
 
     def record_events(self, ctx: RequestContext, host: Host, events: list[AgentEvent]) -> int:
         """A batch of the agent's own events, as audit records of this host, in one

@@ -79,6 +79,8 @@ class AgentKey(BaseModel):
     retiring_versions: list[int] = Field(
         default_factory=list, description="versions being retired: move guard points and volumes off them, "
                                           "walk again and report `versions`")
+    destroyed_versions: list[int] = Field(
+        default_factory=list, description="destroyed versions: wipe them from every cache and data plane")
 
 
 class DeliveredKeyPublic(BaseModel):
@@ -128,8 +130,8 @@ def guard_points(caller: HostDep, services: ServicesDep) -> list[GuardPointPubli
 @router.get("/keys", operation_id="listAgentKeys", response_model=list[AgentKey])
 def list_keys(caller: HostDep, services: ServicesDep) -> list[AgentKey]:
     """The keys this host's group may receive."""
-    return [AgentKey(key_id=k.id, name=k.name, active_version=v, retiring_versions=r)
-            for k, v, r in services.hosts.allowed_keys(caller.host)]
+    return [AgentKey(key_id=k.id, name=k.name, active_version=v, retiring_versions=r, destroyed_versions=d)
+            for k, v, r, d in services.hosts.allowed_keys(caller.host)]
 
 
 @router.get("/keys/{key_ref}", operation_id="getAgentKey", response_model=DeliveredKeyPublic)
