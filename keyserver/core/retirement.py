@@ -111,6 +111,9 @@ class RetirementService:
         if self._approvals is not None:
             self._approvals.hold(ctx, action="key.retire", target=ref,
                                  params={"key": ref, "version": version, "reason": reason, "contents": contents})
+        # The counts at the start go into the signed statement: a data key issued a moment
+        # ago is counted once its record is chained (outside the transaction, decision 0010).
+        self._chain_pending()
         now = self._now()
         with self._audit.transaction() as s:
             key = self._key(s, ref, lock=True)  # one retirement per version, whoever asks at once

@@ -367,3 +367,16 @@ def test_a_database_holds_the_version_it_last_read(admin: httpx.Client, base_url
         assert kv.get("/v1/strongroom/data/1").json()["data"]["metadata"]["version"] == 2
     assert _holder(_inventory(admin, name, 1), "database")["state"] == "clear"
     assert _holder(_inventory(admin, name, 2), "database")["state"] == "in_use"
+
+
+def test_the_counts_at_the_start_include_a_data_key_issued_a_moment_before(admin: httpx.Client) -> None:
+    """`initial` goes into the signed statement: a data key whose record is not chained
+    yet when the retirement starts is counted all the same (the chain is flushed first)."""
+    name = admin.post("/api/v1/keys", json={"name": f"ret-initial-{uuid.uuid4().hex[:6]}"}).json()["name"]
+    blob = admin.post(f"/api/v1/keys/{name}/generate-data-key", json={}).json()["ciphertext_blob"]
+    assert admin.post(f"/api/v1/keys/{name}/rotate").status_code == 200
+    r = admin.post(f"/api/v1/keys/{name}/versions/1/retire", json={"reason": "initial counts"})
+    assert r.status_code == 201, r.text
+    assert r.json()["initial"]["data_keys"] == 1, r.json()
+    assert admin.post("/api/v1/datakeys/reencrypt", json={"ciphertext_blob": blob}).status_code == 200
+    assert admin.get(f"/api/v1/keys/{name}/versions/1/inventory").json()["retirement"]["state"] == "complete"
