@@ -300,8 +300,12 @@ class RetirementService:
     def _statement(self, s: Session, r: VersionRetirement, key: ManagedKey, inv: Inventory,
                    now: datetime) -> dict[str, Any]:
         head = s.get(AuditHead, 1)
+        # The version's KMIP identifier: a wrap or unwrap under it names only that, so the
+        # offline verifier must be told it to see such a use after the statement.
+        uid = next((str(v.id) for v in key.versions if v.version == r.version), None)
         return {
             "type": STATEMENT_TYPE, "key_id": str(key.id), "key": key.name, "version": r.version,
+            "kmip_uid": uid,
             "retirement": str(r.id), "requested_at": r.requested_at.isoformat(), "completed_at": now.isoformat(),
             "initial": dict(r.initial or {}), "counts": inv.kinds,
             "excluded": [{"kind": x.kind, "holder": x.holder, "reason": x.reason, "by": x.excluded_by}
