@@ -647,6 +647,81 @@ test("destroy needs the key's name typed exactly", async () => {
   await done();
 });
 
+test("retire an older version: its inventory, the retirement, the signed statement, then destroy; a version in use is refused and shredded only by name", async () => {
+  // Destroy's refusal of a version in use is a 409 the browser logs: expected here.
+  const { page, context, done } = await open(STATE, { allow: [/status of 409/] });
+  const csrf = (await context.cookies()).find((c) => c.name === "strongroom_csrf")?.value ?? "";
+  const post = async (path, data) => {
+    const r = await context.request.post(path, { data, headers: { "X-CSRF-Token": csrf } });
+    assert.ok(r.ok(), `${path}: ${r.status()} ${await r.text()}`);
+    return r.json();
+  };
+  const retired = `${KEY}-retired`, shredded = `${KEY}-shredded`;
+  for (const name of [retired, shredded]) await post("/api/v1/keys", { name });
+  // A data key issued under v1 of one of them: v1 is in use until it is re-encrypted.
+  await post(`/api/v1/keys/${shredded}/generate-data-key`, { number_of_bytes: 32 });
+  for (const name of [retired, shredded]) await post(`/api/v1/keys/${name}/rotate`);
+  await until(async () => {
+    const r = await context.request.get(`/api/v1/keys/${shredded}/versions/1/inventory`);
+    return r.ok() && (await r.json()).in_use === true;
+  }, () => `the chainer never counted the data key issued under ${shredded} v1`, 60_000);
+
+  // Nothing uses v1: its inventory says so; retiring it ends in a signed statement.
+  await page.goto(`/#/keys/${retired}`);
+  await page.getByRole("button", { name: "Inventory of v1" }).click();
+  let drawer = page.getByRole("dialog", { name: `Inventory of ${retired} v1` });
+  await drawer.getByTestId("inventory-summary").getByText("Nothing uses v1").waitFor();
+  await drawer.getByTestId("inventory-retire").click();
+  const retire = page.getByRole("dialog", { name: `Retire ${retired} v1` });
+  assert.equal(await retire.getByTestId("retire-submit").isDisabled(), true, "a reason is required");
+  await retire.getByTestId("retire-reason").fill("end-to-end: annual key retirement");
+  await retire.getByTestId("retire-submit").click();
+  await retire.waitFor({ state: "detached" });
+  drawer = page.getByRole("dialog", { name: `Inventory of ${retired} v1` }); // opened again on the retirement
+  await drawer.getByTestId("retirement").waitFor();
+  await until(async () => {
+    if ((await drawer.getByTestId("retirement").getAttribute("data-state")) === "complete"
+        && (await drawer.getByTestId("statement-link").count()) === 1) return true;
+    await drawer.getByRole("button", { name: "Close panel" }).click(); // read the inventory again: it completes there
+    await drawer.waitFor({ state: "detached" });
+    await page.getByRole("button", { name: "Inventory of v1" }).click();
+    await drawer.getByTestId("retirement").waitFor();
+    return false;
+  }, () => "the retirement never completed with its statement's record", 60_000);
+  const seq = (await drawer.getByTestId("statement-link").textContent()).replace("#", "");
+  const record = await (await context.request.get(`/api/v1/audit/events/${seq}`)).json();
+  assert.equal(record.action, "key.version_retired");
+  await drawer.getByRole("button", { name: "Close panel" }).click();
+  await drawer.waitFor({ state: "detached" });
+  await page.getByTestId("retirement-v1").getByText("retired").waitFor();
+  // Then destroy it: the dialog starts on v1, the older version.
+  await page.getByTestId("destroy-key").click();
+  let destroy = page.getByRole("dialog", { name: `Destroy ${retired}` });
+  await destroy.getByTestId("typed-confirm-input").fill(retired);
+  await destroy.getByRole("button", { name: "Destroy v1" }).click();
+  await destroy.waitFor({ state: "detached" });
+  await page.getByTestId("version-timeline").locator('[data-state="destroyed"]').waitFor();
+
+  // v1 in use: destroy is refused with its holders; shredding asks for the name again.
+  await page.goto(`/#/keys/${shredded}`);
+  await page.getByTestId("destroy-key").click();
+  destroy = page.getByRole("dialog", { name: `Destroy ${shredded}` });
+  await destroy.getByTestId("typed-confirm-input").fill(shredded);
+  await destroy.getByRole("button", { name: "Destroy v1" }).click();
+  const refused = destroy.getByTestId("destroy-in-use");
+  await refused.getByTestId("destroy-holders").getByText(/Data keys/).waitFor();
+  await refused.getByTestId("destroy-retire-v1").waitFor();
+  await refused.getByTestId("shred-anyway").click();
+  const shred = destroy.getByRole("button", { name: "Shred v1 anyway" });
+  assert.equal(await destroy.getByTestId("typed-confirm-input").inputValue(), "", "the name is asked for again");
+  assert.equal(await shred.isDisabled(), true);
+  await destroy.getByTestId("typed-confirm-input").fill(shredded);
+  await shred.click();
+  await destroy.waitFor({ state: "detached" });
+  await page.getByTestId("version-timeline").locator('[data-state="destroyed"]').waitFor();
+  await done();
+});
+
 test("audit log: filter, open a record, verify the chain", async () => {
   const { page, done } = await open(STATE);
   await page.goto("/#/audit");
