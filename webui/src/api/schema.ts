@@ -2128,6 +2128,11 @@ export interface components {
             /** Active Version */
             active_version: number | null;
             /**
+             * Destroyed Versions
+             * @description destroyed versions: wipe them from every cache and data plane
+             */
+            destroyed_versions?: number[];
+            /**
              * Key Id
              * Format: uuid
              */
