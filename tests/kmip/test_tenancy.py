@@ -144,7 +144,16 @@ def test_a_key_grant_gives_exactly_its_rights_and_its_deletion_hides_the_key_on_
         assert owner.get(uid).value == backup.get(uid).value
         assert backup.locate(attributes=[name_attr(name)]) == []  # no read right: not located
         backup.revoke(enums.RevocationReasonCode.CESSATION_OF_OPERATION, uid)
-        backup.destroy(uid)
+        # ... except shredding what the owner still uses: a destroy right is not a right
+        # to make another client's data unreadable (decision 0024; retire the version first)
+        refused, why = reason(lambda: backup.destroy(uid))
+        assert refused == R.PERMISSION_DENIED and "in use" in why and owner_files.name in why, why
+        unused_name = unique("destroy-by-grant")
+        unused = owner.create(AES, 256, name=unused_name)
+        owner.activate(unused)
+        grant(admin, grantee=f"client:{backup_files.name}", key=unused_name, rights=["export", "destroy"])
+        backup.revoke(enums.RevocationReasonCode.CESSATION_OF_OPERATION, unused)
+        backup.destroy(unused)
     rights = [r.details.get("granted") for r in denied(services, backup_files) if "granted" in r.details]
     assert rights and all(g == ["read", "use"] for g in rights)
 
@@ -183,7 +192,9 @@ def test_clients_of_one_group_share_its_objects(kmip_files: Callable[..., Client
         ciphertext, iv = two.encrypt(b"shared", uid=uid)
         assert one.decrypt(ciphertext, uid=uid, iv_counter_nonce=iv) == b"shared"
         two.revoke(enums.RevocationReasonCode.CESSATION_OF_OPERATION, uid)
-        two.destroy(uid)
+        # One member cannot shred what another still uses (decision 0024): retire first.
+        refused, why = reason(lambda: two.destroy(uid))
+        assert refused == R.PERMISSION_DENIED and "in use" in why, why
 
 
 def test_an_admin_role_client_sees_every_object(kmip_files: Callable[..., ClientFiles],
