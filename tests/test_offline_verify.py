@@ -33,9 +33,12 @@ from keyserver.core.keys import KeySpec
 from keyserver.core.principal import system_context
 from keyserver.services import Services
 from keyserver.store.models import AuditEvent, KeyVersion
+from tests.api.sessions import session
+from tests.api.test_health_and_faults import serve
 from tests.conftest import own_services, own_store, unique
 
 SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "verify_audit_offline.py"
+PASSWORD = "a long enough passphrase 1"
 
 
 def _script() -> ModuleType:
@@ -141,6 +144,7 @@ def test_an_export_verifies_offline(exported: dict[str, Any], admin: httpx.Clien
     assert services.audit.verify(full=True).statements >= 1
     r = admin.post("/api/v1/audit/verify", json={"full": True})
     assert r.status_code == 200 and r.json()["ok"] is True, r.text
+    assert r.json()["statements"] >= 1 and r.json()["problems"] == [], r.text
     done = _run(d)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (f"zero-use statement in record {st['seq']}: key '{exported['name']}' ({exported['key_id']}) "
@@ -284,6 +288,34 @@ def test_verify_audit_checks_statements_and_later_uses(store: Services) -> None:
     # Not recorded as verified: the next incremental run and a full one say it again.
     assert store.audit.verify().reason == result.reason
     assert store.audit.verify(full=True).reason == result.reason
+
+
+def test_the_rest_verify_names_the_statements_and_each_problem(store: Services) -> None:
+    """What `verify-audit` prints, over REST: the statements counted, each problem by record."""
+    ctx = system_context("tests")
+    store.identity.create_user(ctx, username="auditor", role="auditor", password=PASSWORD)
+    key = store.keys.create(ctx, KeySpec(name=unique("own")))
+    old = store.datakeys.generate(ctx, str(key.id))
+    store.keys.rotate(ctx, str(key.id))
+    store.audit.record_now(ctx, action=RETIRED_ACTION, outcome="allowed", object_type="key", object_id=str(key.id),
+                           details=_state(store, str(key.id), 1))
+    with serve(store) as url, session(url, "auditor", PASSWORD) as auditor:
+        r = auditor.post("/api/v1/audit/verify", json={"full": True})
+        assert r.status_code == 200, r.text
+        assert {k: r.json()[k] for k in ("ok", "statements", "problems")} == {
+            "ok": True, "statements": 1, "problems": []}
+        store.datakeys.decrypt(ctx, old.blob)
+        store.datakeys.decrypt(ctx, old.blob)
+        stated = _seqs(store, RETIRED_ACTION, str(key.id))[0]
+        used = _seqs(store, "datakey.decrypt", str(key.id))
+        r = auditor.post("/api/v1/audit/verify", json={})
+        assert r.status_code == 200, r.text
+        said = r.json()
+        assert not said["ok"] and said["statements"] == 1
+        assert said["problems"] == [
+            {"seq": seq, "reason": f"record {seq} (datakey.decrypt) uses version 1 of key 'own' after its zero-use "
+                                   f"statement (record {stated})"} for seq in used]
+        assert (said["first_broken_seq"], said["reason"]) == (used[0], said["problems"][0]["reason"])
 
 
 def test_verify_audit_refuses_a_forged_or_moved_statement_and_an_unwrap(store: Services) -> None:

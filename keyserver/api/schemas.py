@@ -216,6 +216,11 @@ class AuditPage(BaseModel):
     next_before_seq: int | None
 
 
+class AuditVerifyProblem(BaseModel):
+    seq: int = Field(description="the record the problem is in: the statement's, or the later use's")
+    reason: str
+
+
 class VerifyResultPublic(BaseModel):
     ok: bool
     checked: int = Field(description="records walked by this run")
@@ -228,6 +233,12 @@ class VerifyResultPublic(BaseModel):
     outside_checked: int = Field(default=0, description="checkpoints from the outside copy compared")
     outside_records: int = Field(default=0, description="records from the outside copy compared, one by one")
     outside_seq: int = Field(default=0, description="the newest record the outside copy holds")
+    statements: int = Field(default=0, description=(
+        "zero-use statements (`key.version_retired`) checked: every one in the chain, whatever range this run "
+        "walked (0 when the chain itself breaks: statements are checked on a chain that holds)"))
+    problems: list[AuditVerifyProblem] = Field(default_factory=list, description=(
+        "each zero-use statement that does not verify and each later use of a version a statement retired, in "
+        "chain order; the first is also `first_broken_seq` and `reason`; empty when the chain itself breaks"))
 
 
 class AuditCheckpointPublic(BaseModel):

@@ -15,6 +15,7 @@ from keyserver.api.schemas import (
     AuditEventPublic,
     AuditPage,
     AuditStatusPublic,
+    AuditVerifyProblem,
     AuditVerifyRequest,
     KeyUsage,
     VerifyResultPublic,
@@ -112,7 +113,8 @@ def verify(ctx: Ctx, services: ServicesDep, body: AuditVerifyRequest | None = No
                               first_broken_seq=result.first_broken_seq, reason=result.reason,
                               from_seq=result.from_seq, checkpoint=result.checkpoint,
                               outside_checked=result.outside_checked, outside_records=result.outside_records,
-                              outside_seq=result.outside_seq)
+                              outside_seq=result.outside_seq, statements=result.statements,
+                              problems=[AuditVerifyProblem(seq=seq, reason=what) for seq, what in result.problems])
 
 
 @router.get("/activity", operation_id="getAuditActivity", response_model=AuditActivity)

@@ -2382,6 +2382,16 @@ export interface components {
             /** Seq */
             seq: number;
         };
+        /** AuditVerifyProblem */
+        AuditVerifyProblem: {
+            /** Reason */
+            reason: string;
+            /**
+             * Seq
+             * @description the record the problem is in: the statement's, or the later use's
+             */
+            seq: number;
+        };
         /** AuditVerifyRequest */
         AuditVerifyRequest: {
             /**
@@ -4462,8 +4472,19 @@ export interface components {
              * @default 0
              */
             outside_seq?: number;
+            /**
+             * Problems
+             * @description each zero-use statement that does not verify and each later use of a version a statement retired, in chain order; the first is also `first_broken_seq` and `reason`; empty when the chain itself breaks
+             */
+            problems?: components["schemas"]["AuditVerifyProblem"][];
             /** Reason */
             reason: string | null;
+            /**
+             * Statements
+             * @description zero-use statements (`key.version_retired`) checked: every one in the chain, whatever range this run walked (0 when the chain itself breaks: statements are checked on a chain that holds)
+             * @default 0
+             */
+            statements?: number;
         };
         /** VolumeIn */
         VolumeIn: {

@@ -251,7 +251,12 @@ export function ChainStatus() {
   );
 }
 
-export function VerifyResultView({ result }: { result: { ok: boolean; checked: number; head_seq: number; first_broken_seq?: number | null; reason?: string | null; from_seq?: number } }) {
+// Shown one by one up to this many: a version used many times after its statement makes a
+// problem per use, and `keyserver verify-audit` prints every one.
+const PROBLEMS_SHOWN = 10;
+
+export function VerifyResultView({ result }: { result: { ok: boolean; checked: number; head_seq: number; first_broken_seq?: number | null; reason?: string | null; from_seq?: number; statements?: number; problems?: { seq: number; reason: string }[] } }) {
+  const problems = result.problems ?? [];
   return (
     <Stack gap={6} data-testid="verify-result" data-ok={result.ok}>
       <Group gap="xs">
@@ -265,10 +270,22 @@ export function VerifyResultView({ result }: { result: { ok: boolean; checked: n
         <Text size="sm" c="dimmed">Records checked</Text>
         <Text size="sm">{result.checked}{result.from_seq ? ` (after record #${result.from_seq})` : ""}</Text>
         <Text size="sm" c="dimmed">Head sequence</Text><Text size="sm">{result.head_seq}</Text>
+        {!!result.statements && <><Text size="sm" c="dimmed">Zero-use statements</Text>
+          <Text size="sm">{result.statements}{result.ok ? " signed, no later use" : ""}</Text></>}
         {!result.ok && <><Text size="sm" c="dimmed">First broken record</Text>
           <Anchor component={Link} to={`/audit?seq=${result.first_broken_seq}`} size="sm">#{result.first_broken_seq}</Anchor></>}
       </SimpleGrid>
-      {result.reason && <Text size="sm" c="var(--sr-text-danger)">{result.reason}</Text>}
+      {problems.length ? (
+        <Stack gap={2} data-testid="verify-problems">
+          {problems.slice(0, PROBLEMS_SHOWN).map((p, i) => (
+            <Text key={i} size="sm" c="var(--sr-text-danger)">
+              <Anchor component={Link} to={`/audit?seq=${p.seq}`} size="sm">#{p.seq}</Anchor> {p.reason}
+            </Text>
+          ))}
+          {problems.length > PROBLEMS_SHOWN && <Text size="sm" c="var(--sr-text-danger)">
+            … and {problems.length - PROBLEMS_SHOWN} more (keyserver verify-audit lists every one)</Text>}
+        </Stack>
+      ) : result.reason && <Text size="sm" c="var(--sr-text-danger)">{result.reason}</Text>}
       <Text size="xs" c="dimmed">Every checkpoint's signature is checked, and each record's HMAC since the last
         verified checkpoint is recomputed with the key held in the HSM.</Text>
     </Stack>

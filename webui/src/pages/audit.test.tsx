@@ -35,8 +35,28 @@ describe("the dashboard's audit chain panel", () => {
     renderWith(<ChainStatus />, { me: meAs("auditor") });
     await userEvent.click(await screen.findByRole("button", { name: "Verify now" }));
     expect(await screen.findByText("1120 (after record #4000)")).toBeInTheDocument();
+    expect(screen.queryByText("Zero-use statements")).toBeNull(); // none in this chain
     await waitFor(() => expect(server.calls("POST /api/v1/audit/verify")).toHaveLength(1));
     expect(server.calls("GET /api/v1/audit/status").length).toBeGreaterThanOrEqual(2); // refreshed after
+  });
+
+  it("counts the zero-use statements, and lists each one that breaks, each linked to its record", async () => {
+    const used = (seq: number) => ({ seq, reason: `record ${seq} (datakey.decrypt) uses version 1 of key 'payments' after its zero-use statement (record 5001)` });
+    fakeApi({
+      "GET /api/v1/audit/status": STATUS,
+      "POST /api/v1/audit/verify": { ok: false, checked: 1120, head_seq: 5120, first_broken_seq: 5002,
+                                     reason: used(5002).reason, from_seq: 4000, statements: 2,
+                                     problems: Array.from({ length: 12 }, (_, i) => used(5002 + i)) },
+    });
+    renderWith(<ChainStatus />, { me: meAs("auditor") });
+    await userEvent.click(await screen.findByRole("button", { name: "Verify now" }));
+    const problems = await screen.findByTestId("verify-problems");
+    expect(screen.getByTestId("verify-result")).toHaveAttribute("data-ok", "false");
+    expect(screen.getByText("Zero-use statements").nextElementSibling).toHaveTextContent(/^2$/);
+    expect(problems).toHaveTextContent("#5002 record 5002 (datakey.decrypt) uses version 1 of key 'payments'");
+    expect(problems.querySelectorAll("a")).toHaveLength(10);
+    expect(problems.querySelector("a")).toHaveAttribute("href", "/audit?seq=5002");
+    expect(problems).toHaveTextContent("… and 2 more (keyserver verify-audit lists every one)");
   });
 
   it("says when nothing was verified yet, and offers no button without audit:verify", async () => {
