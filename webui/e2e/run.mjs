@@ -1165,6 +1165,41 @@ for (const [width, height] of [[375, 812], [768, 1024], [1440, 900]]) {
   });
 }
 
+/** The scroll boxes in the page's content that scroll sideways now (a table wider than its
+ *  box): overflowOf does not see them, since they keep the page itself within the window. */
+async function sidewaysOf(page) {
+  return page.evaluate(() => [...document.querySelectorAll("#main-content *")].filter((el) => {
+    const x = getComputedStyle(el).overflowX;
+    return (x === "auto" || x === "scroll") && el.getClientRects().length && el.scrollWidth > el.clientWidth + 1;
+  }).map((el) => `${el.querySelector("table")?.dataset.testid ?? el.className.slice(0, 60)}: ${el.scrollWidth} px in ${el.clientWidth}`));
+}
+
+test("at 1,400 and 1,440 px the KMIP clients page's tables fit: nothing scrolls sideways", async () => {
+  const { page, context, done } = await open(STATE);
+  const csrf = (await context.cookies()).find((c) => c.name === "strongroom_csrf")?.value ?? "";
+  // A long name wraps only after its dots: the client that once pushed the table past a 1,400 px window.
+  const name = `vcenter${Date.now().toString(36)}.datacenter01.${DOMAIN_OF(HOST.db1)}`;
+  const made = await context.request.post("/api/v1/kmip/clients", { data: { name, role: "key-officer", key_export: "wrapped", csr: null },
+                                                                    headers: { "X-CSRF-Token": csrf } });
+  assert.equal(made.status(), 201, await made.text());
+  const wide = [];
+  for (const width of [1400, 1440]) {
+    await page.setViewportSize({ width, height: 900 });
+    for (const path of ["/kmip-clients", "/kmip-clients?view=groups", "/kmip-clients?view=grants"]) {
+      await page.goto(`/#${path}`);
+      await page.locator("#main-content h1").first().waitFor();
+      await page.waitForLoadState("networkidle");
+      wide.push(...(await sidewaysOf(page)).map((s) => `${path} at ${width} px scrolls sideways: ${s}`));
+      const [overflow, culprits] = await overflowOf(page);
+      if (overflow > 0) wide.push(`${path} at ${width} px is ${overflow} px wider than the window: ${culprits.join("; ")}`);
+    }
+  }
+  const revoked = await context.request.delete(`/api/v1/kmip/clients/${(await made.json()).client.id}`, { headers: { "X-CSRF-Token": csrf } });
+  assert.ok(revoked.ok(), await revoked.text());
+  assert.deepEqual(wide, [], wide.join("\n"));
+  await done();
+});
+
 test("your account: set up a second factor with an authenticator's code; sign-in then asks for it", async () => {
   // A person of their own (the administrator's sign-ins elsewhere stay password-only).
   const admin = await open(STATE);

@@ -52,6 +52,11 @@ function download(name: string, text: string) {
   setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
 
+/** A DNS name that may wrap after each dot (and at hyphens, as text does): a long client
+ *  name or group no longer widens the table past a 1,400 px window. */
+export const breakAtDots = (name: string) =>
+  name.split(/(?<=\.)/).flatMap((part, i) => (i ? [<wbr key={i} />, part] : [part]));
+
 type View = "clients" | "groups" | "grants";
 const VIEWS: View[] = ["clients", "groups", "grants"];
 
@@ -122,7 +127,7 @@ function ClientsView() {
           <Table.ScrollContainer minWidth={940}>
             <Table fz="sm" verticalSpacing={8} highlightOnHover data-testid="kmip-clients-table">
               <Table.Thead><Table.Tr>
-                <Table.Th>Name and group</Table.Th><Table.Th>Role</Table.Th><Table.Th>Key export</Table.Th><Table.Th>Certificate</Table.Th>
+                <Table.Th>Name and group</Table.Th><Table.Th>Role and key export</Table.Th><Table.Th>Certificate</Table.Th>
                 <Table.Th>Expires</Table.Th><Table.Th>Created</Table.Th><Table.Th>Status</Table.Th><Table.Th />
               </Table.Tr></Table.Thead>
               <Table.Tbody>
@@ -131,15 +136,17 @@ function ClientsView() {
                   const daysLeft = (new Date(c.not_after).getTime() - Date.now()) / 86_400_000;
                   return (
                     <Table.Tr key={c.id} data-client={c.name}>
-                      <Table.Td>
-                        <Text size="sm" fw={600} ff="monospace">{c.name}</Text>
-                        <Text size="xs" c="dimmed">group <Text span inherit ff="monospace" data-testid="kmip-client-group">{c.group}</Text></Text>
+                      <Table.Td style={{ overflowWrap: "anywhere" }}>
+                        <Text size="sm" fw={600} ff="monospace">{breakAtDots(c.name)}</Text>
+                        <Text size="xs" c="dimmed">group <Text span inherit ff="monospace" data-testid="kmip-client-group">{breakAtDots(c.group)}</Text></Text>
                       </Table.Td>
-                      <Table.Td>{c.role}</Table.Td>
                       <Table.Td>
-                        <Tooltip label={KEY_EXPORT[c.key_export].help} multiline w={280} withArrow>
-                          <Text size="sm" span tabIndex={0} td="underline dotted">{KEY_EXPORT[c.key_export].label}</Text>
-                        </Tooltip>
+                        <Text size="sm">{c.role}</Text>
+                        <Text size="xs" c="dimmed">key export{" "}
+                          <Tooltip label={KEY_EXPORT[c.key_export].help} multiline w={280} withArrow>
+                            <Text span inherit tabIndex={0} td="underline dotted" style={{ whiteSpace: "nowrap" }}>{KEY_EXPORT[c.key_export].label}</Text>
+                          </Tooltip>
+                        </Text>
                       </Table.Td>
                       <Table.Td>
                         <Group gap={2} wrap="nowrap">

@@ -40,6 +40,17 @@ describe("KMIP clients page", () => {
     expect(within(old).queryByRole("button", { name: /Revoke/ })).toBeNull();
   });
 
+  it("lets a long name and group wrap after each dot, and shows role and key export together", async () => {
+    fakeApi({ "GET /api/v1/kmip/clients": [client({ name: "vcenter01.datacenter.corp.example.net", group: "vcenter01.datacenter" })] });
+    renderWith(<KmipClientsPage />, { me: meAs("admin") });
+    const table = await screen.findByTestId("kmip-clients-table");
+    const name = within(table).getByText("vcenter01.datacenter.corp.example.net");
+    expect(name.querySelectorAll("wbr")).toHaveLength(4);
+    expect(within(table).getByTestId("kmip-client-group").querySelectorAll("wbr")).toHaveLength(1);
+    expect(within(table).getByRole("columnheader", { name: "Role and key export" })).toBeInTheDocument();
+    expect(name.closest("tr")).toHaveTextContent("kmip-clientkey export plaintext");
+  });
+
   it("creates a client with a server-made key, then offers the three files once", async () => {
     const api = fakeApi({
       "GET /api/v1/kmip/clients": [],
