@@ -51,6 +51,33 @@ export function groupError(text: string): string | null {
   return `Lower-case letters, digits, dots, hyphens and underscores only (not ${bad.join(", ")})`;
 }
 
+/** The audit log's object types of standalone KMIP objects (keyserver/core/kmip_model.py
+ *  audit_identity): each may be granted by its unique identifier, the record's object ID. */
+export const STANDALONE_OBJECT_TYPES = new Set(["public_key", "private_key", "secret_data", "certificate", "opaque_object"]);
+
+/** A standalone KMIP object's unique identifier as the server takes it (keyserver/core/names.py
+ *  UUID_RE): 32 hexadecimal digits, hyphens optional. */
+const OBJECT_UID_RE = /^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$/i;
+
+/** Why typed text is not a unique identifier the server could know, or null when it is. */
+export function objectUidError(text: string): string | null {
+  const t = text.trim();
+  if (!t) return "Required: the object's unique identifier";
+  if (OBJECT_UID_RE.test(t)) return null;
+  const hex = t.replace(/-/g, "");
+  if (/[^0-9a-f]/i.test(hex)) {
+    return "A unique identifier has hexadecimal digits (0-9, a-f) and hyphens only, as 0b8e2f5a-4c3d-4e1f-9a7b-6c5d4e3f2a1b";
+  }
+  return `A unique identifier has 32 hexadecimal digits; this one has ${hex.length}`;
+}
+
+/** The identifier as the server writes it in a grant (lower case, hyphenated), so that a
+ *  grant already made is recognised however the identifier was typed. */
+export function toObjectUid(text: string): string {
+  const h = text.trim().replace(/-/g, "").toLowerCase();
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+}
+
 /** What each right lets a KMIP client do (docs/kmip.md "Tenancy"), in the order shown. */
 export const RIGHTS: { value: KmipRight; label: string; help: string; color: string }[] = [
   { value: "read", label: "read", help: "Locate it and read its attributes", color: "blue" },

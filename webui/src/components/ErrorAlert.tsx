@@ -72,6 +72,10 @@ export function hintFor(err: ApiError): string | null {
       return "The retirement changed meanwhile: reload the inventory, then decide again.";
     case "holder_excluded":
       return "Nothing to do: that holder is excluded already.";
+    case "object_not_found":
+      return "Check the unique identifier with the KMIP client that made the object, or find it as the object ID of its kmip.register or kmip.create_key_pair record in the audit log.";
+    case "kmip_grant_exists":
+      return "Revoke that grant in the Grants list first, then grant again with the rights wanted.";
     case "version_in_use":
       return "Retire the version first (Versions → Retire version…), then destroy it; or shred on purpose.";
     case "network":

@@ -12,6 +12,7 @@ import { ErrorAlert } from "../components/ErrorAlert";
 import { GuardedButton } from "../components/Guarded";
 import { CopyValue, EmptyState, Loading, OutcomeBadge, fmtTime } from "../components/bits";
 import { PageHeader } from "../components/PageHeader";
+import { STANDALONE_OBJECT_TYPES, kmipPath } from "../kmip";
 import { VerifyResultView } from "./Dashboard";
 
 const FILTERS = ["q", "actor", "action", "object_id", "outcome", "since", "until"] as const;
@@ -250,6 +251,7 @@ function AuditDrawer({ seq, onClose }: { seq: number | null; onClose: () => void
 }
 
 export function RecordView({ e }: { e: AuditEvent }) {
+  const { can } = useAuth();
   const rows: [string, React.ReactNode][] = [
     ["Sequence", e.seq], ["Time", fmtTime(e.time)], ["Actor", `${e.actor} (${e.actor_type})`],
     ["Action", <Code key="a">{e.action}</Code>], ["Outcome", <OutcomeBadge key="o" outcome={e.outcome} />],
@@ -272,6 +274,11 @@ export function RecordView({ e }: { e: AuditEvent }) {
       <Hash label="Record hash (HMAC-SHA-256)" value={e.hash} />
       {e.object_type === "key" && e.object_id && (
         <Anchor href={`#/keys/${encodeURIComponent(e.object_id)}`} size="sm">Open key</Anchor>
+      )}
+      {/* A standalone KMIP object has no page of its own: its grants are made from here. */}
+      {STANDALONE_OBJECT_TYPES.has(e.object_type ?? "") && e.object_id && can("kmip:clients") && (
+        <Anchor href={`#${kmipPath("grants", { grant_object: e.object_id })}`} size="sm" data-testid="audit-grant-object">
+          Grant KMIP access to this {e.object_type?.replace(/_/g, " ")}</Anchor>
       )}
     </Stack>
   );

@@ -61,18 +61,20 @@ type View = "clients" | "groups" | "grants";
 const VIEWS: View[] = ["clients", "groups", "grants"];
 
 /** Clients, their groups and the grants between groups, one view at a time (`?view=`); a key's
- *  page links here with `?view=grants&grant_key=<key>` to open the grant dialog on that key. */
+ *  page links here with `?view=grants&grant_key=<key>` to open the grant dialog on that key, an
+ *  audit record of a standalone object with `grant_object=<unique identifier>`. */
 export function KmipClientsPage() {
   const [params, setParams] = useSearchParams();
   const view: View = VIEWS.find((v) => v === params.get("view")) ?? "clients";
   const [grantPreset, setGrantPreset] = useState<GrantPreset | null>(null);
   const linkedKey = params.get("grant_key");
-  const preset = grantPreset ?? (linkedKey ? { key: linkedKey } : null);
+  const linkedObject = params.get("grant_object");
+  const preset = grantPreset ?? (linkedKey ? { key: linkedKey } : linkedObject ? { object: linkedObject } : null);
   const [revokingGrant, setRevokingGrant] = useState<KmipGrant | null>(null);
   const setView = (v: string | null) => setParams(v && v !== "clients" ? { view: v } : {}, { replace: true });
   const closeGrant = () => {
     setGrantPreset(null);
-    if (linkedKey) setParams({ view: "grants" }, { replace: true });
+    if (linkedKey || linkedObject) setParams({ view: "grants" }, { replace: true });
   };
   return (
     <Stack gap="md">

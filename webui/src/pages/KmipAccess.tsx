@@ -1,7 +1,7 @@
 // The KMIP page's Groups and Grants views: which clients share which objects, and the grants
 // that let a client or group reach objects outside its own group (docs/kmip.md "Tenancy").
 import {
-  Alert, Anchor, Badge, Button, Checkbox, Group, Modal, Paper, Radio, Select, Stack, Table, Text,
+  Alert, Anchor, Badge, Button, Checkbox, Group, Modal, Paper, Radio, Select, Stack, Table, Text, TextInput,
 } from "@mantine/core";
 import { useDebouncedValue } from "@mantine/hooks";
 import { notifications } from "@mantine/notifications";
@@ -9,12 +9,13 @@ import { IconKey, IconPlus } from "@tabler/icons-react";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState } from "react";
 import { Link, useSearchParams } from "react-router";
-import { api, call } from "../api/client";
+import { api, call, fieldError } from "../api/client";
 import { useAuth } from "../auth";
 import { ErrorAlert } from "../components/ErrorAlert";
 import { EmptyState, Loading, fmtRelative, fmtTime } from "../components/bits";
 import {
-  RIGHTS, kq, kmipApi, parseGrantee, sortRights, useKmipGrants, useKmipGroups, type KmipGrant, type KmipRight,
+  RIGHTS, kq, kmipApi, objectUidError, parseGrantee, sortRights, toObjectUid, useKmipGrants, useKmipGroups,
+  type KmipGrant, type KmipRight,
 } from "../kmip";
 import { useKeys } from "../queries";
 
@@ -163,8 +164,8 @@ export function GrantsView({ onGrant, onRevoke }: { onGrant: () => void; onRevok
     <Paper withBorder radius="md">
       <Group justify="space-between" p="md" pb={0} wrap="wrap" align="flex-end">
         <Stack gap="xs" maw={720}>
-          <Text size="sm" c="dimmed">A grant lets a client, or every client of a group, reach a key or a group's objects
-            beyond its own group. It never adds to what the client's role and key export setting allow.</Text>
+          <Text size="sm" c="dimmed">A grant lets a client, or every client of a group, reach a key, a standalone object
+            or a group's objects beyond its own group. It never adds to what the client's role and key export setting allow.</Text>
           <Select label="Grantee" placeholder="Every client and group" data={options} value={grantee || null} onChange={filter}
                   searchable clearable w={{ base: "100%", xs: 320 }} comboboxProps={{ withinPortal: true }}
                   nothingFoundMessage="No client or group by that name" data-testid="grants-filter" />
@@ -182,11 +183,13 @@ export function GrantsView({ onGrant, onRevoke }: { onGrant: () => void; onRevok
   );
 }
 
-export interface GrantPreset { key?: string; group?: string }
+export interface GrantPreset { key?: string; object?: string; group?: string }
 
-type TargetKind = "key" | "group";
+type TargetKind = "key" | "object" | "group";
 
-/** Grant a client or group rights on one key or on a group's objects. */
+/** Grant a client or group rights on one key, one standalone KMIP object (a public or private
+ *  key, secret data, a certificate: no managed key, so no key page to start from) or a group's
+ *  objects. No route lists standalone objects: the object is named by its unique identifier. */
 export function GrantDialog({ opened, preset, onClose }: { opened: boolean; preset: GrantPreset; onClose: () => void }) {
   const { can } = useAuth();
   const qc = useQueryClient();
@@ -194,11 +197,15 @@ export function GrantDialog({ opened, preset, onClose }: { opened: boolean; pres
   const [kind, setKind] = useState<TargetKind | null>(null);
   const [keyRef, setKeyRef] = useState<string | null>(null);
   const [group, setGroup] = useState<string | null>(null);
+  const [objectText, setObjectText] = useState<string | null>(null);
   const [rights, setRights] = useState<string[]>(["read"]);
   const [search, setSearch] = useState("");
   const [debounced] = useDebouncedValue(search, 250);
-  const targetKind: TargetKind = kind ?? (preset.group ? "group" : "key");
-    const chosenGroup = group ?? preset.group ?? null;
+  const targetKind: TargetKind = kind ?? (preset.group ? "group" : preset.object ? "object" : "key");
+  const chosenGroup = group ?? preset.group ?? null;
+  const typedObject = objectText ?? preset.object ?? "";
+  const objectError = objectUidError(typedObject);
+  const chosenObject = objectError ? null : toObjectUid(typedObject);
   const clients = useQuery({ queryKey: KMIP_CLIENTS, queryFn: () => call(api.GET("/api/v1/kmip/clients")), enabled: opened });
   const groups = useKmipGroups(opened);
   const existing = useKmipGrants({}, opened);
@@ -216,8 +223,8 @@ export function GrantDialog({ opened, preset, onClose }: { opened: boolean; pres
     { group: "Groups (every client of it)", items: (groups.data ?? []).filter((g) => g.clients.length)
       .map((g) => g.name).sort().map((n) => ({ value: `group:${n}`, label: n })) },
   ];
-  const target = targetKind === "key" ? chosenKey : chosenGroup;
-  const targetLabel = targetKind === "key" ? keyLabel : chosenGroup ?? "";
+  const target = targetKind === "key" ? chosenKey : targetKind === "object" ? chosenObject : chosenGroup;
+  const targetLabel = targetKind === "key" ? keyLabel : targetKind === "object" ? chosenObject ?? "" : chosenGroup ?? "";
   const duplicate = grantee && target ? (existing.data ?? []).find((g) => g.grantee === grantee && g.target_kind === targetKind
     && (g.target === target || g.target_name === targetLabel)) : undefined;
   // A client sees its own group's objects without a grant: say so rather than add a grant that changes nothing.
@@ -230,7 +237,8 @@ export function GrantDialog({ opened, preset, onClose }: { opened: boolean; pres
   const grant = useMutation({
     mutationFn: () => kmipApi.grant({
       grantee: grantee ?? "", rights: sortRights(rights as KmipRight[]),
-      ...(targetKind === "key" ? { key: chosenKey ?? "" } : { group: chosenGroup ?? "" }),
+      ...(targetKind === "key" ? { key: chosenKey ?? "" }
+        : targetKind === "object" ? { object: chosenObject ?? "" } : { group: chosenGroup ?? "" }),
     }),
     onSuccess: (g) => {
       void qc.invalidateQueries({ queryKey: kq.grantsAll });
@@ -241,7 +249,8 @@ export function GrantDialog({ opened, preset, onClose }: { opened: boolean; pres
     },
   });
   const close = () => {
-    setGrantee(null); setKind(null); setKeyRef(null); setGroup(null); setRights(["read"]); setSearch(""); grant.reset(); onClose();
+    setGrantee(null); setKind(null); setKeyRef(null); setGroup(null); setObjectText(null); setRights(["read"]); setSearch("");
+    grant.reset(); onClose();
   };
   const listError = clients.error ?? groups.error;
   return (
@@ -257,6 +266,7 @@ export function GrantDialog({ opened, preset, onClose }: { opened: boolean; pres
           <Radio.Group label="Target" value={targetKind} onChange={(v) => setKind(v as TargetKind)}>
             <Group gap="lg" mt={6}>
               <Radio value="key" label="One key" />
+              <Radio value="object" label="One standalone object" />
               <Radio value="group" label="A group's objects" />
             </Group>
           </Radio.Group>
@@ -267,6 +277,12 @@ export function GrantDialog({ opened, preset, onClose }: { opened: boolean; pres
                     nothingFoundMessage={keys.isFetching ? "Searching…" : "No key by that name"}
                     error={keys.error ? "Keys could not be loaded: reopen this dialog to try again" : undefined}
                     comboboxProps={{ withinPortal: true }} data-testid="grant-key" />
+          ) : targetKind === "object" ? (
+            <TextInput label="Object's unique identifier" required value={typedObject} placeholder="0b8e2f5a-4c3d-4e1f-9a7b-6c5d4e3f2a1b"
+                       onChange={(e) => setObjectText(e.currentTarget.value)} autoComplete="off" spellCheck={false}
+                       description="A public key, private key, secret data or certificate made over KMIP: its creator has the identifier, and the audit log shows it as the object ID of kmip.register and kmip.create_key_pair. A managed key is granted as a key."
+                       error={(typedObject.trim() ? objectError : null) ?? fieldError(grant.error, "object")}
+                       styles={{ input: { fontFamily: "var(--mantine-font-family-monospace)" } }} data-testid="grant-object" />
           ) : (
             <Select label="Group" required searchable data={groupNames} value={chosenGroup} onChange={setGroup}
                     description="Every object of the group, including those created later"
