@@ -171,6 +171,13 @@ class Settings(BaseSettings):
                                  description="the XKS port (mutual TLS); off when unset; 0 picks a free port (tests)")
     xks_client_ca_file: Path | None = Field(
         default=None, description="PEM bundle of the CAs whose client certificates the XKS port accepts")
+    # XKS calls in flight per worker process; past it a call is answered 429
+    # ThrottlingException at once (docs/integrations.md "Load shedding", decision 0020).
+    # At the benchmark's 1,800 calls/s over two workers (docs/benchmarks.md) a worker holds
+    # ~20 on average, under 100 even at the p99's 93 ms; ~225 queued at its ~900 calls/s
+    # wait past AWS KMS's 250 ms, so a call admitted beyond ~200 is work no one awaits.
+    xks_max_in_flight: int = Field(default=200, ge=1, le=65536,
+                                   description="XKS proxy calls in flight per worker; past it: ThrottlingException")
 
     # Resource limits against hostile clients (docs/api.md "Limits", docs/kmip.md
     # "Connection limits"); the HTTP ones are per worker process and per port.

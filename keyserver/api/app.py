@@ -86,6 +86,9 @@ class Metrics:
         self.latency = Histogram("strongroom_http_request_seconds", "HTTP request latency",
                                  ["method", "route"], registry=self.registry,
                                  buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
+        # XKS calls answered ThrottlingException at STRONGROOM_XKS_MAX_IN_FLIGHT (api/hotpath.py).
+        self.xks_shed = Counter("strongroom_xks_shed_total", "XKS proxy calls shed (429 ThrottlingException) past "
+                                "the in-flight bound", registry=self.registry)
         # Set at each scrape from the sinks' cursors (shared by the replicas).
         # Gauges read from the store at a scrape: the most recent value is the truth.
         self.sink_backlog = Gauge("strongroom_audit_sink_backlog_records",
@@ -441,6 +444,6 @@ def create_app(services: Services, *, run_background: bool = True, housekeeping:
     # Inside RequestMiddleware (request ids, metrics, limits, headers apply to both paths),
     # outside the router: see hotpath.py.
     app.add_middleware(DataKeyHotPath, services=services, exception_handlers=app.exception_handlers)
-    app.add_middleware(XksHotPath, services=services)
+    app.add_middleware(XksHotPath, services=services, on_shed=app_metrics.xks_shed.inc)
     app.add_middleware(RequestMiddleware, metrics=app_metrics, services=services, routes=app.router.routes)
     return app

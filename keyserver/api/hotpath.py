@@ -18,7 +18,9 @@ here whole: routes/xks_proxy.py's `serve` already answers every case itself, in 
 API's own error shape, and needs nothing from FastAPI but the request. Profiled at
 1,000 calls/s (docs/benchmarks.md), matching the path against the application's few
 hundred routes and solving the route's dependencies cost ten times the call's own work.
-Its routes stay declared in routes/xks_proxy.py for the OpenAPI description.
+Its routes stay declared in routes/xks_proxy.py for the OpenAPI description. Calls are
+bounded here (routes/xks_proxy.py `XksAdmission`): past `STRONGROOM_XKS_MAX_IN_FLIGHT`
+in this process, a call is answered ThrottlingException before any of its work is done.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from starlette.responses import JSONResponse, Response
 
 from keyserver.api.deps import cached_caller
 from keyserver.api.routes.keys import data_key_body
-from keyserver.api.routes.xks_proxy import XKS_ROUTE, serve_xks
+from keyserver.api.routes.xks_proxy import XKS_ROUTE, XksAdmission, serve_xks
 from keyserver.api.schemas import GenerateDataKeyRequest
 from keyserver.services import Services
 
@@ -120,9 +122,10 @@ XKS_PATH = re.compile(r"^/xks/([^/]+)/kms/xks/v1/(?:keys/([^/]+)/([^/]+)|health)
 
 
 class XksHotPath:
-    def __init__(self, app: ASGIApp, *, services: Services) -> None:
+    def __init__(self, app: ASGIApp, *, services: Services, on_shed: Callable[[], None] | None = None) -> None:
         self.app = app
         self.services = services
+        self.admission = XksAdmission(services, limit=services.settings.xks_max_in_flight, on_shed=on_shed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         match = XKS_PATH.match(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
@@ -130,9 +133,22 @@ class XksHotPath:
             await self.app(scope, receive, send)
             return
         store, key_id, operation = match.groups()
-        response = await serve_xks(Request(scope, receive), self.services, store, operation or "health", key_id)
         # What the router would have set: metrics label both ways with the route template.
         params = {"store": store} if key_id is None else {"store": store, "key_id": key_id, "operation": operation}
-        scope["route"] = XKS_ROUTE
-        scope["path_params"] = params
-        await response(scope, receive, send)
+        admission = self.admission
+        if admission.in_flight >= admission.limit:
+            client = scope.get("client")
+            shed = admission.shed(store, operation or "health", client[0] if client else None)
+            scope["route"] = XKS_ROUTE
+            scope["path_params"] = params
+            await shed(scope, receive, send)
+            return
+        # Counted until the answer is sent: a slow reader holds its place too.
+        admission.in_flight += 1
+        try:
+            response = await serve_xks(Request(scope, receive), self.services, store, operation or "health", key_id)
+            scope["route"] = XKS_ROUTE
+            scope["path_params"] = params
+            await response(scope, receive, send)
+        finally:
+            admission.in_flight -= 1

@@ -240,6 +240,7 @@ NOT_USES = {
     **dict.fromkeys(("xks.create", "xks.credential", "xks.credential_retire", "xks.grant", "xks.health",
                      "xks.list", "xks.metadata", "xks.read", "xks.revoke", "xks.ungrant", "xks.update"),
                     "key store administration or status"),
+    "xks.shed": "XKS calls refused past the in-flight bound before any key was touched (a count)",
     # KMIP: Get is key.export, the cryptographic operations key.{use}; these are object
     # lifecycle, attributes, searches and the clients' tenancy.
     **dict.fromkeys(("kmip.create_key_pair", "kmip.get_attribute_list", "kmip.get_attributes",

@@ -10,7 +10,8 @@ the API's shape, `{"errorName", "errorMessage"}`, with its HTTP statuses. Transl
 only: authentication, rules and audit are in core/xks.py and core/sigv4.py.
 
 The routes below declare the API (OpenAPI); api/hotpath.py serves the same paths through
-`serve_xks` before the router is consulted (FastAPI's matching cost more than the call).
+`serve_xks` before the router is consulted (FastAPI's matching cost more than the call),
+and sheds calls past `XksAdmission`'s bound with the API's ThrottlingException.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ import binascii
 import contextlib
 import contextvars
 import json
+import logging
+from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from cryptography import x509
@@ -42,13 +48,14 @@ from keyserver.core.errors import (
     ServiceUnavailable,
     Unauthenticated,
 )
-from keyserver.core.principal import RequestContext
+from keyserver.core.principal import ANONYMOUS, RequestContext
 from keyserver.core.sigv4 import header_map
-from keyserver.core.xks import MAX_AAD, MAX_PLAINTEXT, XksCall, integrity_value
+from keyserver.core.xks import MAX_AAD, MAX_PLAINTEXT, NAME_RE, XksCall, integrity_value
 from keyserver.logs import request_id_var
 from keyserver.services import Services
 from keyserver.store.db import WouldBlock, no_blocking
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/xks/{store}/kms/xks/v1", tags=["xks-proxy"])
 MAX_REQUEST = 64 * 1024
 META_FIELDS = {"awsPrincipalArn": "aws_principal_arn", "awsSourceVpc": "aws_source_vpc",
@@ -271,6 +278,113 @@ async def serve_xks(request: Request, services: Services, store: str, operation:
         return from_core(failure)
     assert out is not None
     return JSONResponse(out)
+
+
+SHED_AUDIT_SECONDS = 1.0  # one `xks.shed` record per this many seconds while shedding
+SHED_NAMES = 16  # stores / addresses named in one record; the rest are counted as OTHER
+OTHER = "(other)"
+
+
+@dataclass
+class _Shed:
+    """The calls shed since the last `xks.shed` record."""
+
+    since: datetime
+    until: datetime
+    count: int = 0
+    stores: Counter[str] = field(default_factory=Counter)
+    operations: Counter[str] = field(default_factory=Counter)
+    sources: Counter[str] = field(default_factory=Counter)
+
+    def merge(self, other: _Shed) -> None:
+        self.since, self.until = min(self.since, other.since), max(self.until, other.until)
+        self.count += other.count
+        for mine, theirs in ((self.stores, other.stores), (self.operations, other.operations),
+                             (self.sources, other.sources)):
+            for name, n in theirs.items():
+                _bump(mine, name, n)
+
+
+def _bump(counts: Counter[str], name: str, n: int = 1) -> None:
+    # The names come from unauthenticated requests: a flood of made-up ones must not
+    # grow a record (or this process) without bound.
+    counts[name if name in counts or len(counts) < SHED_NAMES else OTHER] += n
+
+
+class XksAdmission:
+    """The bound on XKS calls in flight in this worker process (`STRONGROOM_XKS_MAX_IN_FLIGHT`).
+
+    Past it a call is answered at once with the API's 429 ThrottlingException — before
+    its body is read, its signature checked or the HSM touched — instead of queueing on
+    the event loop and in the proxy's thread pool, where every caller's latency and the
+    process's memory would grow without bound and answers would come after AWS KMS's
+    250 ms had run out anyway. Only the event loop touches the counts: no lock.
+
+    A shed call is not authenticated (that is the work shedding saves), so it is recorded
+    as the anonymous caller's refusal, like a bad signature. One record per call would
+    add an audit write to every refusal of a server that is already past its capacity,
+    and the chainer (the bottleneck behind it, docs/benchmarks.md) would fall further
+    behind; so calls shed within SHED_AUDIT_SECONDS are summed into one `xks.shed`
+    record (outcome `denied`), written when the interval ends. A record that fails to
+    commit is folded into the next interval's, so no shed call goes unrecorded while the
+    process lives."""
+
+    def __init__(self, services: Services, *, limit: int, on_shed: Callable[[], None] | None = None,
+                 every: float = SHED_AUDIT_SECONDS) -> None:
+        self.services, self.limit, self.every = services, limit, every
+        self.in_flight = 0
+        self._on_shed = on_shed
+        self._pending: _Shed | None = None
+        self._writing: set[asyncio.Task[None]] = set()
+
+    def shed(self, store: str, operation: str, source_ip: str | None) -> JSONResponse:
+        now = datetime.now(UTC)
+        if self._pending is None:
+            self._pending = _Shed(since=now, until=now)
+            self._schedule()
+        pending = self._pending
+        pending.until = now
+        pending.count += 1
+        _bump(pending.stores, store if NAME_RE.match(store) else OTHER)
+        _bump(pending.operations, operation if operation in OPERATIONS or operation == "health" else OTHER)
+        _bump(pending.sources, source_ip or "unknown")
+        if self._on_shed is not None:
+            self._on_shed()
+        return xks_error("ThrottlingException", f"this proxy has {self.limit} calls in flight, its bound: "
+                         "retry shortly")
+
+    def _schedule(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.every, self._write_soon)
+
+    def _write_soon(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._write())
+        self._writing.add(task)
+        task.add_done_callback(self._writing.discard)
+
+    async def _write(self) -> None:
+        shed, self._pending = self._pending, None
+        if shed is None:
+            return
+        stores, sources = sorted(shed.stores), sorted(shed.sources)
+        one_store = stores[0] if len(stores) == 1 and stores[0] != OTHER else None
+        one_source = sources[0] if len(sources) == 1 and sources[0] not in (OTHER, "unknown") else None
+        details = {"refused": "ThrottlingException", "shed": shed.count, "max_in_flight": self.limit,
+                   "since": shed.since.isoformat(), "until": shed.until.isoformat(),
+                   "stores": dict(shed.stores), "operations": dict(shed.operations),
+                   "source_ips": dict(shed.sources)}
+        record = PendingRecord(RequestContext(ANONYMOUS, one_source, None), "xks.shed",
+                               "xks_store" if one_store else None, one_store, details, "denied")
+        try:
+            await self.services.audit.commit_async(record)
+        except Exception:
+            log.exception("the xks.shed record of %d shed call(s) was not committed; retried with the next",
+                          shed.count)
+            if self._pending is None:
+                self._pending = shed
+                self._schedule()
+            else:
+                self._pending.merge(shed)
 
 
 def _s(data: bytes) -> str:
