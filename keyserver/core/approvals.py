@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, CoreError, Forbidden, NotFound
+from keyserver.core.kmip_groups import client_group
 from keyserver.core.permissions import ROLE_PERMISSIONS, Permission, Role
 from keyserver.core.policy import Policy
 from keyserver.core.principal import SYSTEM, RequestContext
@@ -334,7 +335,7 @@ class ApprovalService:
             return Principal(name=req.requested_by, actor_type="host", role=client.role,
                              permissions=permissions_for(client.role) - {Permission.KEYS_EXPORT,
                                                                          Permission.KEYS_EXPORT_WRAPPED},
-                             kmip_group=client.group or client.name)  # kmip_clients.client_group
+                             kmip_group=client_group(client))
         if req.requester_user_id is None:
             raise Conflict("the requester is not a user any more; ask again", code="approval_requester_gone")
         with self._db() as s:

@@ -21,17 +21,17 @@ from datetime import datetime
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.ca import CertificateAuthority, fingerprint, serial_hex
 from keyserver.core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
+from keyserver.core.kmip_groups import client_group
 from keyserver.core.names import check_group
 from keyserver.core.permissions import Permission, Role, permissions_for
 from keyserver.core.policy import Policy
 from keyserver.core.principal import Principal, RequestContext
-from keyserver.core.views import KmipClientView
 from keyserver.store.models import KmipClient
 from keyserver.store.notify import Notifier, Topic
 
@@ -63,17 +63,6 @@ def check_key_export(value: str) -> str:
     if value not in KEY_EXPORT:
         raise InvalidInput(f"key_export must be one of: {', '.join(KEY_EXPORT)}")
     return value
-
-
-def client_group(client: KmipClientView) -> str:
-    """Its KMIP tenancy group: NULL is its own name (a client issued by the previous release
-    during a rolling upgrade, migration 0026)."""
-    return client.group or client.name
-
-
-def group_column() -> ColumnElement[str]:
-    """`client_group` in SQL."""
-    return func.coalesce(KmipClient.group, KmipClient.name)
 
 
 def principal_for(client: KmipClient) -> Principal:

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 from keyserver.core.audit import AuditService, utcnow
 from keyserver.core.errors import Conflict, InvalidInput, NotFound
 from keyserver.core.keys import key_filter
-from keyserver.core.kmip_clients import group_column
+from keyserver.core.kmip_groups import group_column
 from keyserver.core.kmip_tenancy import CLIENT, EXPORT, GROUP, RIGHTS
 from keyserver.core.names import GROUP_RE, UUID_RE
 from keyserver.core.permissions import Permission

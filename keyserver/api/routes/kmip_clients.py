@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from keyserver.api.deps import Ctx, ServicesDep
 from keyserver.api.schemas import KMIP_GROUP_PATTERN as GROUP_PATTERN
-from keyserver.core.kmip_clients import client_group
+from keyserver.core.kmip_groups import client_group
 from keyserver.core.views import KmipClientView
 
 router = APIRouter(prefix="/kmip/clients", tags=["kmip"])
