@@ -17,17 +17,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import exists, func, or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from keyserver.core.audit import AuditService
-from keyserver.core.audit.statements import USE_ACTIONS
 from keyserver.core.errors import Conflict
 from keyserver.core.principal import RequestContext
 from keyserver.core.states import DESTROYED_STATES, KeyState
 from keyserver.store.databases import DatabaseGrant, DatabaseIdentity
-from keyserver.store.models import AuditEvent, AuditUsageHourly, GuardPoint, Host, ManagedKey, Volume
-from keyserver.store.retirement import DatakeyReencrypted, KeyVersionDatakeys, VersionRetirement
+from keyserver.store.models import AuditUsageHourly, GuardPoint, Host, ManagedKey, Volume
+from keyserver.store.retirement import (
+    AuditVersionUsage,
+    DatakeyReencrypted,
+    KeyVersionDatakeys,
+    VersionRetirement,
+)
 from keyserver.store.xks import XksKey, XksStore
 
 # Counts per kind, in the order the inventory and the statement list them.
@@ -217,25 +221,25 @@ def _databases(s: Session, key_id: uuid.UUID, version: int) -> list[Holder]:
 
 def _audited_users(s: Session, key_id: uuid.UUID, version: int) -> list[Holder]:
     """AWS key stores and KMIP clients that used the version. Neither has a per-version
-    table, so the audit says: the per-actor usage counts name who used the key at all,
-    then one indexed look per actor finds an allowed use naming this version. The server
-    cannot reach into either (AWS keeps its ciphertexts), so only an exclusion clears one."""
+    table of its own, so the audit says: the hourly usage counts name who used the key at
+    all, and the chainer's per-version usage (audit_version_usage) which of them used this
+    version, in one look by its primary key. The server cannot reach into either (AWS
+    keeps its ciphertexts), so only an exclusion clears one."""
+    audited = or_(AuditUsageHourly.actor.startswith("xks:"), AuditUsageHourly.actor.startswith("kmip:"))
     actors = set(s.execute(select(AuditUsageHourly.actor).where(
-        AuditUsageHourly.key_id == str(key_id),
-        or_(AuditUsageHourly.actor.startswith("xks:"), AuditUsageHourly.actor.startswith("kmip:"))).distinct())
+        AuditUsageHourly.key_id == str(key_id), audited).distinct()).scalars())
+    u = AuditVersionUsage
+    used = set(s.execute(select(u.actor).where(
+        u.key_id == key_id, u.version == version, or_(u.actor.startswith("xks:"), u.actor.startswith("kmip:"))))
         .scalars())
     granted = {f"xks:{name}" for name in s.execute(select(XksStore.name).join(XksKey, XksKey.store_id == XksStore.id)
                                                    .where(XksKey.key_id == key_id)).scalars()}
     out = []
-    for actor in sorted(actors | granted):
-        used = actor in actors and bool(s.execute(select(exists().where(
-            AuditEvent.object_id == str(key_id), AuditEvent.actor == actor, AuditEvent.outcome == "allowed",
-            AuditEvent.action.in_(USE_ACTIONS),
-            AuditEvent.details["version"].as_integer() == version))).scalar())
+    for actor in sorted(actors | used | granted):
         kind, _, name = actor.partition(":")
         label = f"AWS key store {name}" if kind == "xks" else f"KMIP client {name}"
         out.append(Holder("xks_store" if kind == "xks" else "kmip_client", name, label, None,
-                          "in_use" if used else "clear"))
+                          "in_use" if actor in used else "clear"))
     return out
 
 

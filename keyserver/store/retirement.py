@@ -1,6 +1,7 @@
 """The tables of a key version's retirement (decision 0024): the retirement itself, the
-holders an operator excluded from it, and the chainer's per-version data-key counts
-that the inventory reads (issued under a version; distinct blobs re-encrypted off it).
+holders an operator excluded from it, and the chainer's per-version counts that the
+inventory reads (data keys issued under a version; distinct blobs re-encrypted off it;
+who used the version).
 
 Mapped on `models.Base` beside the other tables; `keyserver/store/__init__.py` imports
 this module, so the metadata always holds them.
@@ -24,6 +25,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     Uuid,
+    case,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -100,6 +102,42 @@ class DatakeyReencrypted(Base):
     key_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
     iv: Mapped[bytes] = mapped_column(LargeBinary(12), primary_key=True)
+
+
+class AuditVersionUsage(Base):
+    """Who used which version of a key: allowed records of a use action naming the
+    version in its details (statements.VERSION_FIELDS), per key, version and actor, kept
+    by the chainer in the transaction that chains them (migration 0029 counted the
+    records before it). The inventory finds the AWS key stores and KMIP clients that used
+    a version here, in one look by the primary key, never in the records."""
+
+    __tablename__ = "audit_version_usage"
+
+    key_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    actor: Mapped[str] = mapped_column(String(300), primary_key=True)
+    first_used: Mapped[datetime]
+    last_used: Mapped[datetime]
+    count: Mapped[int] = mapped_column(BigInteger)
+
+
+def add_version_usage(conn: Connection, uses: dict[tuple[uuid.UUID, int, str], tuple[datetime, datetime, int]]
+                      ) -> None:
+    """Add uses per (key id, version, actor) as (first, last, n), one statement (the
+    chainer's transaction). A batch's records are not in time order across replicas, so
+    the first and last uses are compared, not overwritten."""
+    if not uses:
+        return
+    t = AuditVersionUsage
+    stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(t)
+    new = stmt.excluded
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=[t.key_id, t.version, t.actor],
+        set_={"count": t.count + new["count"],
+              "first_used": case((new.first_used < t.first_used, new.first_used), else_=t.first_used),
+              "last_used": case((new.last_used > t.last_used, new.last_used), else_=t.last_used)}),
+        [{"key_id": k, "version": v, "actor": a, "first_used": first, "last_used": last, "count": n}
+         for (k, v, a), (first, last, n) in uses.items()])
 
 
 def add_issued(conn: Connection, counts: dict[tuple[uuid.UUID, int], int]) -> None:

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from keyserver.services import Services
 from keyserver.store.models import AuditEvent
 from tests.conftest import unique
+from tests.kmip.conftest import ClientFiles
 
 
 def test_destroy_of_a_version_in_use_is_refused_over_kmip(kmip: Any, admin: httpx.Client,
@@ -57,3 +58,28 @@ def test_destroy_of_a_version_in_use_is_refused_over_kmip(kmip: Any, admin: http
     attrs = {a.attribute_name.value: a.attribute_value for a in kmip.get_attributes(uid)[1]}
     assert attrs["State"].value == enums.State.DESTROYED
 
+
+
+def test_a_client_that_used_only_version_2_holds_version_2_not_1(kmip: Any, admin: httpx.Client,
+                                                                 officer_files: ClientFiles,
+                                                                 services: Services) -> None:
+    """Who used which version is counted per version (audit_version_usage): a client that
+    made the key, re-keyed it and encrypted under the replacement holds version 2 only;
+    for version 1 it is listed, clear (it did use the key, never that version)."""
+    name = unique("v2only")
+    old = kmip.create(enums.CryptographicAlgorithm.AES, 256, name=name)
+    kmip.activate(old)
+    new = kmip.rekey(uid=old)
+    gcm = {"block_cipher_mode": enums.BlockCipherMode.GCM}
+    data, iv = kmip.encrypt(b"under v2", uid=new, cryptographic_parameters=gcm)
+    assert kmip.decrypt(data, uid=new, cryptographic_parameters=gcm, iv_counter_nonce=iv) == b"under v2"
+    services.audit.flush()
+    key_id = admin.get(f"/api/v1/keys/{name}").json()["id"]
+
+    def client_state(version: int) -> list[tuple[str, str]]:
+        r = admin.get(f"/api/v1/keys/{key_id}/versions/{version}/inventory")
+        assert r.status_code == 200, r.text
+        return [(h["holder"], h["state"]) for h in r.json()["holders"] if h["kind"] == "kmip_client"]
+
+    assert client_state(2) == [(officer_files.name, "in_use")]
+    assert client_state(1) == [(officer_files.name, "clear")]

@@ -1,7 +1,8 @@
 """The chainer: a thread in every replica that takes the chain head's row lock, moves the
 inbox into `audit_events` in batches, and links each record to the previous one with
 HMAC-SHA-256 under a key that never leaves the HSM. In the same transaction it names each
-record's object (names.py), keeps the hourly counts and the word index, and signs a
+record's object (names.py), keeps the hourly counts, the per-version counts the
+inventory reads (data keys, who used each version) and the word index, and signs a
 checkpoint when one is due.
 """
 
@@ -19,6 +20,7 @@ from keyserver.core.audit.activity import rollup_reason
 from keyserver.core.audit.checkpoints import Checkpoints
 from keyserver.core.audit.names import name_objects
 from keyserver.core.audit.record import GENESIS_HASH, ChainMac, canonical_record
+from keyserver.core.audit.statements import VERSION_FIELDS
 from keyserver.core.audit_search import record_terms
 from keyserver.core.errors import ServiceUnavailable
 from keyserver.store.db import upsert_counts
@@ -31,7 +33,7 @@ from keyserver.store.models import (
     AuditSearch,
     AuditUsageHourly,
 )
-from keyserver.store.retirement import add_issued, add_reencrypted
+from keyserver.store.retirement import add_issued, add_reencrypted, add_version_usage
 
 log = logging.getLogger(__name__)
 CHAIN_BATCH = 1000
@@ -45,6 +47,7 @@ def count_chained(conn: Connection, events: list[dict[str, Any]]) -> None:
     used: dict[tuple[Any, ...], int] = {}
     issued: dict[tuple[uuid.UUID, int], int] = {}
     reencrypted: set[tuple[uuid.UUID, int, bytes]] = set()
+    versions: dict[tuple[uuid.UUID, int, str], tuple[datetime, datetime, int]] = {}
     for e in events:
         hour = e["time"].astimezone(UTC).replace(minute=0, second=0, microsecond=0)
         hourly[(hour, e["outcome"])] = hourly.get((hour, e["outcome"]), 0) + 1
@@ -52,6 +55,7 @@ def count_chained(conn: Connection, events: list[dict[str, Any]]) -> None:
             k = (e["object_id"], hour, e["actor"], e["action"])
             used[k] = used.get(k, 0) + 1
             _count_datakey(e, issued, reencrypted)
+            _count_version_use(e, versions)
         if e["outcome"] != "allowed":
             k = (hour, e["actor"], e["action"], rollup_reason(e["outcome"], e["details"]))
             refusals[k] = refusals.get(k, 0) + 1
@@ -60,6 +64,7 @@ def count_chained(conn: Connection, events: list[dict[str, Any]]) -> None:
     upsert_counts(conn, AuditUsageHourly, ["key_id", "hour", "actor", "action"], used)
     add_issued(conn, issued)
     add_reencrypted(conn, reencrypted)
+    add_version_usage(conn, versions)
     conn.execute(insert(AuditSearch), [{"seq": e["seq"], "terms": record_terms(e)} for e in events])
 
 
@@ -84,6 +89,32 @@ def _count_datakey(e: dict[str, Any], issued: dict[tuple[uuid.UUID, int], int],
             issued[k] = issued.get(k, 0) + 1
     except (KeyError, TypeError, ValueError):
         log.warning("audit record %s of %s names no usable version; not counted", e.get("seq"), action)
+
+
+def _count_version_use(e: dict[str, Any], uses: dict[tuple[uuid.UUID, int, str], tuple[datetime, datetime, int]]
+                       ) -> None:
+    """Who used which version (the inventory's AWS key stores and KMIP clients): an
+    allowed use action naming it, by statements.uses_version's rule — an integer, not a
+    boolean, in the action's version fields. Migration 0029 applied it to the records
+    chained before it."""
+    fields = VERSION_FIELDS.get(e["action"])
+    details = e["details"]
+    if not fields or not isinstance(details, dict):
+        return
+    named = [details.get(f) for f in fields]
+    # A version column is 32 bits: anything beyond names no version the server made.
+    numbers = {v for v in named if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31}
+    if not numbers:
+        return
+    try:
+        key_id = uuid.UUID(str(e["object_id"]))
+    except ValueError:
+        return  # not one key's id: no version of it to name
+    at = e["time"]
+    for v in numbers:
+        k = (key_id, v, e["actor"])
+        seen = uses.get(k)
+        uses[k] = (at, at, 1) if seen is None else (min(seen[0], at), max(seen[1], at), seen[2] + 1)
 
 
 class Chainer:
