@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
@@ -30,9 +31,10 @@ from agents import __version__
 from agents.config import AgentConfig
 from agents.cryptfile import native, read_header
 from agents.cryptfile.transform import TMP_PREFIX, decrypt_file, encrypt_file, is_encrypted, rekey_file, rewrap_file
-from agents.daemon import AgentDaemon, clock_skew, os_description
+from agents.daemon import STATUS_FILE, AgentDaemon, clock_skew, os_description
 from agents.errors import AgentError, Exit
 from agents.guardpoint.manager import GuardPointManager, local_reports
+from agents.guardpoint.records import read_json
 from agents.keyclient.cache import ServerUnreachable
 from agents.keyclient.client import ServerClient, ServerKeyring, ServerRefused
 from agents.keyclient.identity import HostIdentity
@@ -176,7 +178,7 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="machine-readabl
     report = {"server_url": config.server_url, "host_id": beat["host_id"], "hostname": beat["hostname"],
               "host_group": beat["host_group"], "state": beat["state"], "clock_skew_seconds": round(skew, 1),
               "pending_events": spool.pending(), "state_dir": str(identity.state_dir), "keys": keys,
-              "guard_points": local_reports(config.state_dir),
+              "guard_points": local_reports(config.state_dir), "daemon": _daemon_state(config),
               "agent_version": __version__, "format_engine": native.describe()}
     if as_json:
         out.print_json(json.dumps(report))
@@ -185,6 +187,7 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="machine-readabl
               f"[green]{beat['state']}[/green] at {config.server_url}")
     out.print(f"clock skew {skew:+.1f} s · {report['pending_events']} event(s) waiting to be shipped")
     out.print(f"format engine: {report['format_engine']}")
+    out.print(_daemon_line(report["daemon"]))
     table = Table("key", "id", "active version")
     for k in keys:
         table.add_row(k["name"], k["key_id"], str(k["active_version"] or "none"))
@@ -193,6 +196,36 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="machine-readabl
     for g in report["guard_points"]:
         points.add_row(g["path"], g["key"], g["state"], str(g["revision"] or "-"), g["detail"])
     out.print(points if report["guard_points"] else "no guard points on this host")
+
+
+def _daemon_state(config: AgentConfig) -> dict[str, Any] | None:
+    """What `kms-agent run` last wrote of itself (agents/daemon.py), and whether it still runs."""
+    state = read_json(config.state_dir / STATUS_FILE)
+    if state is None:
+        return None
+    alive = False
+    if state.get("running") and isinstance(state.get("pid"), int):
+        try:
+            os.kill(state["pid"], 0)
+            alive = True
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            alive = True
+    return {**state, "running": alive}
+
+
+def _daemon_line(state: dict[str, Any] | None) -> str:
+    if state is None:
+        return "daemon: no record here (`kms-agent run` has not run on this host)"
+    error = state.get("error")
+    if not state["running"]:
+        return f"[yellow]daemon: not running[/yellow] (last record {state.get('updated_at')})" + (
+            f"; it was failing since {error['since']}: {escape(error['message'])}" if error else "")
+    if error:
+        return (f"[red]daemon: heartbeats failing since {error['since']}[/red] ({error['failed_beats']} in a row, "
+                f"last ok {state.get('last_ok_at') or 'never'}): {escape(error['message'])}")
+    return f"daemon: running, last heartbeat ok at {state.get('last_ok_at') or '-'}"
 
 
 @app.command()
@@ -293,7 +326,8 @@ def run() -> None:
         spool = _spool(config)
         daemon = AgentDaemon(c, keyring, spool, guard_points=manager,
                              revocations=RevocationLedger(config.state_dir),
-                             volumes=VolumeManager(c, config, spool=spool))
+                             volumes=VolumeManager(c, config, spool=spool),
+                             status_file=config.state_dir / STATUS_FILE)
         try:
             code = daemon.run(stop)
         finally:

@@ -136,10 +136,14 @@ class ServerClient:
         if r.status_code >= 400:
             code = _code(r)
             if code in ("host_revoked", "host_unknown"):
+                detail = _detail(r)
                 if self._identity is not None and self._certificate:
-                    RevocationLedger(self._identity.state_dir).mark_host(code=code, detail=_detail(r),
-                                                                         certificate=self._certificate)
-                raise HostRevoked(r.status_code, code, _detail(r))
+                    try:
+                        RevocationLedger(self._identity.state_dir).mark_host(code=code, detail=detail,
+                                                                             certificate=self._certificate)
+                    except OSError as exc:  # a full or read-only state dir must not hide the revocation
+                        detail = f"{detail} (not remembered on disk: {exc})"
+                raise HostRevoked(r.status_code, code, detail)
             raise ServerRefused(r.status_code, code, _detail(r))
         return r.json()
 

@@ -53,14 +53,25 @@ class EventSpool:
         """Deliver every complete segment, oldest first; stop at the first failure
         (the sender's exception propagates, nothing is lost). A segment the server
         refuses as invalid (`rejected`) would block every later one: it is set aside
-        as `*.rejected` for inspection and the rest go on. Returns events sent."""
+        as `*.rejected` for inspection and the rest go on. Returns events sent.
+        A spool that cannot be written (read-only, immutable) sends nothing: a segment
+        shipped but not deleted would be shipped again at every try."""
         sent = 0
+        probed = False
         while True:
             with self._lock:
                 segments = self._segments()
                 if not segments:
                     return sent
                 segment = segments[0]
+                if not probed:  # the file system's own error (EROFS, EPERM, ...), about the spool
+                    probe = self._dir / ".writable"
+                    try:
+                        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT, 0o600))
+                        probe.unlink()
+                    except OSError as exc:
+                        raise OSError(exc.errno, exc.strerror, str(self._dir)) from exc
+                    probed = True
                 if segment == self._current:
                     self._current = None  # close it: new events go to a new segment
             events = []
