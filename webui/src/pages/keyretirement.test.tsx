@@ -44,8 +44,11 @@ function inventory(over: Partial<Inventory> = {}): Inventory {
   };
 }
 
-function server(inv: Inventory | (() => Inventory | Response), more: Record<string, Parameters<typeof fakeApi>[0][string]> = {}) {
-  return fakeApi({
+/** What every test starts from: the key's page, signed in as `role`, on a server answering
+ *  the inventory of v1 with `inv` (or what `inv` returns, each time), and `more` besides. */
+function setup(inv: Inventory | (() => Inventory | Response), more: Record<string, Parameters<typeof fakeApi>[0][string]> = {},
+               role: Parameters<typeof meAs>[0] = "admin") {
+  const api = fakeApi({
     "GET /api/v1/keys/:ref": key,
     "GET /api/v1/keys/:ref/consumers": { items: [] },
     "GET /api/v1/audit/events": { items: [], total: 0, total_exact: true, next_before_seq: null },
@@ -53,20 +56,34 @@ function server(inv: Inventory | (() => Inventory | Response), more: Record<stri
     "GET /api/v1/retirements": [],
     ...more,
   });
-}
-
-const page = (role: Parameters<typeof meAs>[0] = "admin") =>
   renderWith(<KeyDetailPage />, { at: "/keys/payments", path: "/keys/:keyRef", me: meAs(role) });
+  return api;
+}
 
 async function openInventory() {
   await userEvent.click(await screen.findByRole("button", { name: "Inventory of v1" }));
   return screen.findByRole("dialog", { name: "Inventory of payments v1" });
 }
 
+async function openRetire() {
+  await userEvent.click(await screen.findByRole("button", { name: "Retire v1…" }));
+  return screen.findByRole("dialog", { name: "Retire payments v1" });
+}
+
+async function openDestroy() {
+  await userEvent.click(await screen.findByTestId("destroy-key"));
+  return screen.findByRole("dialog", { name: "Destroy payments" });
+}
+
+/** A reason or a key's name, pasted as a person would type it (a render per key is slow). */
+async function typeInto(field: HTMLElement, text: string) {
+  await userEvent.click(field);
+  await userEvent.paste(text);
+}
+
 describe("The Versions panel", () => {
   it("offers the inventory and retirement for an older version only", async () => {
-    server(inventory());
-    page();
+    setup(inventory());
     await screen.findByRole("button", { name: "Inventory of v1" });
     expect(screen.getByRole("button", { name: "Retire v1…" })).toBeInTheDocument();
     expect(screen.queryByRole("button", { name: "Inventory of v2" })).toBeNull();
@@ -74,8 +91,7 @@ describe("The Versions panel", () => {
   });
 
   it("lets an auditor read the inventory but not retire", async () => {
-    server(inventory());
-    page("auditor");
+    setup(inventory(), {}, "auditor");
     await screen.findByRole("button", { name: "Inventory of v1" });
     expect(screen.queryByRole("button", { name: "Retire v1…" })).toBeNull();
     const drawer = await openInventory();
@@ -88,7 +104,7 @@ describe("The Versions panel's retirement states", () => {
   it("a retiring version says so and is not offered another retirement; a retired one says retired", async () => {
     const three = { ...key, current_version: 3, versions: [...key.versions.map((v) => ({ ...v, state: "deactivated" as const })),
       { ...key.versions[1], version: 3, state: "active" as const }] };
-    server(inventory(), {
+    setup(inventory(), {
       "GET /api/v1/keys/:ref": three,
       "GET /api/v1/retirements": [
         { ...running, version: 1, state: "cancelled", requested_at: "2026-11-20T00:00:00Z" },
@@ -97,7 +113,6 @@ describe("The Versions panel's retirement states", () => {
         { ...running, key_id: "another-key", version: 2, id: "r-4", state: "complete" },
       ],
     });
-    page();
     expect(await screen.findByTestId("retirement-v1")).toHaveTextContent("retired");
     expect(screen.getByTestId("retirement-v2")).toHaveTextContent("retiring");
     expect(screen.queryByRole("button", { name: "Retire v1…" })).toBeNull();
@@ -108,8 +123,7 @@ describe("The Versions panel's retirement states", () => {
 
 describe("The inventory of a version", () => {
   it("in use: counts per kind, each holder with its state, and the way to retire", async () => {
-    server(inventory());
-    page();
+    setup(inventory());
     const drawer = await openInventory();
     expect(await within(drawer).findByTestId("inventory-summary")).toHaveTextContent("v1 is in use");
     expect(within(drawer).getByTestId("inventory-summary")).toHaveTextContent(/Retire it to move every holder/);
@@ -131,19 +145,17 @@ describe("The inventory of a version", () => {
   });
 
   it("clear: says nothing uses it", async () => {
-    server(inventory({ in_use: false, kinds: { data_keys: 0, guard_point_files: 0 },
-                       holders: [{ ...apps, count: 0, state: "clear" }] }));
-    page();
+    setup(inventory({ in_use: false, kinds: { data_keys: 0, guard_point_files: 0 },
+                      holders: [{ ...apps, count: 0, state: "clear" }] }));
     const drawer = await openInventory();
     expect(await within(drawer).findByTestId("inventory-summary")).toHaveTextContent("Nothing uses v1");
     expect(within(drawer).getByTestId("inventory-holders").querySelector("tbody tr")).toHaveAttribute("data-state", "clear");
   });
 
   it("unreported: names the hosts, says how to unblock the retirement, and excludes a decommissioned one", async () => {
-    const api = server(inventory({ holders: [apps, hostB], unreported_hosts: ["host-b"], retirement: running }), {
+    const api = setup(inventory({ holders: [apps, hostB], unreported_hosts: ["host-b"], retirement: running }), {
       "POST /api/v1/keys/:ref/versions/:version/retire/exclusions": () => json(201, running),
     });
-    page();
     const drawer = await openInventory();
     const unreported = await within(drawer).findByTestId("unreported-hosts");
     expect(unreported).toHaveTextContent("host-b");
@@ -153,8 +165,7 @@ describe("The inventory of a version", () => {
     await userEvent.click(within(unreported).getByRole("button", { name: "Exclude host host-b…" }));
     const form = within(drawer).getByRole("form", { name: "Exclude host-b" });
     expect(form).toHaveTextContent("every guard point and volume of the host");
-    await userEvent.click(within(form).getByTestId("exclude-reason"));
-    await userEvent.paste("decommissioned, disks wiped (CHG-1234)");
+    await typeInto(within(form).getByTestId("exclude-reason"), "decommissioned, disks wiped (CHG-1234)");
     await userEvent.click(within(form).getByTestId("exclude-submit"));
     await waitFor(() => expect(api.calls("POST /api/v1/keys/:ref/versions/:version/retire/exclusions")).toHaveLength(1));
     expect(api.calls("POST /api/v1/keys/:ref/versions/:version/retire/exclusions")[0].body)
@@ -162,8 +173,7 @@ describe("The inventory of a version", () => {
   });
 
   it("an auditor is offered no exclusion", async () => {
-    server(inventory({ holders: [apps, hostB], unreported_hosts: ["host-b"], retirement: running }));
-    page("auditor");
+    setup(inventory({ holders: [apps, hostB], unreported_hosts: ["host-b"], retirement: running }), {}, "auditor");
     const drawer = await openInventory();
     await within(drawer).findByTestId("unreported-hosts");
     expect(within(drawer).queryByRole("button", { name: /^Exclude/ })).toBeNull();
@@ -172,13 +182,12 @@ describe("The inventory of a version", () => {
 
   it("running: shows progress per kind, and excludes a holder with a reason", async () => {
     let inv = inventory({ holders: [apps, gp, { ...kmip }], retirement: running });
-    const api = server(() => inv, {
+    const api = setup(() => inv, {
       "POST /api/v1/keys/:ref/versions/:version/retire/exclusions": ({ body }) => {
         inv = inventory({ holders: [apps, gp, { ...kmip, state: "excluded" }], retirement: running });
         return { ...(body as object) };
       },
     });
-    page();
     const drawer = await openInventory();
     const retirement = await within(drawer).findByTestId("retirement");
     expect(retirement).toHaveAttribute("data-state", "running");
@@ -190,8 +199,7 @@ describe("The inventory of a version", () => {
     await userEvent.click(within(drawer).getByRole("button", { name: "Exclude backup-01…" }));
     const form = within(drawer).getByRole("form", { name: "Exclude backup-01" });
     expect(within(form).getByTestId("exclude-submit")).toBeDisabled(); // a reason is required
-    await userEvent.click(within(form).getByTestId("exclude-reason"));
-    await userEvent.paste("client decommissioned 2026-11-01, its store wiped");
+    await typeInto(within(form).getByTestId("exclude-reason"), "client decommissioned 2026-11-01, its store wiped");
     await userEvent.click(within(form).getByTestId("exclude-submit"));
     await waitFor(() => expect(api.calls("POST /api/v1/keys/:ref/versions/:version/retire/exclusions")).toHaveLength(1));
     const call = api.calls("POST /api/v1/keys/:ref/versions/:version/retire/exclusions")[0];
@@ -205,28 +213,25 @@ describe("The inventory of a version", () => {
   });
 
   it("an exclusion held for a second person says so", async () => {
-    server(inventory({ retirement: running }), {
+    setup(inventory({ retirement: running }), {
       "POST /api/v1/keys/:ref/versions/:version/retire/exclusions": () => json(202, {
         status: "pending", code: "approval_required", detail: "Held for a second approver (key.retire_exclude)." }),
     });
-    page();
     const drawer = await openInventory();
     await userEvent.click(await within(drawer).findByRole("button", { name: "Exclude applications…" }));
-    await userEvent.click(within(drawer).getByTestId("exclude-reason"));
-    await userEvent.paste("the batch job discards its blobs");
+    await typeInto(within(drawer).getByTestId("exclude-reason"), "the batch job discards its blobs");
     await userEvent.click(within(drawer).getByTestId("exclude-submit"));
     expect(await within(drawer).findByTestId("exclude-held")).toHaveTextContent(/Held for a second approver.*until another person approves/);
   });
 
   it("cancels a running retirement after asking", async () => {
     let inv = inventory({ retirement: running });
-    const api = server(() => inv, {
+    const api = setup(() => inv, {
       "DELETE /api/v1/keys/:ref/versions/:version/retire": () => {
         inv = inventory({ retirement: { ...running, state: "cancelled", cancelled_by: "alice", cancelled_at: "2026-11-26T19:40:00Z" } });
         return json(200, inv.retirement);
       },
     });
-    page();
     const drawer = await openInventory();
     await userEvent.click(await within(drawer).findByTestId("cancel-retirement"));
     expect(within(drawer).getByText(/Nothing is undone/)).toBeInTheDocument();
@@ -237,10 +242,9 @@ describe("The inventory of a version", () => {
   });
 
   it("complete: links the signed statement's audit record", async () => {
-    server(inventory({ in_use: false, kinds: { data_keys: 0, guard_point_files: 0, kmip_clients: 0 },
-                       holders: [{ ...apps, count: 0, state: "clear" }, { ...kmip, state: "excluded" }],
-                       retirement: { ...running, state: "complete", completed_at: "2026-11-26T19:20:00Z", statement_seq: 81234 } }));
-    page();
+    setup(inventory({ in_use: false, kinds: { data_keys: 0, guard_point_files: 0, kmip_clients: 0 },
+                      holders: [{ ...apps, count: 0, state: "clear" }, { ...kmip, state: "excluded" }],
+                      retirement: { ...running, state: "complete", completed_at: "2026-11-26T19:20:00Z", statement_seq: 81234 } }));
     const drawer = await openInventory();
     const statement = await within(drawer).findByTestId("retirement-statement");
     expect(statement).toHaveTextContent(/signed in the HSM.*can now be destroyed/);
@@ -250,8 +254,7 @@ describe("The inventory of a version", () => {
   });
 
   it("when it cannot be computed, says so and what to do", async () => {
-    server(() => problem(404, "version_not_found", "payments has no version 1"));
-    page();
+    setup(() => problem(404, "version_not_found", "payments has no version 1"));
     const drawer = await openInventory();
     const err = await within(drawer).findByTestId("api-error");
     expect(err).toHaveTextContent("The inventory could not be computed");
@@ -263,18 +266,15 @@ describe("The inventory of a version", () => {
 describe("Retiring a version", () => {
   it("sends the reason and the contents choice, then shows the running retirement", async () => {
     let inv = inventory();
-    const api = server(() => inv, {
+    const api = setup(() => inv, {
       "POST /api/v1/keys/:ref/versions/:version/retire": () => {
         inv = inventory({ retirement: { ...running, contents: true } });
         return json(201, inv.retirement);
       },
     });
-    page();
-    await userEvent.click(await screen.findByRole("button", { name: "Retire v1…" }));
-    const dialog = await screen.findByRole("dialog", { name: "Retire payments v1" });
+    const dialog = await openRetire();
     expect(within(dialog).getByTestId("retire-submit")).toBeDisabled(); // a reason is required
-    await userEvent.click(within(dialog).getByTestId("retire-reason"));
-    await userEvent.paste("annual key retirement");
+    await typeInto(within(dialog).getByTestId("retire-reason"), "annual key retirement");
     await userEvent.click(within(dialog).getByLabelText("Also re-encrypt file contents"));
     await userEvent.click(within(dialog).getByTestId("retire-submit"));
     await waitFor(() => expect(api.calls("POST /api/v1/keys/:ref/versions/:version/retire")).toHaveLength(1));
@@ -286,15 +286,12 @@ describe("Retiring a version", () => {
   });
 
   it("held for a second approver: says so, as other held actions do", async () => {
-    server(inventory(), {
+    setup(inventory(), {
       "POST /api/v1/keys/:ref/versions/:version/retire": () => json(202, {
         status: "pending", code: "approval_required", detail: "Held for a second approver (key.retire)." }),
     });
-    page();
-    await userEvent.click(await screen.findByRole("button", { name: "Retire v1…" }));
-    const dialog = await screen.findByRole("dialog", { name: "Retire payments v1" });
-    await userEvent.click(within(dialog).getByTestId("retire-reason"));
-    await userEvent.paste("annual key retirement");
+    const dialog = await openRetire();
+    await typeInto(within(dialog).getByTestId("retire-reason"), "annual key retirement");
     await userEvent.click(within(dialog).getByTestId("retire-submit"));
     const held = await within(dialog).findByTestId("retire-held");
     expect(held).toHaveTextContent(/Waiting for approval.*Held for a second approver.*until then nothing moves/);
@@ -302,15 +299,12 @@ describe("Retiring a version", () => {
   });
 
   it("refused: the server's reason and what to do next", async () => {
-    server(inventory(), {
+    setup(inventory(), {
       "POST /api/v1/keys/:ref/versions/:version/retire": () =>
         problem(409, "retirement_running", "a retirement of payments v1 is already running"),
     });
-    page();
-    await userEvent.click(await screen.findByRole("button", { name: "Retire v1…" }));
-    const dialog = await screen.findByRole("dialog", { name: "Retire payments v1" });
-    await userEvent.click(within(dialog).getByTestId("retire-reason"));
-    await userEvent.paste("again");
+    const dialog = await openRetire();
+    await typeInto(within(dialog).getByTestId("retire-reason"), "again");
     await userEvent.click(within(dialog).getByTestId("retire-submit"));
     const err = await within(dialog).findByTestId("api-error");
     expect(err).toHaveTextContent("Not retired");
@@ -326,14 +320,11 @@ describe("Destroying a version", () => {
   }), { status: 409, headers: { "content-type": "application/problem+json" } });
 
   it("picks a version, and on version_in_use shows the holders and the way forward", async () => {
-    const api = server(inventory(), { "POST /api/v1/keys/:ref/destroy": inUse });
-    page();
-    await userEvent.click(await screen.findByTestId("destroy-key"));
-    const dialog = await screen.findByRole("dialog", { name: "Destroy payments" });
+    const api = setup(inventory(), { "POST /api/v1/keys/:ref/destroy": inUse });
+    const dialog = await openDestroy();
     // v2 is active: the dialog starts on the older version, which the server would take.
     expect(within(dialog).getByTestId("destroy-version")).toHaveValue("v1 (deactivated)");
-    await userEvent.click(within(dialog).getByTestId("typed-confirm-input"));
-    await userEvent.paste("payments");
+    await typeInto(within(dialog).getByTestId("typed-confirm-input"), "payments");
     await userEvent.click(within(dialog).getByRole("button", { name: "Destroy v1" }));
     const refused = await within(dialog).findByTestId("destroy-in-use");
     expect(api.calls("POST /api/v1/keys/:ref/destroy")[0].body).toEqual({ version: 1 });
@@ -348,24 +339,20 @@ describe("Destroying a version", () => {
 
   it("shreds anyway only after the key's name is typed again", async () => {
     let n = 0;
-    const api = server(inventory(), {
+    const api = setup(inventory(), {
       "POST /api/v1/keys/:ref/destroy": () => (n++ === 0 ? inUse() : {
         ...key, versions: key.versions.map((v) => (v.version === 1 ? { ...v, state: "destroyed", destroy_date: "2026-11-26T19:45:00Z" } : v)),
       }),
     });
-    page();
-    await userEvent.click(await screen.findByTestId("destroy-key"));
-    const dialog = await screen.findByRole("dialog", { name: "Destroy payments" });
-    await userEvent.click(within(dialog).getByTestId("typed-confirm-input"));
-    await userEvent.paste("payments");
+    const dialog = await openDestroy();
+    await typeInto(within(dialog).getByTestId("typed-confirm-input"), "payments");
     await userEvent.click(within(dialog).getByTestId("typed-confirm-submit"));
     await userEvent.click(await within(dialog).findByTestId("shred-anyway"));
     expect(within(dialog).getByTestId("shred-warning")).toHaveTextContent("unreadable, for good");
     const submit = within(dialog).getByRole("button", { name: "Shred v1 anyway" });
     expect(within(dialog).getByTestId("typed-confirm-input")).toHaveValue("");
     expect(submit).toBeDisabled();
-    await userEvent.click(within(dialog).getByTestId("typed-confirm-input"));
-    await userEvent.paste("payments");
+    await typeInto(within(dialog).getByTestId("typed-confirm-input"), "payments");
     await userEvent.click(submit);
     await waitFor(() => expect(api.calls("POST /api/v1/keys/:ref/destroy")).toHaveLength(2));
     expect(api.calls("POST /api/v1/keys/:ref/destroy")[1].body).toEqual({ version: 1, shred: true });
@@ -374,18 +361,15 @@ describe("Destroying a version", () => {
 
   it("every version refused: names each holder's version and how to clear each", async () => {
     const off = { ...key, state: "deactivated" as const, versions: key.versions.map((v) => ({ ...v, state: "deactivated" as const })) };
-    const api = server(inventory(), {
+    const api = setup(inventory(), {
       "GET /api/v1/keys/:ref": off,
       "POST /api/v1/keys/:ref/destroy": () => new Response(JSON.stringify({
         title: "version_in_use", status: 409, code: "version_in_use", detail: "2 holder(s) still use key 'payments' (versions [1, 2])",
         errors: [{ ...gp, version: 1 }, { ...apps, version: 2 }] }), { status: 409, headers: { "content-type": "application/problem+json" } }),
     });
-    page();
-    await userEvent.click(await screen.findByTestId("destroy-key"));
-    const dialog = await screen.findByRole("dialog", { name: "Destroy payments" });
+    const dialog = await openDestroy();
     expect(within(dialog).getByTestId("destroy-version")).toHaveValue("Every version (2)");
-    await userEvent.click(within(dialog).getByTestId("typed-confirm-input"));
-    await userEvent.paste("payments");
+    await typeInto(within(dialog).getByTestId("typed-confirm-input"), "payments");
     await userEvent.click(within(dialog).getByRole("button", { name: "Destroy every version" }));
     const refused = await within(dialog).findByTestId("destroy-in-use");
     expect(api.calls("POST /api/v1/keys/:ref/destroy")[0].body).toEqual({});
@@ -397,15 +381,12 @@ describe("Destroying a version", () => {
   });
 
   it("a destroy held for approval is not taken for the key", async () => {
-    server(inventory(), {
+    setup(inventory(), {
       "POST /api/v1/keys/:ref/destroy": () => json(202, { status: "pending", code: "approval_required", detail: "Held for a second approver (key.destroy)." }),
     });
     const shown = vi.spyOn(notifications, "show");
-    page();
-    await userEvent.click(await screen.findByTestId("destroy-key"));
-    const dialog = await screen.findByRole("dialog", { name: "Destroy payments" });
-    await userEvent.click(within(dialog).getByTestId("typed-confirm-input"));
-    await userEvent.paste("payments");
+    const dialog = await openDestroy();
+    await typeInto(within(dialog).getByTestId("typed-confirm-input"), "payments");
     await userEvent.click(within(dialog).getByTestId("typed-confirm-submit"));
     await waitFor(() => expect(shown).toHaveBeenCalledWith(expect.objectContaining({
       title: "Waiting for approval", message: "Held for a second approver (key.destroy)." })));
@@ -415,10 +396,8 @@ describe("Destroying a version", () => {
   });
 
   it("every version of a key with an active one is blocked before asking the server", async () => {
-    const api = server(inventory());
-    page();
-    await userEvent.click(await screen.findByTestId("destroy-key"));
-    const dialog = await screen.findByRole("dialog", { name: "Destroy payments" });
+    const api = setup(inventory());
+    const dialog = await openDestroy();
     await userEvent.click(within(dialog).getByTestId("destroy-version"));
     await userEvent.click(await screen.findByRole("option", { name: "Every version (2)" }));
     expect(within(dialog).getByTestId("typed-confirm-blocked")).toHaveTextContent(/active version.*older version/);
