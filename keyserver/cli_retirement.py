@@ -41,6 +41,12 @@ def render_inventory(inv: dict[str, Any], out: Console) -> None:
                       Text(h["state"], style=STATE_STYLE.get(h["state"], "")), h["reported_at"] or "")
     out.print(table)
     out.print(", ".join(f"{kind}: {n}" for kind, n in inv["kinds"].items()), soft_wrap=True)
+    unreadable = [h for h in inv["holders"] if h.get("unreadable")]
+    if unreadable:
+        out.print(Text("files whose header names no version of the key (no version decrypts them, so they hold "
+                       "none; a statement names them): " + ", ".join(f"{h['name']}: {h['unreadable']}"
+                                                                      for h in unreadable), style="yellow"),
+                  soft_wrap=True)
     if inv["unreported_hosts"]:
         out.print(Text("not reported since the retirement began: " + ", ".join(inv["unreported_hosts"]),
                        style="yellow"), soft_wrap=True)

@@ -4,11 +4,14 @@ refusals with exit 1, and a retirement that completes once the last data key mov
 
 from __future__ import annotations
 
+import io
 import subprocess
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from keyserver.cli_retirement import render_inventory
 from tests.conftest import own_store
 from tests.serve import KEYSERVER, Server, eventually
 from tests.test_backup_restore import sign_in
@@ -50,3 +53,17 @@ def test_the_cli_shows_a_versions_use_and_retires_it(tmp_path: Path) -> None:
         r = api.get("/api/v1/audit/events", params={"action": "key.version_retired"})
         assert r.status_code == 200 and len(r.json()["items"]) == 1, r.text
         assert r.json()["items"][0]["details"]["statement"]["initial"]["data_keys"] == 1
+
+
+def test_the_inventory_names_guard_points_with_unreadable_files() -> None:
+    """Files no version of the key reads block nothing but are said, per guard point."""
+    gp = {"kind": "guard_point", "holder": "g@h", "name": "/srv/data on host-a", "host": "host-a", "count": 0,
+          "state": "clear", "unreadable": 2, "reported_at": "2026-11-26T19:00:00+00:00"}
+    inv = {"key": "ledger", "version": 1, "state": "deactivated", "holders": [gp, {**gp, "holder": "g@i",
+           "name": "/srv/data on host-b", "unreadable": 0}], "kinds": {"guard_point_files": 0},
+           "unreported_hosts": [], "retirement": None, "in_use": False}
+    out = io.StringIO()
+    render_inventory(inv, Console(file=out, width=200))
+    text = " ".join(out.getvalue().split())
+    assert "no version decrypts them" in text and "/srv/data on host-a: 2" in text
+    assert "host-b: 0" not in text and "not in use" in text

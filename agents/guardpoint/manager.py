@@ -175,13 +175,14 @@ class GuardPointManager:
             counted = status.get("versions")
             if self._counts_taken and isinstance(counted, dict) and status.get("scanned_at"):
                 # The last walk's count, whatever the state now: it is what the files were
-                # under when it finished, and `scanned_at` says when that was. The server
-                # takes version numbers only: unreadable files are said in the detail.
+                # under when it finished, and `scanned_at` says when that was. Files whose
+                # header names no version of the key go apart, as a count of their own: the
+                # server shows them and a retirement's statement names them.
                 report["versions"] = {v: n for v, n in counted.items() if v.isdigit()}
                 report["scanned_at"] = status["scanned_at"]
-                if counted.get(UNREADABLE):
-                    said = f"{counted[UNREADABLE]} file(s) with no readable header of this key (see the agent's log)"
-                    report["detail"] = f"{report['detail'][:500 - len(said) - 2]}; {said}" if report["detail"] else said
+                unreadable = counted.get(UNREADABLE, 0)
+                if isinstance(unreadable, int) and not isinstance(unreadable, bool) and unreadable >= 0:
+                    report["unreadable"] = unreadable  # anything else is not a count: the server hears none
             out.append(report)
         return out
 

@@ -4,7 +4,10 @@ Every holder kind the server knows or is told about, one holder per place: the d
 keys applications hold (counted by the chainer), guard points on each host (the
 agents' walks), volumes, database grants, AWS key stores and KMIP clients. A holder's
 state is `in_use`, `clear`, `unreported` (a host holding the key that has not walked
-since the retirement began) or `excluded` (an operator said so, with a reason).
+since the retirement began) or `excluded` (an operator said so, with a reason). A guard
+point also says how many of its files name no version of the key (`unreadable`): no
+version decrypts them, so they hold none and block nothing, but they are shown, and the
+statement names them, so a proof does not pass over files the walk could not read.
 
 Everything here reads one session the caller holds: destroy computes it inside its own
 transaction, under the key's row lock.
@@ -55,10 +58,12 @@ class Holder:
     host: str | None = None
     reported_at: datetime | None = None
     host_id: str | None = None  # what a host's exclusion names
+    unreadable: int | None = None  # a guard point's files naming no version of the key (None: not said)
+    path: str | None = None  # a guard point's path, for the statement
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "holder": self.holder, "name": self.name, "host": self.host,
-                "count": self.count, "state": self.state,
+                "count": self.count, "state": self.state, "unreadable": self.unreadable,
                 "reported_at": self.reported_at.isoformat() if self.reported_at else None}
 
 
@@ -83,6 +88,14 @@ class Inventory:
     @property
     def unreported_hosts(self) -> list[str]:
         return sorted({h.host for h in self.holders if h.state == "unreported" and h.host})
+
+    @property
+    def unreadable(self) -> list[dict[str, Any]]:
+        """The guard points whose last walk found files naming no version of the key,
+        with host and path: what a statement lists so an auditor can go and look."""
+        return [{"holder": h.holder, "host": h.host, "path": h.path, "files": h.unreadable, "state": h.state,
+                 "scanned_at": h.reported_at.isoformat() if h.reported_at else None}
+                for h in self.holders if h.kind == "guard_point" and h.unreadable]
 
     @property
     def kinds(self) -> dict[str, int]:
@@ -191,9 +204,17 @@ def _guard_points(s: Session, key_id: uuid.UUID, version: int, since: datetime |
             else:
                 state = "clear" if count == 0 else "in_use"  # never walked: unknown, so in use
             h = Holder("guard_point", f"{gp.id}@{host.id}", f"{gp.path} on {host.hostname}", count, state,
-                       host=host.hostname, reported_at=scanned, host_id=str(host.id))
+                       host=host.hostname, reported_at=scanned, host_id=str(host.id),
+                       unreadable=_unreadable(report), path=gp.path)
             out.append(h)
     return out
+
+
+def _unreadable(report: dict[str, Any] | None) -> int | None:
+    """The walk's unreadable files; None from an agent that does not say (reports
+    stored before it did, when the agent only named them in `detail`)."""
+    n = report.get("unreadable") if report is not None and isinstance(report.get("versions"), dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 
 def _volumes(s: Session, key_id: uuid.UUID, version: int) -> list[Holder]:

@@ -4,7 +4,9 @@ with `contents` the server asks for a re-key of each guard point on the key), le
 operator exclude what the server cannot see, and — once the inventory (inventory.py)
 shows nothing in use and every host has walked since it began — writes the one
 `key.version_retired` audit record whose statement is signed in the HSM with the
-checkpoint key (audit/statements.py).
+checkpoint key (audit/statements.py). Files a walk could not read under this key
+(`unreadable`) do not hold the version and do not hold the retirement up; the statement
+lists them per guard point and host.
 
 Completion is checked by the scheduler every interval and on every inventory read;
 the retirement's row lock makes sure one replica writes the statement, once.
@@ -312,6 +314,9 @@ class RetirementService:
                          for x in r.exclusions],
             "hosts": sorted({h.host for h in inv.holders if h.host and h.reported_at is not None
                              and h.state == "clear"}),
+            # Files no version of the key decrypts hold none of this one and block nothing,
+            # but the proof names where they are rather than passing over them.
+            "unreadable": inv.unreadable,
             "chain": {"seq": head.seq if head else 0, "hash": head.hash if head else ""},
             "signing_key": key_fingerprint(self._audit.public_key_der()),
         }

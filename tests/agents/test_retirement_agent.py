@@ -119,18 +119,20 @@ def test_a_guard_point_reports_its_files_per_version_through_rotation_and_retire
 
     # v1 retiring: the agent walks again, so its count is newer than the retirement's
     # start and the inventory finds the guard point clear. A file whose header it cannot
-    # read is said apart (the server takes version numbers only), never counted as moved.
+    # read is counted apart (`unreadable`), never as moved: the inventory shows it, and
+    # it blocks nothing, since no version of the key decrypts it.
     (backing / "damaged").write_bytes(b"not a header" * 20)
     retirement = _retire(admin, key["name"], 1)
     try:
         started = datetime.fromisoformat(retirement["requested_at"])
         recount = eventually(lambda: datetime.fromisoformat((r := reported()).get("scanned_at") or "1970-01-01T00:00"
                                                             "+00:00") > started and r, "a walk after the start")
-        assert recount["versions"] == {"2": 5} and "1 file(s) with no readable header" in recount["detail"]
+        assert recount["versions"] == {"2": 5} and recount["unreadable"] == 1, recount
+        assert "readable header" not in recount["detail"]
         (gp_holder,) = _holders(admin, key["name"], 1, "guard_point")
-        assert gp_holder["state"] == "clear" and gp_holder["count"] == 0, gp_holder
+        assert (gp_holder["state"], gp_holder["count"], gp_holder["unreadable"]) == ("clear", 0, 1), gp_holder
         (gp_v2,) = _holders(admin, key["name"], 2, "guard_point")
-        assert gp_v2["count"] == 5
+        assert gp_v2["count"] == 5 and gp_v2["unreadable"] == 1
     finally:
         _finish(admin, key["name"], 1)
 
@@ -149,12 +151,12 @@ def test_counts_go_only_to_a_server_that_takes_them(
     eventually(lambda: serving(str(mnt)), "the mount")
     (counted,) = eventually(lambda: manager.reports()[0].get("versions") is not None and manager.reports(),
                             "the count")
-    assert counted["versions"] == {} and counted["scanned_at"]
+    assert counted["versions"] == {} and counted["scanned_at"] and counted["unreadable"] == 0
     definitions = host.client.guard_points()
     old_server_keys = [{f: v for f, v in k.items() if f != "retiring_versions"} for k in host.client.list_keys()]
     manager.apply(definitions, {k["key_id"]: k["active_version"] for k in old_server_keys}, None)
     (without,) = manager.reports()
-    assert "versions" not in without and "scanned_at" not in without
+    assert "versions" not in without and "scanned_at" not in without and "unreadable" not in without
 
 
 def test_a_guard_point_with_encryption_off_counts_its_files_as_stored(
@@ -192,7 +194,7 @@ def test_a_guard_point_with_encryption_off_counts_its_files_as_stored(
         started = datetime.fromisoformat(retirement["requested_at"])
         off = eventually(lambda: (r := reported())["state"] == "off" and r.get("scanned_at")
                          and datetime.fromisoformat(r["scanned_at"]) > started and r, "the count while off")
-        assert off["versions"] == {"1": 2} and "readable header" not in off["detail"]
+        assert off["versions"] == {"1": 2} and off["unreadable"] == 0
         assert read_header(str(backing / "a.txt")).key_version == 1  # as stored: not re-wrapped
         (holder,) = _holders(admin, key["name"], 1, "guard_point")
         assert holder["state"] == "in_use" and holder["count"] == 2

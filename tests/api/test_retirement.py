@@ -380,3 +380,53 @@ def test_the_counts_at_the_start_include_a_data_key_issued_a_moment_before(admin
     assert r.json()["initial"]["data_keys"] == 1, r.json()
     assert admin.post("/api/v1/datakeys/reencrypt", json={"ciphertext_blob": blob}).status_code == 200
     assert admin.get(f"/api/v1/keys/{name}/versions/1/inventory").json()["retirement"]["state"] == "complete"
+
+
+def test_unreadable_files_are_counted_apart_block_nothing_and_are_named_in_the_statement(
+        tmp_path: Path, base_url: str, agent_url: str, admin: httpx.Client, services: Services) -> None:
+    """A walk's files whose header names no version of the key (damaged, another key's)
+    come as `unreadable`: shown per guard point, not a use of any version, and listed with
+    host and path in the zero-use statement so an auditor sees them."""
+    host = enroll_host(tmp_path, base_url, agent_url, admin, name="unread")
+    key = group_key(admin, host.group)
+    name = key["name"]
+    r = admin.post("/api/v1/guard-points", json={"host_id": host.id, "path": "/srv/mixed", "key": name})
+    assert r.status_code == 201, r.text
+    gp_id = r.json()["id"]
+
+    def report(versions: dict[str, int], at: datetime, **extra: Any) -> None:
+        host.client.heartbeat(os_name="Linux test", guard_points=[{
+            "id": gp_id, "path": "/srv/mixed", "key": name, "state": "mounted", "versions": versions,
+            "scanned_at": at.isoformat(), **extra}])
+
+    report({"1": 2}, datetime.now(UTC))  # an agent from before the count: it says nothing
+    assert _holder(_inventory(admin, name, 1), "guard_point")["unreadable"] is None
+    report({"1": 2}, datetime.now(UTC), unreadable=1)
+    gp = _holder(_inventory(admin, name, 1), "guard_point")
+    assert (gp["count"], gp["unreadable"], gp["state"]) == (2, 1, "in_use")
+    assert _holder(_inventory(admin, name, 1), "data_keys")["unreadable"] is None
+    # A count is a whole number from 0: anything else is refused, never rounded or guessed at.
+    for bad in (-1, 1.5, 1.0, "1", True, 2**62 + 1):
+        with pytest.raises(ServerRefused) as refused:
+            report({"1": 2}, datetime.now(UTC), unreadable=bad)
+        assert refused.value.status == 422, bad
+        assert "unreadable" in refused.value.detail, refused.value.detail
+    assert _holder(_inventory(admin, name, 1), "guard_point")["unreadable"] == 1  # the refusals changed nothing
+
+    assert admin.post(f"/api/v1/keys/{name}/rotate", json={}).status_code == 200
+    r = admin.post(f"/api/v1/keys/{name}/versions/1/retire", json={"reason": "with a damaged file"})
+    assert r.status_code == 201, r.text
+    walked = datetime.now(UTC) + timedelta(seconds=1)
+    report({"2": 2}, walked, unreadable=1)  # moved; the damaged file stays what it is
+    inv = _inventory(admin, name, 1)
+    gp = _holder(inv, "guard_point")
+    assert (gp["count"], gp["unreadable"], gp["state"]) == (0, 1, "clear")
+    assert inv["in_use"] is False and inv["retirement"]["state"] == "complete"
+    (statement,) = _records(services, key["id"], RETIRED_ACTION)
+    public, fingerprint = _audit_key(admin)
+    assert statement_problem(statement.details, public, fingerprint) is None
+    st = statement.details["statement"]
+    assert st["unreadable"] == [{"holder": f"{gp_id}@{host.id}", "host": "unread.example.com", "path": "/srv/mixed",
+                                 "files": 1, "state": "clear", "scanned_at": walked.isoformat()}]
+    forged = {**statement.details, "statement": {**st, "unreadable": []}}
+    assert statement_problem(forged, public, fingerprint) == "the statement's signature does not verify"

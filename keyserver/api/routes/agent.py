@@ -53,6 +53,12 @@ class GuardPointReport(Strict):
         description="files per key version named in their headers (version number → files), from the "
                     "agent's last full walk; what a key version's inventory counts (decision 0024)")
     scanned_at: AwareDatetime | None = Field(default=None, description="when that walk finished")
+    # Strict: a count sent as "3" or 3.5 or true is a broken agent, not a number to guess at.
+    unreadable: int | None = Field(
+        default=None, ge=0, le=MAX_INT, strict=True,
+        description="files of that walk whose header names no version of this key (damaged, or another "
+                    "key's): no version of it decrypts them, so they hold none; the inventory shows them and "
+                    "a retirement's statement names them (decision 0024)")
 
 
 class HeartbeatRequest(Strict):

@@ -53,6 +53,10 @@ class Holder(BaseModel):
     host: str | None
     count: int | None = Field(description="null where the server cannot count (in use until excluded)")
     state: Literal["in_use", "clear", "unreported", "excluded"]
+    unreadable: int | None = Field(default=None, description="a guard point's files, at its last walk, whose "
+                                   "header names no version of the key (damaged, or another key's): they hold "
+                                   "no version of it and block nothing; the statement names them. Null for "
+                                   "other kinds and for a walk that did not say")
     reported_at: datetime | None
 
 

@@ -3078,6 +3078,11 @@ export interface components {
             state: "mounted" | "off" | "unmounted" | "error" | "protecting" | "unprotecting";
             unprotect?: components["schemas"]["RekeyProgress"] | null;
             /**
+             * Unreadable
+             * @description files of that walk whose header names no version of this key (damaged, or another key's): no version of it decrypts them, so they hold none; the inventory shows them and a retirement's statement names them (decision 0024)
+             */
+            unreadable?: number | null;
+            /**
              * Versions
              * @description files per key version named in their headers (version number → files), from the agent's last full walk; what a key version's inventory counts (decision 0024)
              */
@@ -3188,6 +3193,11 @@ export interface components {
              * @enum {string}
              */
             state: "in_use" | "clear" | "unreported" | "excluded";
+            /**
+             * Unreadable
+             * @description a guard point's files, at its last walk, whose header names no version of the key (damaged, or another key's): they hold no version of it and block nothing; the statement names them. Null for other kinds and for a walk that did not say
+             */
+            unreadable?: number | null;
         };
         /** HostGuardPoint */
         HostGuardPoint: {
