@@ -45,6 +45,12 @@ export function countText(h: Pick<Holder, "count" | "state">): string {
   return h.count.toLocaleString("en");
 }
 
+/** Guard points whose last walk found files naming no version of the key (damaged, another
+ *  key's): no version decrypts them, so they block nothing, but the statement names them. */
+export function unreadableHolders(holders: Holder[]): (Holder & { unreadable: number })[] {
+  return holders.filter((h): h is Holder & { unreadable: number } => h.kind === "guard_point" && (h.unreadable ?? 0) > 0);
+}
+
 /** How far a running retirement has come: the share of what it started with that has moved. */
 export function progressOf(initial: Record<string, number> | null | undefined, now: Record<string, number>): number | null {
   if (!initial) return null;
@@ -102,7 +108,7 @@ export function holdersOf(body: unknown): RefusedHolder[] {
   return errors.filter((e): e is RefusedHolder => !!e && typeof e === "object" && typeof (e as Holder).kind === "string"
     && (typeof (e as Holder).name === "string" || typeof (e as Holder).holder === "string"))
     .map((e) => ({ ...e, name: e.name ?? e.holder, state: e.state ?? "in_use", host: e.host ?? null,
-                   count: e.count ?? null, reported_at: e.reported_at ?? null }));
+                   count: e.count ?? null, unreadable: e.unreadable ?? null, reported_at: e.reported_at ?? null }));
 }
 
 /** Destroy refused: the version still protects something. */

@@ -16,7 +16,8 @@ import { ErrorAlert } from "../components/ErrorAlert";
 import { GuardedButton } from "../components/Guarded";
 import { EmptyState, Loading, fmtRelative, fmtTime } from "../components/bits";
 import {
-  HOLDER_STATE, countText, kindLabel, progressOf, retirementApi, rq, useInventory, type Holder, type Inventory,
+  HOLDER_STATE, countText, kindLabel, progressOf, retirementApi, rq, unreadableHolders, useInventory, type Holder,
+  type Inventory,
   type ExclusionKind, type Retirement, type VersionInUse,
 } from "../retirement";
 
@@ -133,6 +134,7 @@ export function InventoryView({ k, version, onRetire }: { k: Key; version: numbe
           )}
         </Alert>
       )}
+      <UnreadableFiles i={i} version={version} />
       <Holders i={i} onExclude={(h) => setExcluding({ kind: h.kind, holder: h.holder, name: h.name })} />
       {excluding && running && (
         <ExcludeForm key={`${excluding.kind}:${excluding.holder}`} k={k} version={version} h={excluding}
@@ -141,6 +143,30 @@ export function InventoryView({ k, version, onRetire }: { k: Key; version: numbe
       <RetirementSection k={k} version={version} r={i.retirement} kinds={i.kinds} onRetire={onRetire}
                          canRetire={!!v && v.state !== "active"} />
     </Stack>
+  );
+}
+
+/** Files a walk could not read under this key: they hold no version of it, so they do not block the
+ *  retirement, but the statement names each guard point and host with its count. */
+function UnreadableFiles({ i, version }: { i: Inventory; version: number }) {
+  const found = unreadableHolders(i.holders);
+  if (found.length === 0) return null;
+  const total = found.reduce((a, h) => a + h.unreadable, 0);
+  return (
+    <Alert variant="light" color="yellow" data-testid="unreadable-files"
+           title={`${total.toLocaleString("en")} file${total === 1 ? "" : "s"} with no readable header of this key`}>
+      <Stack gap={4}>
+        <Text size="sm">Damaged, or another key's: no version of {i.key} decrypts them, so they hold nothing under
+          v{version} and do not block its retirement. {i.retirement?.state === "complete" ? "The" : "A"} signed statement
+          names each guard point and host below with its count; the agent's log names the first files.</Text>
+        <Stack gap={0} component="ul" m={0} pl="md">
+          {found.map((h) => (
+            <Text component="li" size="sm" key={h.holder} style={{ overflowWrap: "anywhere" }}>
+              <b>{h.name}</b>: {h.unreadable.toLocaleString("en")}</Text>
+          ))}
+        </Stack>
+      </Stack>
+    </Alert>
   );
 }
 
@@ -168,6 +194,10 @@ function Holders({ i, onExclude }: { i: Inventory; onExclude: (h: Holder) => voi
                 <Table.Td>
                   <Text size="sm" fw={600} style={{ overflowWrap: "anywhere" }}>{h.name}</Text>
                   {h.host && <Text size="xs" c="dimmed">on {h.host}</Text>}
+                  {(h.unreadable ?? 0) > 0 && (
+                    <Text size="xs" c="yellow.8" data-testid="holder-unreadable">
+                      {h.unreadable?.toLocaleString("en")} unreadable (no version of this key)</Text>
+                  )}
                 </Table.Td>
                 <Table.Td>{kindLabel(h.kind)}</Table.Td>
                 <Table.Td ta="right">{countText(h)}</Table.Td>

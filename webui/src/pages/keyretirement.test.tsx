@@ -253,6 +253,30 @@ describe("The inventory of a version", () => {
     expect(within(drawer).queryByTestId("cancel-retirement")).toBeNull();
   });
 
+  it("shows files no version of the key reads, per guard point, as blocking nothing", async () => {
+    const clearGp = { ...gp, count: 0, state: "clear" as const, unreadable: 3 };
+    setup(inventory({ in_use: false, kinds: { data_keys: 0, guard_point_files: 0 },
+                      holders: [{ ...apps, count: 0, state: "clear" }, clearGp,
+                                { ...hostB, count: 0, state: "clear", unreadable: 0 }],
+                      retirement: { ...running, state: "complete", completed_at: "2026-11-26T19:20:00Z", statement_seq: 81234 } }));
+    const drawer = await openInventory();
+    const alert = await within(drawer).findByTestId("unreadable-files");
+    expect(alert).toHaveTextContent("3 files with no readable header of this key");
+    expect(alert).toHaveTextContent(/do not block its retirement\. The signed statement names each guard point and host/);
+    expect(within(alert).getAllByRole("listitem").map((li) => li.textContent)).toEqual(["/srv/data on host-a: 3"]);
+    const holders = within(drawer).getByTestId("inventory-holders");
+    expect(holders.querySelector('tr[data-holder="gp-1@host-a"]')).toHaveTextContent("3 unreadable (no version of this key)");
+    expect(within(holders).getAllByTestId("holder-unreadable")).toHaveLength(1);  // 0 and null say nothing
+    expect(within(drawer).getByTestId("inventory-summary")).toHaveTextContent("Nothing uses v1");
+  });
+
+  it("says nothing of unreadable files when no walk found any", async () => {
+    setup(inventory({ holders: [apps, { ...gp, unreadable: 0 }, kmip] }));
+    const drawer = await openInventory();
+    await within(drawer).findByTestId("inventory-holders");
+    expect(within(drawer).queryByTestId("unreadable-files")).toBeNull();
+  });
+
   it("when it cannot be computed, says so and what to do", async () => {
     setup(() => problem(404, "version_not_found", "payments has no version 1"));
     const drawer = await openInventory();
@@ -413,7 +437,9 @@ describe("retirement helpers", () => {
   });
 
   it("a refusal's holders are read from its errors, ignoring anything else there", () => {
-    expect(holdersOf({ errors: [gp, { msg: "x", loc: ["body"] }, null] })).toEqual([gp]);
+    // A refusal from a server before `unreadable` lacks it: read as not said.
+    expect(holdersOf({ errors: [gp, { msg: "x", loc: ["body"] }, null] })).toEqual([{ ...gp, unreadable: null }]);
+    expect(holdersOf({ errors: [{ ...gp, unreadable: 2 }] })[0].unreadable).toBe(2);
     expect(holdersOf({})).toEqual([]);
   });
 });
