@@ -20,7 +20,7 @@ from keyserver.core.audit.activity import rollup_reason
 from keyserver.core.audit.checkpoints import Checkpoints
 from keyserver.core.audit.names import name_objects
 from keyserver.core.audit.record import GENESIS_HASH, ChainMac, canonical_record
-from keyserver.core.audit.statements import VERSION_FIELDS
+from keyserver.core.audit.statements import versions_named
 from keyserver.core.audit_search import record_terms
 from keyserver.core.errors import ServiceUnavailable
 from keyserver.store.db import upsert_counts
@@ -94,16 +94,14 @@ def _count_datakey(e: dict[str, Any], issued: dict[tuple[uuid.UUID, int], int],
 def _count_version_use(e: dict[str, Any], uses: dict[tuple[uuid.UUID, int, str], tuple[datetime, datetime, int]]
                        ) -> None:
     """Who used which version (the inventory's AWS key stores and KMIP clients): an
-    allowed use action naming it, by statements.uses_version's rule — an integer, not a
+    allowed use action naming it, by statements.versions_named's rule — an integer, not a
     boolean, in the action's version fields. Migration 0029 applied it to the records
     chained before it."""
-    fields = VERSION_FIELDS.get(e["action"])
     details = e["details"]
-    if not fields or not isinstance(details, dict):
+    if not isinstance(details, dict):
         return
-    named = [details.get(f) for f in fields]
     # A version column is 32 bits: anything beyond names no version the server made.
-    numbers = {v for v in named if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31}
+    numbers = {v for v in versions_named(e["action"], details) if 0 < v < 2**31}
     if not numbers:
         return
     try:

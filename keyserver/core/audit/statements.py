@@ -95,17 +95,20 @@ def uses_version(record: dict[str, Any], key_id: str, version: int, *, kmip_uid:
     details = record.get("details")
     if not isinstance(details, dict):
         details = {}
-    fields = VERSION_FIELDS.get(action) if isinstance(action, str) else None
-    if fields and record.get("object_type") == "key" and str(record.get("object_id")) == key_id \
-            and any(_same_version(details.get(f), version) for f in fields):
+    if record.get("object_type") == "key" and str(record.get("object_id")) == key_id \
+            and version in versions_named(action, details):
         return True
     uid_field = UID_FIELDS.get(action) if isinstance(action, str) else None
     return kmip_uid is not None and uid_field is not None and details.get(uid_field) == kmip_uid
 
 
-def _same_version(named: Any, version: int) -> bool:
-    # bool is an int in Python: True must not name version 1.
-    return isinstance(named, int) and not isinstance(named, bool) and named == version
+def versions_named(action: Any, details: dict[str, Any]) -> set[int]:
+    """The versions a use action's details name (VERSION_FIELDS): whole numbers only —
+    bool is an int in Python, and True must not name version 1. The verifier and the
+    chainer's per-version usage both read records by this one rule."""
+    fields = VERSION_FIELDS.get(action) if isinstance(action, str) else None
+    named = (details.get(f) for f in fields or ())
+    return {v for v in named if isinstance(v, int) and not isinstance(v, bool)}
 
 
 @dataclass(frozen=True, slots=True)
