@@ -46,6 +46,7 @@ from kmip.core.utils import BytearrayStream
 from rich.console import Console
 
 from kmsbench.keyserver_load import machine
+from kmsbench.ports import free_port
 from kmsbench.sections import write_section
 
 console = Console(stderr=True)
@@ -54,11 +55,6 @@ HEADING = "## Under attack: memory and a good client's latency (issue 25)"
 KEYSERVER = str(Path(sys.executable).with_name("keyserver"))
 CHUNK = b"x" * 65536
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss(pid: int) -> int:
@@ -92,7 +88,7 @@ class Target:
 @contextlib.contextmanager
 def keyserver(work: Path) -> Iterator[Target]:
     data = work / "data"
-    port, agent_port, kmip_port = _free_port(), _free_port(), _free_port()
+    port, agent_port, kmip_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STRONGROOM_", "SOFTHSM2_CONF"))}
     env.update(STRONGROOM_DATA_DIR=str(data), STRONGROOM_PORT=str(port), STRONGROOM_AGENT_PORT=str(agent_port),
                STRONGROOM_KMIP_PORT=str(kmip_port), STRONGROOM_LOG_LEVEL="ERROR")

@@ -24,6 +24,7 @@ import httpx
 import psycopg
 
 from kmsbench.pgcluster import Cluster
+from kmsbench.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 HAPROXY_CFG = REPO / "deploy" / "haproxy.cfg"
@@ -31,24 +32,6 @@ KEYSERVER = str(Path(sys.executable).with_name("keyserver"))
 REPLICA_ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")  # the config's three slots
 KEYS = ("drill-0", "drill-1", "drill-2", "drill-3")
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _free_port_on_all() -> int:
-    """A port free on 127.0.0.1 and on every replica address."""
-    while True:
-        port = _free_port()
-        try:
-            for addr in REPLICA_ADDRESSES:
-                with socket.socket() as s:
-                    s.bind((addr, port))
-            return port
-        except OSError:
-            continue
 
 
 # --- PostgreSQL: a cluster of the drill's own ------------------------------------------
@@ -99,9 +82,9 @@ class HAProxy:
 
     def __init__(self, root: Path, *, rest: int, kmip: int, agent: int, ca: Path) -> None:
         self.socket_path = root / "haproxy.sock"
-        self.rest_port = _free_port()
+        self.rest_port = free_port()
         self.env = {**os.environ, "LB_BIND": "127.0.0.1", "LB_REST_PORT": str(self.rest_port),
-                    "LB_KMIP_PORT": str(_free_port()), "LB_AGENT_PORT": str(_free_port()),
+                    "LB_KMIP_PORT": str(free_port()), "LB_AGENT_PORT": str(free_port()),
                     "KS_REST_PORT": str(rest), "KS_KMIP_PORT": str(kmip), "KS_AGENT_PORT": str(agent),
                     "KS_CA_FILE": str(ca), "KS_CHECK_NAME": "localhost", "LB_STATS_SOCKET": str(self.socket_path),
                     "LB_USER": pwd.getpwuid(os.getuid()).pw_name, "LB_GROUP": grp.getgrgid(os.getgid()).gr_name,
@@ -202,7 +185,7 @@ class Rig:
         self.token = self._initialise()
         self.ca = self.data / "ca.pem"
         self.trust = ssl.create_default_context(cafile=str(self.ca))
-        rest, kmip, agent = _free_port_on_all(), _free_port_on_all(), _free_port_on_all()
+        rest, kmip, agent = (free_port("127.0.0.1", *REPLICA_ADDRESSES) for _ in range(3))
         self.rest_port = rest
         base_env = {k: v for k, v in os.environ.items() if not k.startswith(("STRONGROOM_", "SOFTHSM2_CONF"))}
         for i, addr in enumerate(REPLICA_ADDRESSES):

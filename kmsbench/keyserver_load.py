@@ -20,7 +20,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -49,6 +48,7 @@ from keyserver.core.keys import KeySpec
 from keyserver.core.principal import system_context
 from keyserver.services import build_services
 from keyserver.settings import Settings
+from kmsbench.ports import free_port
 from kmsbench.sections import write_section
 
 console = Console(stderr=True)
@@ -130,11 +130,6 @@ def parse_wrk(out: str) -> tuple[float, float, float, int, int]:
         errors += sum(int(x) for x in m.groups())
     return rps, p50, p99, total, errors
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def measure_ops(fn: Any, *, seconds: float, threads: int) -> float:
@@ -243,7 +238,7 @@ def run(*, postgres: str | None, clients: list[int], virtual_users: int, duratio
         data = data_dir
     else:
         data = Path(tempfile.mkdtemp(prefix="strongroom-bench-"))
-    port = _free_port()
+    port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("STRONGROOM_")},
            "STRONGROOM_DATA_DIR": str(data), "STRONGROOM_PORT": str(port), "STRONGROOM_WORKERS": str(workers),
            "STRONGROOM_LOG_LEVEL": "WARNING", "STRONGROOM_DATABASE_POOL_SIZE": "16",

@@ -43,6 +43,7 @@ from sqlalchemy.engine import make_url
 
 from kmsbench.errors import Exit
 from kmsbench.keyserver_load import machine
+from kmsbench.ports import free_port
 from kmsbench.scratch import create_database, drop_database
 from kmsbench.sections import write_section
 
@@ -60,11 +61,6 @@ with s:
     s.serve()
 """
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- the client side (runs in its own process) ---------------------------------------
@@ -335,11 +331,11 @@ def run(*, postgres: str, connections: list[int], duration: float, output: Path 
 
     database_url = create_database(postgres, "kmipbench")
     data = Path(tempfile.mkdtemp(prefix="strongroom-kmipbench-"))
-    kmip_port, pykmip_port = _free_port(), _free_port()
+    kmip_port, pykmip_port = free_port(), free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("STRONGROOM_")},
            "STRONGROOM_DATA_DIR": str(data / "server"),
            "STRONGROOM_DATABASE_URL": database_url,
-           "STRONGROOM_PORT": str(_free_port()), "STRONGROOM_KMIP_PORT": str(kmip_port),
+           "STRONGROOM_PORT": str(free_port()), "STRONGROOM_KMIP_PORT": str(kmip_port),
            "STRONGROOM_KMIP_MAX_CONNECTIONS": "256", "STRONGROOM_LOG_LEVEL": "WARNING",
            "STRONGROOM_DATABASE_POOL_SIZE": str(max(16, 64 // workers)), "STRONGROOM_HSM_POOL_SIZE": "16",
            "STRONGROOM_WORKERS": str(workers)}

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import psycopg
+
+from kmsbench.ports import free_port
 
 PG_ROOT = Path("/usr/lib/postgresql")
 
@@ -27,11 +28,6 @@ def server_bindir() -> Path | None:
     """The newest installed PostgreSQL's bin directory, or None."""
     return next(iter(sorted(PG_ROOT.glob("*/bin"), reverse=True)), None)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def as_postgres(*argv: str, timeout: float = 120) -> str:

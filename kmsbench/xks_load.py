@@ -54,7 +54,8 @@ from rich.console import Console
 from kmsbench import xks_sender
 from kmsbench.drill import _interruptible
 from kmsbench.drill_load import _pct
-from kmsbench.keyserver_load import _free_port, _med, _settle, _spread, machine
+from kmsbench.keyserver_load import _med, _settle, _spread, machine
+from kmsbench.ports import free_port
 from kmsbench.sections import write_section
 
 console = Console(stderr=True, highlight=False)
@@ -116,7 +117,7 @@ def xks_server(*, postgres: str | None, workers: int) -> Iterator[dict[str, Any]
             raise SystemExit(f"cannot reach PostgreSQL at {admin_url.render_as_string()}: {exc}; "
                              "pass --postgres URL, or --postgres embedded") from None
     data = Path(tempfile.mkdtemp(prefix="strongroom-xks-bench-"))
-    port = _free_port()
+    port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("STRONGROOM_")},
            "STRONGROOM_DATA_DIR": str(data), "STRONGROOM_PORT": str(port), "STRONGROOM_WORKERS": str(workers),
            "STRONGROOM_LOG_LEVEL": "WARNING", "STRONGROOM_DATABASE_POOL_SIZE": "16", "STRONGROOM_THREADS": "16",

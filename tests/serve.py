@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -19,13 +18,10 @@ from types import TracebackType
 
 import httpx
 
+from kmsbench.ports import free_port
+
 KEYSERVER = str(Path(sys.executable).with_name("keyserver"))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def eventually(check: Callable[[], object], what: str, seconds: float = 60) -> None:
