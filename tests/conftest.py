@@ -12,6 +12,7 @@ import contextlib
 import os
 import socket
 import ssl
+import tempfile
 import threading
 import time
 import uuid
@@ -32,26 +33,39 @@ from keyserver.runtime.agentport import agent_sidecar
 from keyserver.runtime.tls import rest_tls_context, uvicorn_tls
 from keyserver.services import Services, build_services
 from keyserver.settings import Settings
-from tests import https
+from kmsbench.ports import POOL_ENV, free_port
+from tests import https, parallel
 from tests.pg import scratch_database
 
 STORE = os.environ.get("STRONGROOM_TEST_STORE", "postgresql")
 assert STORE in ("postgresql", "embedded"), f"STRONGROOM_TEST_STORE={STORE}: postgresql or embedded"
+# Every process of a run (pytest's workers, both stores' runs at once, the servers and
+# rigs the tests start) takes its ports from one counter: kmsbench/ports.py says why.
+os.environ.setdefault(POOL_ENV, str(Path(tempfile.gettempdir()) / "strongroom-test-ports"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    parallel.configure(config)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On the embedded store, run every test that goes through the key server's store
     (it uses the `services` fixture, or is marked `store`: it starts its own servers on
     the session's kind of store); the rest (file format, HSM, tooling, servers a test
-    starts itself on a fixed store) does not depend on the store and ran once already."""
-    if STORE != "embedded":
-        return
-    selected, deselected = [], []
-    for item in items:
-        on_store = "services" in getattr(item, "fixturenames", ()) or item.get_closest_marker("store") is not None
-        (selected if on_store else deselected).append(item)
-    config.hook.pytest_deselected(items=deselected)
-    items[:] = selected
+    starts itself on a fixed store) does not depend on the store and ran once already.
+
+    Then `scripts/test --quick`'s choice, and the order and grouping for pytest-xdist
+    (tests/parallel.py)."""
+    if STORE == "embedded":
+        selected, deselected = [], []
+        for item in items:
+            on_store = "services" in getattr(item, "fixturenames", ()) or item.get_closest_marker("store") is not None
+            (selected if on_store else deselected).append(item)
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+    parallel.quick(config, items)
+    parallel.arrange(items)
 
 
 @pytest.fixture(scope="session")
@@ -136,11 +150,6 @@ def admin_password(services: Services) -> str:
     return str(pw)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @contextlib.contextmanager
 def _serving(server: uvicorn.Server, sockets: list[socket.socket] | None = None) -> Iterator[None]:
@@ -179,7 +188,7 @@ def tls(ca_file: Path) -> ssl.SSLContext:
 def serving_https(app: FastAPI, services: Services) -> Iterator[str]:
     """`app` on a real HTTPS server on loopback, its certificate from the internal CA of
     `services` as by default; yields its URL."""
-    port = _free_port()
+    port = free_port()
     tls = uvicorn_tls(rest_tls_context(services.settings, services.ca))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
                                            access_log=False, lifespan="on", **tls))

@@ -8,10 +8,11 @@ Python reference and the tests that need the engine skip, saying why."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests import parallel
 
 DATAPLANE = Path(__file__).resolve().parents[2] / "agents" / "dataplane"
 
@@ -21,17 +22,15 @@ def _build() -> str | None:
     missing = [tool for tool in ("make", "cc") if shutil.which(tool) is None]
     if missing or not Path("/usr/include/openssl/evp.h").exists():
         return f"no C toolchain to build agents/dataplane (missing: {', '.join(missing) or 'libssl-dev'})"
-    r = subprocess.run(["make", "-s", "-C", str(DATAPLANE), "lib"], capture_output=True, text=True, check=False)
+    r = parallel.make(DATAPLANE, "lib")
     if r.returncode != 0:
         pytest.fail(f"make -C agents/dataplane lib failed:\n{r.stdout}{r.stderr}", pytrace=False)
     if Path("/usr/include/liburing.h").exists():  # the guard points' data plane
-        r = subprocess.run(["make", "-s", "-C", str(DATAPLANE / "fuse"), "all"], capture_output=True, text=True,
-                           check=False)
+        r = parallel.make(DATAPLANE / "fuse", "all")
         if r.returncode != 0:
             pytest.fail(f"make -C agents/dataplane/fuse failed:\n{r.stdout}{r.stderr}", pytrace=False)
     if Path("/usr/include/libcryptsetup.h").exists():  # the volumes' userspace data plane
-        r = subprocess.run(["make", "-s", "-C", str(DATAPLANE / "volume"), "all"], capture_output=True, text=True,
-                           check=False)
+        r = parallel.make(DATAPLANE / "volume", "all")
         if r.returncode != 0:
             pytest.fail(f"make -C agents/dataplane/volume failed:\n{r.stdout}{r.stderr}", pytrace=False)
     return None

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents.cryptfile import EncryptedFile, KeyVersion, StaticKeyring
+from tests import parallel
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
                                 reason="needs /dev/fuse and fusermount3 (apt-get install fuse3)")
@@ -48,8 +49,7 @@ def mounts(request: pytest.FixtureRequest,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, tuple[Path, Path]]]:
     executable = DAEMONS / request.param
     if request.param.endswith("asan"):
-        built = subprocess.run(["make", "-s", "-C", str(DAEMONS), "asan"], capture_output=True, text=True,
-                               check=False)
+        built = parallel.make(DAEMONS, "asan")
         assert built.returncode == 0, built.stderr
     base = tmp_path_factory.mktemp("differential")
     ctx = multiprocessing.get_context("spawn")

@@ -39,6 +39,7 @@ import pytest
 from agents.cryptfile import EncryptedFile, KeyVersion, StaticKeyring, read_header
 from agents.daemon import AgentDaemon
 from agents.guardpoint.shield import serving
+from tests import parallel
 from tests.agents.test_agent_port import Host
 from tests.agents.test_guardpoint_daemon import agent, eventually  # noqa: F401 - the agent fixture
 from tests.conftest import unique
@@ -62,7 +63,7 @@ def _daemon() -> Path:
 
 @pytest.fixture(scope="module")
 def shim() -> Path:
-    r = subprocess.run(["make", "-s", "-C", str(DATAPLANE), "faultfs"], capture_output=True, text=True, check=False)
+    r = parallel.make(DATAPLANE, "faultfs")
     if r.returncode != 0:
         pytest.fail(f"make faultfs failed:\n{r.stdout}{r.stderr}", pytrace=False)
     return SHIM

@@ -39,6 +39,7 @@ from agents.cryptfile import (
 )
 from agents.cryptfile import native as nat
 from agents.cryptfile.header import HEADER_SIZE
+from tests import parallel
 from tests.agents import golden
 from tests.agents.conftest import DATAPLANE
 
@@ -672,8 +673,7 @@ def test_status_names_the_engine() -> None:
 
 # --- the C side: tests under sanitizers, the fuzz target, the benchmark ---------------------
 def make(*targets: str, timeout: int = 120, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["make", "-s", "-C", str(DATAPLANE), *targets], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **env}, check=False)
+    return parallel.make(DATAPLANE, *targets, timeout=timeout, env={**os.environ, **env})
 
 
 def test_c_tests_under_asan_and_ubsan() -> None:

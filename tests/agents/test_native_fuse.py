@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import parallel
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "agents" / "dataplane" / "fuse"
 
@@ -177,7 +179,8 @@ class Control:
 def binaries() -> dict[str, Path]:
     if not Path("/usr/include/liburing.h").exists():
         pytest.fail("liburing-dev is missing: apt-get install liburing-dev gcc (scripts/test does)")
-    subprocess.run(["make", "-s", "-C", str(SRC), "all", "asan"], check=True, capture_output=True)
+    built = parallel.make(SRC, "all", "asan")
+    assert built.returncode == 0, built.stdout + built.stderr
     return {"normal": SRC / "strongroom-fuse", "asan": SRC / "strongroom-fuse-asan"}
 
 
@@ -1164,7 +1167,8 @@ def test_policy_parser_fuzz_corpus_replays_clean() -> None:
     """The libFuzzer harness (make fuzz) over its committed corpus: no sanitizer finding."""
     if shutil.which("clang") is None:
         pytest.fail("clang is missing: apt-get install clang (the fuzz harness needs libFuzzer)")
-    subprocess.run(["make", "-s", "-C", str(SRC), "fuzz"], check=True, capture_output=True)
+    built = parallel.make(SRC, "fuzz")
+    assert built.returncode == 0, built.stdout + built.stderr
     r = subprocess.run([str(SRC / "fuzz-control"), "-runs=0", str(SRC / "fuzz-corpus")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -1176,7 +1180,8 @@ def test_request_parser_fuzz_corpus_replays_clean(tmp_path: Path) -> None:
     answered from another buffer than the one the operation wrote)."""
     if shutil.which("clang") is None:
         pytest.fail("clang is missing: apt-get install clang (the fuzz harness needs libFuzzer)")
-    subprocess.run(["make", "-s", "-C", str(SRC), "fuzz-transport"], check=True, capture_output=True)
+    built = parallel.make(SRC, "fuzz-transport")
+    assert built.returncode == 0, built.stdout + built.stderr
     seeds = sorted(str(p) for p in (SRC / "fuzz-transport-corpus").iterdir() if p.suffix != ".py")
     r = subprocess.run([str(SRC / "fuzz-transport"), "-runs=0", f"-artifact_prefix={tmp_path}/", *seeds],
                        capture_output=True, text=True, timeout=120)

@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from tests import parallel
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "agents" / "dataplane" / "volume"
 MiB = 1 << 20
@@ -52,7 +54,7 @@ def binaries() -> dict[str, Path]:
         if shutil.which("pkg-config") is None or subprocess.run(["pkg-config", "--exists", pkg]).returncode:
             pytest.fail(f"{pkg} development files are missing: apt-get install libfuse3-dev libcryptsetup-dev "
                         "fuse3 pkg-config gcc (scripts/test does)", pytrace=False)
-    r = subprocess.run(["make", "-s", "-C", str(SRC), "all", "asan"], capture_output=True, text=True, check=False)
+    r = parallel.make(SRC, "all", "asan")
     if r.returncode:
         pytest.fail(f"make -C agents/dataplane/volume all asan failed:\n{r.stdout}{r.stderr}", pytrace=False)
     return {"normal": SRC / "strongroom-volume", "asan": SRC / "strongroom-volume-asan"}
@@ -452,8 +454,7 @@ def test_stops_as_the_agent_stops_it(binaries: dict[str, Path], passfile: Path, 
 @pytest.mark.skipif(shutil.which("clang") is None, reason="no clang (libFuzzer); scripts/test installs it")
 def test_fuzz_target_over_the_committed_corpus() -> None:
     assert len(list((SRC / "fuzz-corpus").iterdir())) >= 5
-    r = subprocess.run(["make", "-s", "-C", str(SRC), "fuzz-run", "FUZZ_RUNS=4000", "FUZZ_SECONDS=20"],
-                       capture_output=True, text=True, timeout=180, check=False)
+    r = parallel.make(SRC, "fuzz-run", "FUZZ_RUNS=4000", "FUZZ_SECONDS=20", timeout=180)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "Done" in r.stderr and "ERROR" not in r.stderr
 
@@ -462,8 +463,7 @@ def test_threads_on_the_io_core_under_threadsanitizer() -> None:
     """Through the mount the kernel serialises writes to the one file: this program runs
     writers sharing sectors (and readers) on the I/O core at once; a lost update, a torn
     read or a data race fails it."""
-    r = subprocess.run(["make", "-s", "-C", str(SRC), "stress"], capture_output=True, text=True, timeout=120,
-                       check=False)
+    r = parallel.make(SRC, "stress", timeout=120)
     if r.returncode and "tsan" in r.stderr.lower():
         pytest.skip(f"no ThreadSanitizer runtime: {r.stderr.strip()[-200:]}")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -32,6 +32,7 @@ from keyserver.core.principal import system_context
 from keyserver.kmip.listener import KmipListener
 from keyserver.kmip.server import build_listener
 from keyserver.services import Services
+from tests import parallel
 from tests.conftest import own_services
 from tests.kmip.conftest import ClientFiles, issue_client
 
@@ -46,8 +47,7 @@ APP_GROUP = "pkcs11-app"  # the KMIP tenancy group of the session's PKCS#11 iden
 
 
 def make(*targets: str) -> None:
-    done = subprocess.run(["make", "-s", "-C", str(MODULE_DIR), *targets], capture_output=True, text=True,
-                          check=False)
+    done = parallel.make(MODULE_DIR, *targets)
     assert done.returncode == 0, f"make -C pkcs11module {' '.join(targets)} failed:\n{done.stdout}\n{done.stderr}"
 
 

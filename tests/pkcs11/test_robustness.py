@@ -19,6 +19,7 @@ from pkcs11 import exceptions as ckr
 
 from keyserver.kmip.server import build_listener
 from keyserver.services import Services
+from tests import parallel
 from tests.pkcs11.conftest import BUILD, MODULE_DIR, P11, ROOT, make, run
 from tests.pkcs11.sequence import gcm_roundtrip, secret_key
 
@@ -77,8 +78,7 @@ def test_make_check_runs_the_decoder_over_the_corpus_under_asan() -> None:
     """The module's own C test (fuzz/check_ttlv.c): the seeds read as the module expects,
     truncations are refused, byte changes and length extremes decode or are refused
     without a sanitizer report."""
-    done = subprocess.run(["make", "-s", "-C", str(MODULE_DIR), "check"], capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = parallel.make(MODULE_DIR, "check", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert not SANITIZER_REPORT.search(done.stderr), done.stderr[-4000:]
     assert "check_ttlv: 7 seeds, truncations, byte changes and length extremes: ok" in done.stdout
