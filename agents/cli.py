@@ -43,8 +43,12 @@ from agents.keyclient.spool import EventSpool
 from agents.volume.manager import VolumeManager, parse_tab
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+# Not a terminal (a service manager's journal, a pipe, a script): one line a message, never
+# folded at 80 columns, so a path in an error stays whole for grep and for the reader.
 err = Console(stderr=True)
+err.soft_wrap = not err.is_terminal
 out = Console()
+out.soft_wrap = not out.is_terminal
 _state: dict[str, Any] = {}
 
 
