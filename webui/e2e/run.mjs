@@ -43,7 +43,10 @@ const KMIP_REVOKED = env("KMIP_REVOKED");
 const APPROVAL_TARGET = env("APPROVAL_TARGET"); // a key whose destruction another person asked for
 const TOKEN = `rotation-bot-${Date.now().toString(36)}`;
 const DATABASE = `orders-db-${Date.now().toString(36)}`; // connected in the console by the databases test
-const TIMEOUT = 15_000;
+// How long an action waits for the page: a bound for a hang, not a speed test. The suite
+// runs beside a whole other store's tests on two cores, where a dialog can take many
+// seconds to come; a test that is wrong still fails, only later.
+const TIMEOUT = Number(env("E2E_TIMEOUT_MS", "60000"));
 
 const work = mkdtempSync(join(tmpdir(), "strongroom-e2e-"));
 const STATE = join(work, "admin-state.json");
