@@ -64,6 +64,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             (selected if on_store else deselected).append(item)
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
+    parallel.exclusive(config, items)
     parallel.quick(config, items)
     parallel.arrange(items)
 

@@ -11,6 +11,9 @@ database or data directory, its own servers, on ports from one shared counter
   once per worker would cost what the workers save. `arrange` marks them with one
   `xdist_group`; a test may also name a group itself (`@pytest.mark.xdist_group("…")`)
   when it shares something of the machine's with others (a fixed port, say).
+* **A load drill runs alone.** A test marked `exclusive` measures the product under a load
+  of its own (the failover drills) and means nothing on a starved machine: `scripts/test`
+  leaves it out of the parallel phases and runs it last, by itself.
 * **The longest work first.** The scheduler hands work out in the collection's order, so
   a ten-minute test collected last would run alone at the end while the other workers
   idle. `arrange` sorts the work units (a group, or a lone test) longest first, by the
@@ -38,6 +41,7 @@ RECORD_ENV = "STRONGROOM_TEST_RECORD_DURATIONS"
 SLOW_GUESS = 60.0  # seconds a `slow` test not yet recorded is taken to last
 RECORD_MIN = 1.0  # shorter tests are not worth a line in durations.json
 QUICK_ENV = "STRONGROOM_TEST_QUICK"
+EXCLUSIVE_ENV = "STRONGROOM_TEST_EXCLUSIVE"
 QUICK_MAX = 3.0  # `scripts/test --quick` runs the tests recorded shorter than this (and not `slow`)
 
 
@@ -64,6 +68,20 @@ def _shares_a_scope(item: pytest.Item) -> bool:
     if info is None:
         return False
     return any(d.scope in ("module", "class", "package") for defs in info.name2fixturedefs.values() for d in defs)
+
+
+def exclusive(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """STRONGROOM_TEST_EXCLUSIVE=skip: leave out the tests marked `exclusive` (the parallel
+    phases); =only: run just those (scripts/test's last phase, alone on the machine)."""
+    want = os.environ.get(EXCLUSIVE_ENV)
+    if want not in ("skip", "only"):
+        return
+    keep, drop = [], []
+    for item in items:
+        alone = item.get_closest_marker("exclusive") is not None
+        (keep if alone == (want == "only") else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
 
 
 def quick(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -25,6 +25,11 @@ from tests.conftest import REPO, own_store
 from tests.serve import KEYSERVER, Server, eventually
 from tests.test_backup_restore import decrypts, sign_in, store_env
 
+# Alone on the machine (tests/parallel.py): each drill puts 200 clients on replicas it
+# kills and checks that only the requests in flight fail; on two cores starved by the
+# rest of the suite the replicas' own TLS handshake deadlines cut healthy clients too.
+pytestmark = pytest.mark.exclusive
+
 # The failover rig's needs (the kill -9 drill at the end needs neither).
 needs_rig = [
     pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (scripts/test installs it)"),
