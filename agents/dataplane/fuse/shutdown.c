@@ -137,9 +137,35 @@ int sr_mount_is_own(const char *mountpoint)
 	return sr_mount_device(mountpoint, &maj, &mnr) == 0 && maj == own_maj && mnr == own_mnr;
 }
 
+/* Whether a mount this process can see has device maj:mnr. */
+static int device_mounted(unsigned maj, unsigned mnr)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	if (!f)
+		return 1; /* cannot tell: as if taken, so nothing of anyone else's is aborted */
+	char line[2 * PATH_MAX];
+	int found = 0;
+	while (!found && fgets(line, sizeof(line), f)) {
+		unsigned a, b;
+		found = sscanf(line, "%*d %*d %u:%u", &a, &b) == 2 && a == maj && b == mnr;
+	}
+	fclose(f);
+	return found;
+}
+
 void sr_abort_own_connection(void)
 {
 	if (!own_known)
+		return;
+	/* The connection's number is its superblock's device. Once our superblock is gone
+	 * (unmounted, no file open through it) the kernel hands that number to the next
+	 * FUSE mount, whoever makes it: /sys/fs/fuse/connections/N is then someone else's
+	 * connection, and aborting it cut a stranger's mount (seen with many mounts made at
+	 * once: a daemon that had just mounted exited 0, another's files said ENOTCONN).
+	 * Our own detached superblock is in no mount table; a mount that shows our number is
+	 * ours still reachable (then nothing to abort) or a stranger's: either way, leave it.
+	 * What remains is a new mount taking the number between this look and the write. */
+	if (device_mounted(own_maj, own_mnr))
 		return;
 	char abort_path[96];
 	snprintf(abort_path, sizeof(abort_path), "/sys/fs/fuse/connections/%u/abort", own_mnr);
