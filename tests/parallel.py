@@ -13,7 +13,9 @@ database or data directory, its own servers, on ports from one shared counter
   when it shares something of the machine's with others (a fixed port, say).
 * **A load drill runs alone.** A test marked `exclusive` measures the product under a load
   of its own (the failover drills) and means nothing on a starved machine: `scripts/test`
-  leaves it out of the parallel phases and runs it last, by itself.
+  leaves it out of the parallel phases and runs it last, by itself. `exclusive(stores=[…])`
+  does so on those stores only (the console's run on the embedded store, whose one writer
+  at a time waits at most 5 s: starved, a page's request is answered 503).
 * **The longest work first.** The scheduler hands work out in the collection's order, so
   a ten-minute test collected last would run alone at the end while the other workers
   idle. `arrange` sorts the work units (a group, or a lone test) longest first, by the
@@ -78,7 +80,8 @@ def exclusive(config: pytest.Config, items: list[pytest.Item]) -> None:
         return
     keep, drop = [], []
     for item in items:
-        alone = item.get_closest_marker("exclusive") is not None
+        mark = item.get_closest_marker("exclusive")
+        alone = mark is not None and store() in mark.kwargs.get("stores", (store(),))
         (keep if alone == (want == "only") else drop).append(item)
     config.hook.pytest_deselected(items=drop)
     items[:] = keep
