@@ -194,10 +194,13 @@ def test_fuzz_then_still_answers(officer_files: ClientFiles, kmip_listener: Kmip
     rng = random.Random(20261122)
     seeds = _seeds()
     sent = answered = 0
-    deadline = time.monotonic() + 20
+    # A count, not a rate: beside the rest of the suite on two cores, 20 s held only 791
+    # messages. The deadline is a bound for a hang.
+    deadline = time.monotonic() + 240
     conn = connect(officer_files, kmip_listener.port)
     try:
-        while sent < 3000 and time.monotonic() < deadline:
+        while sent < 1000:
+            assert time.monotonic() < deadline, f"the listener stopped making progress after {sent} messages"
             msg = _mutate(rng, rng.choice(seeds))
             sent += 1
             try:
@@ -209,7 +212,7 @@ def test_fuzz_then_still_answers(officer_files: ClientFiles, kmip_listener: Kmip
                 conn = connect(officer_files, kmip_listener.port)
     finally:
         conn.close()
-    assert sent >= 1000 and answered >= sent // 2, (sent, answered)
+    assert answered >= sent // 2, (sent, answered)
     with connect(officer_files, kmip_listener.port) as c:
         assert roundtrip(c, query_request()).batch_items[0].result_status.value == enums.ResultStatus.SUCCESS
     _wait_idle(kmip_listener, timeout=10)
